@@ -1,0 +1,161 @@
+//! Backend subsetting: which `k` of a backend job's `N` tasks each frontend task connects to.
+//!
+//! A frontend job of `M` tasks calling a backend job of `N` tasks would need `M × N`
+//! connections; with subsetting each frontend task keeps only `k`. *Which* `k` matters:
+//! the choice decides how evenly connections (and so load) spread over the backends
+//! (**balance**), how many distinct subsets exist (**diversity**: one bad frontend
+//! should not share its fate with many others), how many connections move when a job
+//! resizes (**churn**) and how much of a subset a rolling restart takes down at once
+//! (**spread**). The [`quality`] module measures all four.
+//!
+//! Frontend tasks are numbered `0..M` and backend tasks `0..N`. Every algorithm here
+//! implements [`Subsetting`]: `(frontend m, backends N, size k) -> ` an ordered list of
+//! `min(k, N)` distinct backends below `N`. The algorithms whose subsets nest also
+//! implement [`PreferenceOrder`]: they expose the frontend's whole order of the `N`
+//! backends, and the subset of size `k` is its first `k` entries, so growing `k` never
+//! drops a connection and an unhealthy member is replaced by the next one in the order.
+//!
+//! | algorithm | order | balance | churn when N changes by one | notes |
+//! |---|---|---|---|---|
+//! | [`RoundRobin`] | no | ideal | large | only `N / gcd(k, N)` distinct subsets |
+//! | [`Deterministic`] | no | good | whole subsets | the SRE book's algorithm |
+//! | [`DeterministicBalanced`] | no | very good | whole subsets | leftovers rotated |
+//! | [`Random`] | yes | poor | at most 1 | gRPC's random subsetting (gRFC A68) |
+//! | [`Consistent`] | yes | poor | at most 1 | hashed ring; at most `N` subsets |
+//! | [`Ringsteady`] | yes | good | small | van der Corput ring |
+//! | [`Rocksteadier`] | yes | good | at most 1 | **the default**: lots of 10, shuffled |
+//!
+//! # The order is a contract
+//!
+//! Every frontend of a fleet must compute the same subsets, whichever version of this
+//! crate it runs. The hashes ([`hash`]), the generator, bounded draw and shuffle
+//! ([`prng`]) and each algorithm's use of them are specified in these docs and pinned
+//! by golden vectors in the tests; no dependency can change them (this crate has none).
+//!
+//! # Example
+//!
+//! ```
+//! use steady_subset::{PreferenceOrder, Rocksteadier, Subsetting};
+//!
+//! let rocksteadier = Rocksteadier::default();
+//! // Frontend task 13 of its job, a backend job of 55 tasks, 10 connections.
+//! let subset = rocksteadier.subset(13, 55, 10)?;
+//! assert_eq!(subset.len(), 10);
+//! // The subset is the start of the frontend's preference order.
+//! let order: Vec<usize> = rocksteadier.order(13, 55)?.collect();
+//! assert_eq!(order.len(), 55);
+//! assert_eq!(&order[..10], &subset[..]);
+//! # Ok::<(), steady_subset::SubsetError>(())
+//! ```
+//!
+//! # Costs
+//!
+//! Ringsteady and Rocksteadier answer one frontend in `O(k log N)` time and `O(k)`
+//! memory, without building the ring. Random, Consistent and the deterministic family
+//! touch every backend: `O(N)` (or `O(N log N)` to sort) per call.
+
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+mod algorithm;
+mod consistent;
+mod deterministic;
+mod error;
+pub mod hash;
+pub mod prng;
+pub mod quality;
+mod random;
+pub mod ring;
+mod ringsteady;
+mod rocksteadier;
+mod round_robin;
+
+pub use algorithm::{Algorithm, AlgorithmOrder};
+pub use consistent::Consistent;
+pub use deterministic::{Deterministic, DeterministicBalanced};
+pub use error::SubsetError;
+pub use random::Random;
+pub use ringsteady::{Ringsteady, RingsteadyOrder};
+pub use rocksteadier::{Rocksteadier, RocksteadierOrder, ARTICLE_ROW_PERMUTATION};
+pub use round_robin::RoundRobin;
+
+/// The largest backend job any algorithm accepts: 2^24 = 16,777,216 tasks.
+///
+/// Far above any real job, and low enough that the algorithms that touch every
+/// backend (`O(N)` memory) cannot be asked to allocate without bound.
+pub const MAX_BACKENDS: usize = 1 << 24;
+
+/// A subsetting algorithm: which backends frontend `m` connects to.
+///
+/// # Contract
+///
+/// For any `frontend`, `backends = N <= MAX_BACKENDS` and `size = k`, the subset is a
+/// list of exactly `min(k, N)` distinct backend indices, each below `N`, the same on
+/// every call, on every machine and in every version of the crate. The list is in the
+/// frontend's preference order (first is most preferred). `N = 0` or `k = 0` gives an
+/// empty list.
+///
+/// # Errors
+///
+/// [`SubsetError::TooManyBackends`] when `N > MAX_BACKENDS`. No input panics.
+pub trait Subsetting {
+    /// The algorithm's stable name, as the lab CLI spells it (e.g. `"rocksteadier"`).
+    fn name(&self) -> &'static str;
+
+    /// Writes frontend `frontend`'s subset of `backends` tasks, of size `size`, into
+    /// `out` (which is cleared first). Lets a caller reuse one buffer across frontends.
+    fn subset_into(
+        &self,
+        frontend: usize,
+        backends: usize,
+        size: usize,
+        out: &mut Vec<usize>,
+    ) -> Result<(), SubsetError>;
+
+    /// Frontend `frontend`'s subset of `backends` tasks, of size `size`.
+    fn subset(&self, frontend: usize, backends: usize, size: usize) -> Result<Vec<usize>, SubsetError> {
+        let mut out = Vec::with_capacity(size.min(backends));
+        self.subset_into(frontend, backends, size, &mut out)?;
+        Ok(out)
+    }
+}
+
+/// An algorithm whose subsets nest: the subset of size `k` is the first `k` entries of
+/// the frontend's preference order over all `N` backends.
+///
+/// Consequences users can rely on: growing `k` opens connections and never closes
+/// one (no subset-size churn beyond the growth), and when a member is unhealthy the
+/// next backend in the order is the natural stand-in.
+pub trait PreferenceOrder: Subsetting {
+    /// The iterator over the order: yields each of the `N` backends exactly once.
+    type Order: Iterator<Item = usize>;
+
+    /// Frontend `frontend`'s preference order over `backends` tasks.
+    ///
+    /// # Errors
+    ///
+    /// [`SubsetError::TooManyBackends`] when `backends > MAX_BACKENDS`.
+    fn order(&self, frontend: usize, backends: usize) -> Result<Self::Order, SubsetError>;
+}
+
+/// Rejects backend counts above [`MAX_BACKENDS`].
+fn check_backends(backends: usize) -> Result<(), SubsetError> {
+    if backends > MAX_BACKENDS {
+        Err(SubsetError::TooManyBackends { backends, max: MAX_BACKENDS })
+    } else {
+        Ok(())
+    }
+}
+
+/// `subset_into` for a [`PreferenceOrder`]: the first `size` entries of the order.
+fn take_prefix<A: PreferenceOrder + ?Sized>(
+    algorithm: &A,
+    frontend: usize,
+    backends: usize,
+    size: usize,
+    out: &mut Vec<usize>,
+) -> Result<(), SubsetError> {
+    out.clear();
+    out.extend(algorithm.order(frontend, backends)?.take(size));
+    Ok(())
+}

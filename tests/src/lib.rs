@@ -1,0 +1,1 @@
+//! Tests live in `tests/`.
