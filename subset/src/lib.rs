@@ -114,6 +114,7 @@ pub trait Subsetting {
 
     /// Frontend `frontend`'s subset of `backends` tasks, of size `size`.
     fn subset(&self, frontend: usize, backends: usize, size: usize) -> Result<Vec<usize>, SubsetError> {
+        check_backends(backends)?;
         let mut out = Vec::with_capacity(size.min(backends));
         self.subset_into(frontend, backends, size, &mut out)?;
         Ok(out)

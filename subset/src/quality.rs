@@ -153,6 +153,91 @@ pub fn worst_spread(subsets: &[Vec<usize>], window: usize) -> f64 {
     subsets.iter().map(|s| spread(s, window)).fold(0.0, f64::max)
 }
 
+/// One subsetting scenario: `frontends` tasks calling `backends` tasks, `size` connections each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Scenario {
+    /// `M`, the frontend job's size.
+    pub frontends: usize,
+    /// `N`, the backend job's size.
+    pub backends: usize,
+    /// `k`, the subset size.
+    pub size: usize,
+}
+
+/// Every quality metric of one algorithm in one [`Scenario`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Report {
+    /// [`normalised_utilisation`] of the connection counts.
+    pub utilisation: f64,
+    /// The busiest backend's connection count.
+    pub max_connections: usize,
+    /// The best possible busiest count, `ceil(M × min(k, N) / N)`.
+    pub ideal_max_connections: usize,
+    /// [`diversity`].
+    pub diversity: f64,
+    /// [`churn`] when the backend job grows by one task (`N -> N + 1`).
+    pub backend_growth_churn: Churn,
+    /// [`churn`] when the backend job loses its last task (`N -> N - 1`; zero when `N <= 1`).
+    pub backend_shrink_churn: Churn,
+    /// [`churn`] of the existing frontends when the frontend job grows (`M -> M + 1`).
+    pub frontend_churn: Churn,
+    /// [`churn`] when the subset grows by one (`k -> k + 1`): one is the least possible
+    /// while `k < N`.
+    pub size_churn: Churn,
+    /// [`worst_spread`] for the given window.
+    pub spread: f64,
+    /// The window the spread was measured with.
+    pub window: usize,
+}
+
+impl Report {
+    /// Measures `algorithm` in `scenario`, with spread over windows of `window` tasks.
+    ///
+    /// # Errors
+    ///
+    /// As [`Subsetting::subset`] (e.g. `N + 1 > MAX_BACKENDS`).
+    pub fn measure<A: Subsetting + ?Sized>(
+        algorithm: &A,
+        scenario: Scenario,
+        window: usize,
+    ) -> Result<Self, SubsetError> {
+        let Scenario { frontends: m, backends: n, size: k } = scenario;
+        let base = subsets(algorithm, m, n, k)?;
+        let counts = connection_counts(&base, n);
+        let total: usize = counts.iter().sum();
+        let shrink = if n > 1 { churn(&base, &subsets(algorithm, m, n - 1, k)?) } else { churn(&[], &[]) };
+        Ok(Self {
+            utilisation: normalised_utilisation(&counts),
+            max_connections: counts.iter().copied().max().unwrap_or(0),
+            ideal_max_connections: if n == 0 { 0 } else { total.div_ceil(n) },
+            diversity: diversity(&base, n),
+            backend_growth_churn: churn(&base, &subsets(algorithm, m, n + 1, k)?),
+            backend_shrink_churn: shrink,
+            frontend_churn: churn(&base, &subsets(algorithm, m + 1, n, k)?),
+            size_churn: churn(&base, &subsets(algorithm, m, n, k + 1)?),
+            spread: worst_spread(&base, window),
+            window,
+        })
+    }
+}
+
+/// The scenarios of the article's figure 2, sampled every `step` along each axis:
+/// `k = 20`, `M` in `1, 1 + step, ... <= 256`, `N` in `20, 20 + step, ... <= 256`,
+/// keeping those with `M × k > N`. `step = 1` is the full grid (60,000-odd scenarios).
+pub fn article_grid(step: usize) -> Vec<Scenario> {
+    const SIZE: usize = 20;
+    let step = step.max(1);
+    let mut grid = Vec::new();
+    for frontends in (1..=256).step_by(step) {
+        for backends in (SIZE..=256).step_by(step) {
+            if frontends * SIZE > backends {
+                grid.push(Scenario { frontends, backends, size: SIZE });
+            }
+        }
+    }
+    grid
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -78,19 +78,29 @@ pub fn count_below(mut n: u64, pos: u128) -> u64 {
 
 /// The tasks `0..n` in ring order, starting at rank `start` and wrapping around once.
 ///
-/// Each step costs `O(log n)`; nothing is allocated.
+/// The first step costs `O(log n)` ([`element_at`]); every later step is `O(1)`: with
+/// `b` bits enough for `n - 1`, the ring order of `0..2^b` is a `b`-bit counter read
+/// with its bits reversed, so the next task is the reversal of the counter plus one,
+/// skipping values `>= n`. Those all have bit `b - 1` set, and consecutive counter
+/// values alternate that bit, so at most one value in a row is skipped. Nothing is
+/// allocated.
 #[derive(Debug, Clone)]
 pub struct RingOrder {
     n: u64,
-    start: u64,
-    taken: u64,
+    /// `b`: the number of bits of `n - 1` (0 when `n <= 1`).
+    bits: u32,
+    /// The reversed-bits counter of the next task to consider.
+    counter: u64,
+    /// Tasks still to yield.
+    remaining: u64,
 }
 
 impl RingOrder {
     /// The ring order of `0..n` starting at rank `start % n`.
     pub fn from_rank(n: u64, start: u64) -> Self {
-        let start = if n == 0 { 0 } else { start % n };
-        Self { n, start, taken: 0 }
+        let bits = u64::BITS - n.saturating_sub(1).leading_zeros();
+        let counter = if n == 0 { 0 } else { reverse_low_bits(element_at(n, start % n), bits) };
+        Self { n, bits, counter, remaining: n }
     }
 
     /// The ring order of `0..n` starting at the first task at or after `pos`
@@ -100,25 +110,37 @@ impl RingOrder {
     }
 }
 
+/// The low `bits` bits of `x`, in reverse order (`bits <= 64`).
+#[inline]
+fn reverse_low_bits(x: u64, bits: u32) -> u64 {
+    if bits == 0 {
+        0
+    } else {
+        x.reverse_bits() >> (u64::BITS - bits)
+    }
+}
+
 impl Iterator for RingOrder {
     type Item = u64;
 
     #[inline]
     fn next(&mut self) -> Option<u64> {
-        if self.taken == self.n {
+        if self.remaining == 0 {
             return None;
         }
-        // start < n and taken < n, so the sum is below 2n and one subtraction wraps it.
-        let mut rank = self.start + self.taken;
-        if rank >= self.n {
-            rank -= self.n;
+        self.remaining -= 1;
+        let mask = if self.bits == 0 { 0 } else { u64::MAX >> (u64::BITS - self.bits) };
+        loop {
+            let task = reverse_low_bits(self.counter, self.bits);
+            self.counter = self.counter.wrapping_add(1) & mask;
+            if task < self.n {
+                return Some(task);
+            }
         }
-        self.taken += 1;
-        Some(element_at(self.n, rank))
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        let left = usize::try_from(self.n - self.taken).unwrap_or(usize::MAX);
+        let left = usize::try_from(self.remaining).unwrap_or(usize::MAX);
         (left, Some(left))
     }
 }
@@ -185,6 +207,24 @@ mod tests {
         // Six lots; frontend lot 1 (at ½) reads them as [1, 5, 3, 0, 4, 2].
         let order: Vec<u64> = RingOrder::from_position(6, position(1)).collect();
         assert_eq!(order, [1, 5, 3, 0, 4, 2]);
+    }
+
+    #[test]
+    fn ring_order_from_any_rank_is_the_sorted_ring_rotated() {
+        for n in 0..=70u64 {
+            let sorted = sorted_ring(n);
+            for start in 0..n + 2 {
+                let got: Vec<u64> = RingOrder::from_rank(n, start).collect();
+                let s = if n == 0 { 0 } else { (start % n) as usize };
+                let want: Vec<u64> = sorted[s..].iter().chain(&sorted[..s]).copied().collect();
+                assert_eq!(got, want, "n={n} start={start}");
+            }
+        }
+        for n in [1u64 << 20, (1 << 20) + 1, 1_000_003] {
+            let got: Vec<u64> = RingOrder::from_rank(n, n - 3).take(6).collect();
+            let want: Vec<u64> = [n - 3, n - 2, n - 1, 0, 1, 2].iter().map(|&r| element_at(n, r)).collect();
+            assert_eq!(got, want, "n={n}");
+        }
     }
 
     #[test]

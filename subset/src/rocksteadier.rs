@@ -1,9 +1,9 @@
 //! Rocksteadier subsetting: shuffled lots of backends, read in Ringsteady column order.
 
 use crate::hash::hash_pair;
-use crate::prng::{shuffle, SplitMix64};
+use crate::prng::SplitMix64;
 use crate::ring::{position, RingOrder};
-use crate::{check_backends, take_prefix, PreferenceOrder, SubsetError, Subsetting};
+use crate::{check_backends, PreferenceOrder, SubsetError, Subsetting};
 
 /// The starting-row permutation the article publishes for lots of 10:
 /// frontend `i` of a frontend lot starts reading at row `ARTICLE_ROW_PERMUTATION[i]`.
@@ -138,7 +138,10 @@ impl Subsetting for Rocksteadier {
         size: usize,
         out: &mut Vec<usize>,
     ) -> Result<(), SubsetError> {
-        take_prefix(self, frontend, backends, size, out)
+        check_backends(backends)?;
+        out.clear();
+        out.extend(self.order_reserving(frontend, backends, size).take(size));
+        Ok(())
     }
 }
 
@@ -147,39 +150,60 @@ impl PreferenceOrder for Rocksteadier {
 
     fn order(&self, frontend: usize, backends: usize) -> Result<RocksteadierOrder, SubsetError> {
         check_backends(backends)?;
+        Ok(self.order_reserving(frontend, backends, 0))
+    }
+}
+
+impl Rocksteadier {
+    /// The order, with room for the columns that the first `expected` entries need.
+    fn order_reserving(&self, frontend: usize, backends: usize, expected: usize) -> RocksteadierOrder {
         let lot_size = self.lot_size;
         let frontend_lot = (frontend / lot_size) as u64;
-        let lots = backends.div_ceil(lot_size) as u64;
-        Ok(RocksteadierOrder {
+        let lots = backends.div_ceil(lot_size);
+        // The first row yields one task per column (the last lot's cell may be padding).
+        let columns = lots.min(expected.saturating_add(1));
+        RocksteadierOrder {
             backends,
             lot_size,
             lot_seed: hash_pair(self.seed, frontend_lot),
-            unread_lots: RingOrder::from_position(lots, position(frontend_lot)),
-            column_lots: Vec::new(),
-            column_rows: Vec::new(),
+            unread_lots: RingOrder::from_position(lots as u64, position(frontend_lot)),
+            columns: Vec::with_capacity(columns),
+            cells: Vec::with_capacity(columns * lot_size),
             row: self.rows[frontend % lot_size],
             column: 0,
             remaining: backends,
-        })
+        }
     }
+}
+
+/// One column of a frontend lot's table: a backend lot and the state of its shuffle.
+#[derive(Debug, Clone)]
+struct Column {
+    /// The backend lot.
+    lot: usize,
+    /// The generator of this lot's shuffle, after `steps` Fisher–Yates steps.
+    rng: SplitMix64,
+    /// Fisher–Yates steps done: rows `0..steps` hold their final values.
+    steps: usize,
 }
 
 /// A frontend's Rocksteadier preference order; see [`Rocksteadier`].
 ///
-/// Lazy: a backend lot is shuffled when the reading first reaches its column, so
-/// taking `k` entries from a large job costs `O(k log N)`.
+/// Lazy: a column is set up when the reading first reaches it, and its lot is shuffled
+/// only as far as the rows read so far need (forward Fisher–Yates fixes row `r` at step
+/// `r`), so taking `k` entries from a large job costs `O(k + log N)` steps.
 #[derive(Debug, Clone)]
 pub struct RocksteadierOrder {
     backends: usize,
     lot_size: usize,
-    /// `hash_pair(seed, f)`: the lot shuffles are seeded from this and the lot number.
+    /// `hash_pair(seed, f)`: lot `b`'s shuffle is seeded with `hash_pair(lot_seed, b)`.
     lot_seed: u64,
-    /// The columns not yet reached, in column order (only during the first row).
+    /// The lots of the columns not yet reached, in column order (only during the first row).
     unread_lots: RingOrder,
-    /// The lots of the columns reached so far, in column order.
-    column_lots: Vec<usize>,
-    /// The shuffled slot offsets of each reached column, `lot_size` per column.
-    column_rows: Vec<u32>,
+    /// The columns reached so far, in column order.
+    columns: Vec<Column>,
+    /// `lot_size` cells per reached column: the slot offsets, shuffled as far as `steps`.
+    cells: Vec<u32>,
     /// The row being read.
     row: usize,
     /// The next column to read in that row.
@@ -189,18 +213,34 @@ pub struct RocksteadierOrder {
 }
 
 impl RocksteadierOrder {
-    /// Reaches the next column of the first row: records its lot and shuffles it.
-    /// Returns false at the end of the first row.
+    /// Reaches the next column of the first row. Returns false at the end of the first row.
     fn reach_next_column(&mut self) -> bool {
         let Some(lot) = self.unread_lots.next() else {
             return false;
         };
-        let start = self.column_rows.len();
-        self.column_rows.extend(0..self.lot_size as u32);
-        let mut rng = SplitMix64::new(hash_pair(self.lot_seed, lot));
-        shuffle(&mut self.column_rows[start..], &mut rng);
-        self.column_lots.push(lot as usize);
+        self.cells.extend(0..self.lot_size as u32);
+        let rng = SplitMix64::new(hash_pair(self.lot_seed, lot));
+        self.columns.push(Column { lot: lot as usize, rng, steps: 0 });
         true
+    }
+
+    /// The task in `row` of column `c`, running that lot's shuffle as far as needed.
+    ///
+    /// The steps are exactly those of [`crate::prng::shuffle`], so the table is the one
+    /// the specification describes whatever order the cells are read in.
+    #[inline]
+    fn cell(&mut self, c: usize, row: usize) -> usize {
+        let lot_size = self.lot_size;
+        let column = &mut self.columns[c];
+        let cells = &mut self.cells[c * lot_size..(c + 1) * lot_size];
+        let needed = (row + 1).min(lot_size - 1);
+        while column.steps < needed {
+            let i = column.steps;
+            let j = i + column.rng.below((lot_size - i) as u64) as usize;
+            cells.swap(i, j);
+            column.steps += 1;
+        }
+        column.lot * lot_size + cells[row] as usize
     }
 }
 
@@ -211,16 +251,14 @@ impl Iterator for RocksteadierOrder {
         // Each pass of the loop reads one cell; a real task is at most one full
         // table (L × B cells) ahead while `remaining > 0`, so the loop ends.
         while self.remaining > 0 {
-            if self.column == self.column_lots.len() && !self.reach_next_column() {
+            if self.column == self.columns.len() && !self.reach_next_column() {
                 // End of a row: wrap to the next one.
                 self.column = 0;
                 self.row = (self.row + 1) % self.lot_size;
                 continue;
             }
-            let lot = self.column_lots[self.column];
-            let offset = self.column_rows[self.column * self.lot_size + self.row] as usize;
+            let task = self.cell(self.column, self.row);
             self.column += 1;
-            let task = lot * self.lot_size + offset;
             if task < self.backends {
                 self.remaining -= 1;
                 return Some(task);
@@ -239,6 +277,7 @@ impl ExactSizeIterator for RocksteadierOrder {}
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::prng::shuffle;
 
     #[test]
     fn default_is_lots_of_ten_with_the_articles_rows() {
@@ -281,6 +320,44 @@ mod tests {
         let mut all: Vec<usize> = (10..20).flat_map(|m| r.subset(m, 60, 6).unwrap()).collect();
         all.sort_unstable();
         assert_eq!(all, (0..60).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn lazy_shuffles_build_the_specified_table() {
+        // The lazy reading must equal reading a table built with whole shuffles.
+        for lot_size in [1usize, 2, 3, 10, 13] {
+            let r = Rocksteadier::with_lot_size(lot_size).unwrap().with_seed(5);
+            for backends in [0usize, 1, 9, 10, 11, 57, 130] {
+                for frontend in [0usize, 1, 7, 12, 25, 99] {
+                    let got: Vec<usize> = r.order(frontend, backends).unwrap().collect();
+                    assert_eq!(got, eager_order(&r, frontend, backends), "L={lot_size} N={backends} m={frontend}");
+                }
+            }
+        }
+    }
+
+    /// The specification, step by step, with eager shuffles.
+    fn eager_order(r: &Rocksteadier, frontend: usize, backends: usize) -> Vec<usize> {
+        let l = r.lot_size();
+        let f = frontend / l;
+        let lots = backends.div_ceil(l) as u64;
+        let columns: Vec<usize> = RingOrder::from_position(lots, position(f as u64)).map(|b| b as usize).collect();
+        let table: Vec<Vec<usize>> = columns
+            .iter()
+            .map(|&b| {
+                let mut p: Vec<usize> = (0..l).collect();
+                shuffle(&mut p, &mut SplitMix64::new(hash_pair(hash_pair(5, f as u64), b as u64)));
+                p.into_iter().map(|o| b * l + o).collect()
+            })
+            .collect();
+        let start = r.row_permutation()[frontend % l];
+        (0..l)
+            .flat_map(|i| {
+                let row = (start + i) % l;
+                table.iter().map(move |col| col[row])
+            })
+            .filter(|&t| t < backends)
+            .collect()
     }
 
     #[test]

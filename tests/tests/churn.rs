@@ -1,0 +1,105 @@
+//! Backend churn: how many members of a subset change when the backend job resizes by one.
+
+use std::collections::HashSet;
+
+use steady_subset::{Algorithm, Random, Ringsteady, Rocksteadier, Subsetting};
+
+/// The most members any frontend in `frontends` must replace when N goes `from -> to`.
+fn worst_change(algorithm: &dyn Subsetting, frontends: std::ops::Range<usize>, from: usize, to: usize, size: usize) -> usize {
+    frontends
+        .map(|m| {
+            let before: HashSet<usize> = algorithm.subset(m, from, size).unwrap().into_iter().collect();
+            algorithm.subset(m, to, size).unwrap().into_iter().filter(|b| !before.contains(b)).count()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Backend sizes that cross lot boundaries (multiples of 10) in every way, small and large.
+fn sizes_across_lot_boundaries() -> Vec<usize> {
+    let mut sizes: Vec<usize> = (1..=130).collect();
+    for boundary in [1_000, 10_000, 65_536, 100_000] {
+        sizes.extend(boundary - 11..=boundary + 11);
+    }
+    sizes
+}
+
+#[test]
+fn rocksteadier_changes_at_most_one_member_when_n_changes_by_one() {
+    let r = Rocksteadier::default();
+    for n in sizes_across_lot_boundaries() {
+        for size in [1, 3, 10, 20, 45] {
+            // Frontends 0..200: twenty whole frontend lots.
+            assert!(worst_change(&r, 0..200, n, n + 1, size) <= 1, "growth N={n} k={size}");
+            assert!(worst_change(&r, 0..200, n + 1, n, size) <= 1, "shrink N={} k={size}", n + 1);
+        }
+    }
+}
+
+#[test]
+fn rocksteadier_with_other_lot_sizes_keeps_the_bound() {
+    for lot in [1, 3, 7, 16] {
+        let r = Rocksteadier::with_lot_size(lot).unwrap();
+        for n in 1..=70 {
+            assert!(worst_change(&r, 0..(lot * 6), n, n + 1, 8) <= 1, "L={lot} N={n}");
+        }
+    }
+}
+
+#[test]
+fn random_changes_at_most_one_member_when_n_changes_by_one() {
+    let r = Random::default();
+    for n in (1..=130).chain([9_999, 10_000]) {
+        assert!(worst_change(&r, 0..100, n, n + 1, 20) <= 1, "N={n}");
+        assert!(worst_change(&r, 0..100, n + 1, n, 20) <= 1, "N={}", n + 1);
+    }
+}
+
+#[test]
+fn ringsteady_churn_bounds() {
+    // Unscaled, positions never move: at most one change, like consistent hashing.
+    // Scaled, every backend slides a little towards the new evenly spaced slots, which
+    // can also move a frontend's start by one rank: at most two changes. (The lab's
+    // grid measures 2 as the worst for scaled Ringsteady.)
+    for n in 1..=300 {
+        assert!(worst_change(&Ringsteady::unscaled(), 0..300, n, n + 1, 20) <= 1, "unscaled N={n}");
+        assert!(worst_change(&Ringsteady::new(), 0..300, n, n + 1, 20) <= 2, "scaled N={n}");
+    }
+}
+
+#[test]
+fn deterministic_can_replace_a_whole_subset() {
+    // The reason Rocksteadier exists: the SRE book's algorithm reshuffles on every resize.
+    let d = Algorithm::from_name("deterministic").unwrap();
+    let worst = (20..60).map(|n| worst_change(&d, 0..100, n, n + 1, 10)).max().unwrap();
+    assert_eq!(worst, 10);
+}
+
+#[test]
+fn round_robin_and_deterministic_reproduce_the_articles_round_structure() {
+    // N = 10, k = 4. Round robin: only N / gcd(k, N) = 5 distinct subsets.
+    let rr = Algorithm::from_name("round-robin").unwrap();
+    let distinct: HashSet<Vec<usize>> = (0..50)
+        .map(|m| {
+            let mut s = rr.subset(m, 10, 4).unwrap();
+            s.sort_unstable();
+            s
+        })
+        .collect();
+    assert_eq!(distinct.len(), 5);
+
+    // Deterministic: N div k = 2 subsets per round, disjoint, 2 backends left over;
+    // rounds differ.
+    let d = Algorithm::from_name("deterministic").unwrap();
+    let mut rounds = HashSet::new();
+    for round in 0..20 {
+        let a: HashSet<usize> = d.subset(2 * round, 10, 4).unwrap().into_iter().collect();
+        let b: HashSet<usize> = d.subset(2 * round + 1, 10, 4).unwrap().into_iter().collect();
+        assert!(a.is_disjoint(&b));
+        assert_eq!(a.union(&b).count(), 8);
+        let mut key: Vec<usize> = a.into_iter().collect();
+        key.sort_unstable();
+        rounds.insert(key);
+    }
+    assert!(rounds.len() > 15, "rounds should shuffle differently: {} distinct", rounds.len());
+}

@@ -1,0 +1,141 @@
+//! Golden vectors: the frozen contract of steady-subset.
+//!
+//! Every frontend of a fleet must compute the same subsets whichever version of the
+//! library it runs. These tests recompute the subsets, generator outputs, bounded
+//! draws, shuffles and hashes recorded in `tests/golden/*.txt` and fail on any
+//! difference. A failure here means the change breaks every mixed-version fleet: do
+//! not "fix" it by regenerating. Regenerate only when adding new vectors, with
+//! `STEADY_BLESS=1 cargo test -p steady-tests --test golden`, and check that the diff
+//! only adds lines.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use steady_subset::hash::{hash_pair, mix64};
+use steady_subset::prng::{shuffle, SplitMix64};
+use steady_subset::{Algorithm, Subsetting};
+
+/// (frontend m, backends N, size k): small and large, k below, at and above N,
+/// lot boundaries, the article's examples.
+const TRIPLES: [(usize, usize, usize); 32] = [
+    (0, 0, 5),
+    (0, 1, 1),
+    (2, 1, 3),
+    (0, 10, 4),
+    (1, 10, 4),
+    (3, 10, 4),
+    (7, 10, 4),
+    (5, 11, 4),
+    (10, 55, 10),
+    (11, 55, 10),
+    (12, 55, 10),
+    (13, 55, 10),
+    (19, 55, 10),
+    (5, 20, 25),
+    (77, 37, 37),
+    (0, 100, 20),
+    (7, 100, 20),
+    (99, 101, 20),
+    (17, 256, 20),
+    (250, 241, 20),
+    (123, 1_000, 20),
+    (999, 1_009, 3),
+    (4_321, 9_999, 20),
+    (99_999, 10_000, 20),
+    (31, 10_000, 100),
+    (12_345, 65_536, 20),
+    (4_321, 100_000, 20),
+    (1, 1_000_000, 20),
+    (500_000, 1_000_003, 20),
+    (usize::MAX, 97, 5),
+    (1 << 40, 1_000, 7),
+    (3, 64, 64),
+];
+
+fn golden_path(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("golden").join(name)
+}
+
+fn join(v: impl IntoIterator<Item = impl ToString>) -> String {
+    v.into_iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" ")
+}
+
+fn subsets_file() -> String {
+    let mut out = String::from(
+        "# steady-subset golden subsets (frozen contract; see tests/tests/golden.rs).\n\
+         # algorithm frontend backends size: members in preference order\n",
+    );
+    for algorithm in Algorithm::all() {
+        for (m, n, k) in TRIPLES {
+            // Large jobs only for the algorithms that answer in O(k log N).
+            if n > 20_000 && !matches!(algorithm, Algorithm::Ringsteady(_) | Algorithm::Rocksteadier(_) | Algorithm::RoundRobin(_)) {
+                continue;
+            }
+            let subset = algorithm.subset(m, n, k).unwrap();
+            writeln!(out, "{algorithm} {m} {n} {k}: {}", join(subset)).unwrap();
+        }
+    }
+    out
+}
+
+fn primitives_file() -> String {
+    let mut out = String::from(
+        "# steady-subset golden primitives (frozen contract; see tests/tests/golden.rs).\n",
+    );
+    for seed in [0u64, 1, 42, 0x9E37_79B9_7F4A_7C15, u64::MAX] {
+        let mut rng = SplitMix64::new(seed);
+        writeln!(out, "splitmix64 {seed}: {}", join((0..6).map(|_| rng.next()))).unwrap();
+    }
+    for (seed, bound) in [(0u64, 10u64), (7, 3), (7, 1 << 40), (99, u64::MAX), (5, 6)] {
+        let mut rng = SplitMix64::new(seed);
+        writeln!(out, "below {seed} {bound}: {}", join((0..8).map(|_| rng.below(bound)))).unwrap();
+    }
+    for (seed, len) in [(0u64, 10usize), (1, 10), (12_345, 10), (3, 1), (3, 2), (8, 17)] {
+        let mut v: Vec<usize> = (0..len).collect();
+        shuffle(&mut v, &mut SplitMix64::new(seed));
+        writeln!(out, "shuffle {seed} {len}: {}", join(v)).unwrap();
+    }
+    for x in [0u64, 1, 2, 1 << 63, u64::MAX] {
+        writeln!(out, "mix64 {x}: {}", mix64(x)).unwrap();
+    }
+    for (a, b) in [(0u64, 0u64), (0, 1), (1, 0), (12, 34), (u64::MAX, 5)] {
+        writeln!(out, "hash_pair {a} {b}: {}", hash_pair(a, b)).unwrap();
+    }
+    out
+}
+
+/// Compares `expected` (computed now) with the checked-in file, line by line.
+fn check(name: &str, computed: String) {
+    let path = golden_path(name);
+    if std::env::var_os("STEADY_BLESS").is_some() {
+        std::fs::write(&path, &computed).unwrap();
+        return;
+    }
+    let recorded = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (create it with STEADY_BLESS=1)", path.display()));
+    let recorded: Vec<&str> = recorded.lines().collect();
+    let computed: Vec<&str> = computed.lines().collect();
+    for (line, (want, got)) in recorded.iter().zip(&computed).enumerate() {
+        assert_eq!(got, want, "{name} line {}: the frozen contract changed", line + 1);
+    }
+    assert_eq!(computed.len(), recorded.len(), "{name}: vectors added or removed");
+}
+
+#[test]
+fn subsets_match_the_golden_vectors() {
+    check("subsets.txt", subsets_file());
+}
+
+#[test]
+fn prng_shuffle_and_hashes_match_the_golden_vectors() {
+    check("primitives.txt", primitives_file());
+}
+
+#[test]
+fn golden_subsets_cover_every_algorithm() {
+    let file = std::fs::read_to_string(golden_path("subsets.txt")).unwrap();
+    for name in Algorithm::NAMES {
+        let lines = file.lines().filter(|l| l.starts_with(&format!("{name} "))).count();
+        assert!(lines >= 24, "{name}: only {lines} golden subsets");
+    }
+}
