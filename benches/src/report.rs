@@ -69,7 +69,8 @@ pub fn load(criterion_dir: &Path, group_prefix: &str) -> Vec<Estimate> {
 
 /// Formats a table: per group and parameter, each function's mean and its speed-up over `baseline`.
 pub fn ratio_table(estimates: &[Estimate], baseline: &str) -> String {
-    let mut out = format!("{:<20} {:>10} {:<24} {:>14} {:>12}\n", "group", "param", "function", "mean", "vs baseline");
+    let mut out =
+        format!("{:<20} {:>10} {:<24} {:>14} {:>12}\n", "group", "param", "function", "mean", "vs baseline");
     let mut keys: Vec<(&str, &str)> =
         estimates.iter().map(|e| (e.group.as_str(), e.parameter.as_str())).collect();
     keys.sort_by(|a, b| a.0.cmp(b.0).then(a.1.parse::<u64>().ok().cmp(&b.1.parse::<u64>().ok())));
@@ -79,7 +80,7 @@ pub fn ratio_table(estimates: &[Estimate], baseline: &str) -> String {
             estimates.iter().filter(|e| e.group == group && e.parameter == parameter).collect();
         let base = here.iter().find(|e| e.function == baseline).map(|e| e.mean_ns);
         for e in here {
-            let ratio = base.map_or("-".to_owned(), |b| format!("{:.1}x", b / e.mean_ns));
+            let ratio = base.map_or("-".to_owned(), |b| format_ratio(b / e.mean_ns));
             out.push_str(&format!(
                 "{:<20} {:>10} {:<24} {:>14} {:>12}\n",
                 group,
@@ -91,6 +92,14 @@ pub fn ratio_table(estimates: &[Estimate], baseline: &str) -> String {
         }
     }
     out
+}
+
+fn format_ratio(r: f64) -> String {
+    if r >= 100.0 {
+        format!("{r:.0}x")
+    } else {
+        format!("{r:.1}x")
+    }
 }
 
 fn format_ns(ns: f64) -> String {
@@ -116,9 +125,14 @@ mod tests {
 
     #[test]
     fn ratios_are_baseline_over_candidate() {
-        let e = |f: &str, ns| Estimate { group: "g".into(), function: f.into(), parameter: "10".into(), mean_ns: ns };
+        let e = |f: &str, ns| Estimate {
+            group: "g".into(),
+            function: f.into(),
+            parameter: "10".into(),
+            mean_ns: ns,
+        };
         let table = ratio_table(&[e("naive", 1000.0), e("fast", 10.0)], "naive");
-        assert!(table.contains("100.0x"), "{table}");
+        assert!(table.contains(" 100x"), "{table}");
         assert!(table.contains("1.0x"), "{table}");
     }
 }

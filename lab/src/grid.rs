@@ -4,7 +4,9 @@ use std::io::Write;
 use std::thread;
 
 use clap::Args;
-use steady_subset::quality::{article_grid, churn, connection_counts, normalised_utilisation, subsets, Scenario};
+use steady_subset::quality::{
+    article_grid, churn, connection_counts, normalised_utilisation, subsets, Scenario,
+};
 use steady_subset::{Algorithm, SubsetError};
 
 use crate::LabResult;
@@ -45,15 +47,18 @@ fn measure(algorithm: &Algorithm, s: Scenario) -> Result<Point, SubsetError> {
 /// Prints one summary row per algorithm.
 pub fn run(out: &mut impl Write, args: &GridArgs) -> LabResult {
     let grid = article_grid(args.step);
-    let threads = args
-        .threads
-        .unwrap_or_else(|| thread::available_parallelism().map_or(1, usize::from))
-        .max(1);
+    let threads =
+        args.threads.unwrap_or_else(|| thread::available_parallelism().map_or(1, usize::from)).max(1);
     let algorithms = match &args.algorithm {
         Some(a) => vec![a.clone()],
         None => Algorithm::all(),
     };
-    writeln!(out, "# article grid: k=20, 1<=M<=256, 20<=N<=256, M*k>N, step {}: {} scenarios", args.step, grid.len())?;
+    writeln!(
+        out,
+        "# article grid: k=20, 1<=M<=256, 20<=N<=256, M*k>N, step {}: {} scenarios",
+        args.step,
+        grid.len()
+    )?;
     writeln!(
         out,
         "{:<24} {:>9} {:>9} {:>9} {:>14} {:>14}",
@@ -64,7 +69,9 @@ pub fn run(out: &mut impl Write, args: &GridArgs) -> LabResult {
         let points: Vec<Point> = thread::scope(|scope| {
             let workers: Vec<_> = grid
                 .chunks(chunk)
-                .map(|part| scope.spawn(move || part.iter().map(|&s| measure(algorithm, s)).collect::<Vec<_>>()))
+                .map(|part| {
+                    scope.spawn(move || part.iter().map(|&s| measure(algorithm, s)).collect::<Vec<_>>())
+                })
                 .collect();
             workers
                 .into_iter()

@@ -44,7 +44,15 @@ pub fn run(out: &mut impl Write, args: &QualityArgs) -> LabResult {
     writeln!(
         out,
         "{:<24} {:>6} {:>9} {:>9} {:>11} {:>11} {:>9} {:>9} {:>7}",
-        "algorithm", "util", "max/ideal", "diversity", "N+1 max/avg", "N-1 max/avg", "M+1 max", "k+1 max", "spread"
+        "algorithm",
+        "util",
+        "max/ideal",
+        "diversity",
+        "N+1 max/avg",
+        "N-1 max/avg",
+        "M+1 max",
+        "k+1 max",
+        "spread"
     )?;
     for algorithm in &algorithms {
         let r = Report::measure(algorithm, scenario, window)?;

@@ -46,7 +46,8 @@ impl PreferenceOrder for Consistent {
         check_backends(backends)?;
         let frontend_pos = hash_pair(hash_pair(self.seed, 0), frontend as u64);
         let backend_key = hash_pair(self.seed, 1);
-        let mut ring: Vec<(u64, usize)> = (0..backends).map(|n| (hash_pair(backend_key, n as u64), n)).collect();
+        let mut ring: Vec<(u64, usize)> =
+            (0..backends).map(|n| (hash_pair(backend_key, n as u64), n)).collect();
         ring.sort_unstable();
         let start = ring.partition_point(|&(pos, _)| pos < frontend_pos);
         ring.rotate_left(if backends == 0 { 0 } else { start % backends });

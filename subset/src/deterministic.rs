@@ -133,9 +133,8 @@ mod tests {
         // The article's example: round 0 leaves out {0, 1}, round 1 leaves out {2, 3}.
         let alg = DeterministicBalanced::default();
         for (round, left_out) in [(0usize, [0usize, 1]), (1, [2, 3]), (4, [8, 9]), (5, [0, 1])] {
-            let used: BTreeSet<usize> = (0..2)
-                .flat_map(|s| alg.subset(2 * round + s, 10, 4).unwrap())
-                .collect();
+            let used: BTreeSet<usize> =
+                (0..2).flat_map(|s| alg.subset(2 * round + s, 10, 4).unwrap()).collect();
             let expected: BTreeSet<usize> = (0..10).filter(|b| !left_out.contains(b)).collect();
             assert_eq!(used, expected, "round {round}");
         }

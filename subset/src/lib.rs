@@ -48,6 +48,17 @@
 //! # Ok::<(), steady_subset::SubsetError>(())
 //! ```
 //!
+//! # Sources
+//!
+//! * P. Ward, P. Wankadia, K. Guliani, "Reinventing Backend Subsetting at Google",
+//!   ACM Queue 20(5), 2022: the metrics, round-robin, the balanced deterministic variant,
+//!   consistent, Ringsteady and Rocksteadier subsetting. It does not publish a PRNG, a
+//!   shuffle or every detail of Rocksteadier; the choices here are this crate's own and
+//!   are documented on each type.
+//! * B. Beyer et al., *Site Reliability Engineering*, O'Reilly 2016, chapter 20:
+//!   deterministic subsetting.
+//! * gRPC proposal A68, random subsetting: ordering backends by a seeded hash.
+//!
 //! # Costs
 //!
 //! Ringsteady and Rocksteadier answer one frontend in `O(k log N)` time and `O(k)`

@@ -196,10 +196,7 @@ mod tests {
     #[test]
     fn ring_order_of_ten_is_the_permutation_the_article_derives_from() {
         assert_eq!(sorted_ring(10), [0, 8, 4, 2, 6, 1, 9, 5, 3, 7]);
-        assert_eq!(
-            RingOrder::from_rank(10, 0).collect::<Vec<_>>(),
-            [0, 8, 4, 2, 6, 1, 9, 5, 3, 7]
-        );
+        assert_eq!(RingOrder::from_rank(10, 0).collect::<Vec<_>>(), [0, 8, 4, 2, 6, 1, 9, 5, 3, 7]);
     }
 
     #[test]

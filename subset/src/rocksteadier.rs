@@ -234,11 +234,15 @@ impl RocksteadierOrder {
         let column = &mut self.columns[c];
         let cells = &mut self.cells[c * lot_size..(c + 1) * lot_size];
         let needed = (row + 1).min(lot_size - 1);
-        while column.steps < needed {
-            let i = column.steps;
-            let j = i + column.rng.below((lot_size - i) as u64) as usize;
-            cells.swap(i, j);
-            column.steps += 1;
+        if column.steps < needed {
+            // Work on locals so the generator state stays in a register.
+            let mut rng = column.rng.clone();
+            for i in column.steps..needed {
+                let j = i + rng.below((lot_size - i) as u64) as usize;
+                cells.swap(i, j);
+            }
+            column.rng = rng;
+            column.steps = needed;
         }
         column.lot * lot_size + cells[row] as usize
     }
@@ -330,7 +334,11 @@ mod tests {
             for backends in [0usize, 1, 9, 10, 11, 57, 130] {
                 for frontend in [0usize, 1, 7, 12, 25, 99] {
                     let got: Vec<usize> = r.order(frontend, backends).unwrap().collect();
-                    assert_eq!(got, eager_order(&r, frontend, backends), "L={lot_size} N={backends} m={frontend}");
+                    assert_eq!(
+                        got,
+                        eager_order(&r, frontend, backends),
+                        "L={lot_size} N={backends} m={frontend}"
+                    );
                 }
             }
         }
@@ -341,7 +349,8 @@ mod tests {
         let l = r.lot_size();
         let f = frontend / l;
         let lots = backends.div_ceil(l) as u64;
-        let columns: Vec<usize> = RingOrder::from_position(lots, position(f as u64)).map(|b| b as usize).collect();
+        let columns: Vec<usize> =
+            RingOrder::from_position(lots, position(f as u64)).map(|b| b as usize).collect();
         let table: Vec<Vec<usize>> = columns
             .iter()
             .map(|&b| {

@@ -1,1 +1,93 @@
-//! Tests live in `tests/`.
+//! Checks shared by steady's tests and its fuzz targets.
+//!
+//! The fuzz targets in `fuzz/` (a workspace of their own, run with cargo-fuzz on
+//! nightly) call these functions with arbitrary bytes; the ordinary tests call them on
+//! fixed seeds, so the logic runs in CI even though the fuzzer does not.
+
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+use steady_subset::{Algorithm, PreferenceOrder, SubsetError, Subsetting, MAX_BACKENDS};
+
+/// Reads a little-endian `u64` from `bytes` at `at`, padding with zeros.
+fn word(bytes: &[u8], at: usize) -> u64 {
+    let mut buf = [0u8; 8];
+    for (i, b) in buf.iter_mut().enumerate() {
+        *b = bytes.get(at + i).copied().unwrap_or(0);
+    }
+    u64::from_le_bytes(buf)
+}
+
+/// Decodes `(algorithm, frontend, backends, size, lot size)` from fuzz bytes and checks
+/// every subset invariant: no panic; `N > MAX_BACKENDS` is the typed error; otherwise
+/// `min(k, N)` distinct members below `N`, the same on a second call, and for ordered
+/// algorithms the prefix of the order.
+///
+/// Backends are mostly kept small (below 2^16) so the fuzzer spends its time on shapes,
+/// not on shuffling millions of tasks, but the top bit of the selector lets any `usize`
+/// through to exercise the limit.
+///
+/// # Panics
+///
+/// When an invariant does not hold: that is the finding.
+pub fn check_subset_input(bytes: &[u8]) {
+    let selector = word(bytes, 0);
+    let frontend = word(bytes, 8) as usize;
+    let raw_backends = word(bytes, 16) as usize;
+    let size = word(bytes, 24) as usize;
+    let backends = if selector >> 63 == 1 { raw_backends } else { raw_backends % (1 << 16) };
+    let size = if selector >> 62 & 1 == 1 { size } else { size % 1024 };
+
+    let algorithm = match (selector % 9) as usize {
+        8 => match steady_subset::Rocksteadier::with_lot_size((selector >> 8) as usize % 40) {
+            Ok(r) => Algorithm::Rocksteadier(r.with_seed(selector >> 16)),
+            Err(SubsetError::InvalidLotSize { lot_size: 0, .. }) => return,
+            Err(e) => panic!("lot size below 40 rejected: {e}"),
+        },
+        i => Algorithm::all().swap_remove(i),
+    };
+
+    let subset = match algorithm.subset(frontend, backends, size) {
+        Err(SubsetError::TooManyBackends { backends: b, max }) => {
+            assert!(b == backends && max == MAX_BACKENDS && backends > MAX_BACKENDS);
+            return;
+        }
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(s) => s,
+    };
+    assert!(backends <= MAX_BACKENDS);
+    assert_eq!(subset.len(), size.min(backends));
+    assert!(subset.iter().all(|&b| b < backends));
+    let mut sorted = subset.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), subset.len(), "duplicate members");
+    assert_eq!(algorithm.subset(frontend, backends, size).unwrap(), subset);
+    if let Algorithm::Rocksteadier(r) = &algorithm {
+        let prefix: Vec<usize> = r.order(frontend, backends).unwrap().take(subset.len()).collect();
+        assert_eq!(prefix, subset);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use steady_subset::prng::SplitMix64;
+
+    #[test]
+    fn subset_fuzz_logic_holds_on_fixed_seeds() {
+        let mut rng = SplitMix64::new(2026);
+        for _ in 0..400 {
+            let mut bytes = [0u8; 32];
+            for chunk in bytes.chunks_mut(8) {
+                chunk.copy_from_slice(&rng.next().to_le_bytes());
+            }
+            // Keep the limit-crossing shapes but not the huge-allocation ones in debug CI.
+            bytes[7] &= 0x3f;
+            check_subset_input(&bytes);
+        }
+        check_subset_input(&[]);
+        check_subset_input(&[0xff; 32]);
+        check_subset_input(&[0x80; 5]);
+    }
+}

@@ -5,7 +5,13 @@ use std::collections::HashSet;
 use steady_subset::{Algorithm, Random, Ringsteady, Rocksteadier, Subsetting};
 
 /// The most members any frontend in `frontends` must replace when N goes `from -> to`.
-fn worst_change(algorithm: &dyn Subsetting, frontends: std::ops::Range<usize>, from: usize, to: usize, size: usize) -> usize {
+fn worst_change(
+    algorithm: &dyn Subsetting,
+    frontends: std::ops::Range<usize>,
+    from: usize,
+    to: usize,
+    size: usize,
+) -> usize {
     frontends
         .map(|m| {
             let before: HashSet<usize> = algorithm.subset(m, from, size).unwrap().into_iter().collect();

@@ -68,7 +68,12 @@ fn subsets_file() -> String {
     for algorithm in Algorithm::all() {
         for (m, n, k) in TRIPLES {
             // Large jobs only for the algorithms that answer in O(k log N).
-            if n > 20_000 && !matches!(algorithm, Algorithm::Ringsteady(_) | Algorithm::Rocksteadier(_) | Algorithm::RoundRobin(_)) {
+            if n > 20_000
+                && !matches!(
+                    algorithm,
+                    Algorithm::Ringsteady(_) | Algorithm::Rocksteadier(_) | Algorithm::RoundRobin(_)
+                )
+            {
                 continue;
             }
             let subset = algorithm.subset(m, n, k).unwrap();
@@ -79,9 +84,8 @@ fn subsets_file() -> String {
 }
 
 fn primitives_file() -> String {
-    let mut out = String::from(
-        "# steady-subset golden primitives (frozen contract; see tests/tests/golden.rs).\n",
-    );
+    let mut out =
+        String::from("# steady-subset golden primitives (frozen contract; see tests/tests/golden.rs).\n");
     for seed in [0u64, 1, 42, 0x9E37_79B9_7F4A_7C15, u64::MAX] {
         let mut rng = SplitMix64::new(seed);
         writeln!(out, "splitmix64 {seed}: {}", join((0..6).map(|_| rng.next()))).unwrap();

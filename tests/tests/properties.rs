@@ -1,7 +1,7 @@
 //! Invariants every subsetting algorithm must hold, over wide random inputs.
 
 use proptest::prelude::*;
-use steady_subset::{Algorithm, Subsetting, SubsetError, MAX_BACKENDS};
+use steady_subset::{Algorithm, SubsetError, Subsetting, MAX_BACKENDS};
 
 /// Any algorithm, by its index in `Algorithm::all()`.
 fn any_algorithm() -> impl Strategy<Value = Algorithm> {
