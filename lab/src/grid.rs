@@ -64,6 +64,9 @@ pub fn run(out: &mut impl Write, args: &GridArgs) -> LabResult {
         "{:<24} {:>9} {:>9} {:>9} {:>14} {:>14}",
         "algorithm", "util mean", "util p10", "util min", "N+1 churn max", "N-1 churn max"
     )?;
+    if grid.is_empty() {
+        return Err(format!("step {} leaves no scenario in the grid", args.step).into());
+    }
     for algorithm in &algorithms {
         let chunk = grid.len().div_ceil(threads).max(1);
         let points: Vec<Point> = thread::scope(|scope| {

@@ -61,9 +61,10 @@
 //!
 //! # Costs
 //!
-//! Ringsteady and Rocksteadier answer one frontend in `O(k log N)` time and `O(k)`
-//! memory, without building the ring. Random, Consistent and the deterministic family
-//! touch every backend: `O(N)` (or `O(N log N)` to sort) per call.
+//! Ringsteady answers one frontend in `O(log N + k)` time and Rocksteadier in
+//! `O(log N + k × L)` (lots of `L = 10`), both in `O(k)` memory, without building the
+//! ring. Random, Consistent and the deterministic family touch every backend: `O(N)`
+//! (or `O(N log N)` to sort) per call.
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
@@ -105,6 +106,9 @@ pub const MAX_BACKENDS: usize = 1 << 24;
 /// every call, on every machine and in every version of the crate. The list is in the
 /// frontend's preference order (first is most preferred). `N = 0` or `k = 0` gives an
 /// empty list.
+///
+/// The frontend job's size `M` is not an input: a frontend's subset cannot depend on
+/// how many other frontends there are, so no algorithm here has frontend churn.
 ///
 /// # Errors
 ///

@@ -116,12 +116,31 @@ mod tests {
     }
 
     #[test]
-    fn shuffle_is_a_permutation_and_its_prefix_does_not_depend_on_the_rest() {
+    fn shuffle_is_a_permutation() {
         let mut a: Vec<u32> = (0..50).collect();
         shuffle(&mut a, &mut SplitMix64::new(9));
         let mut sorted = a.clone();
         sorted.sort_unstable();
         assert_eq!(sorted, (0..50).collect::<Vec<_>>());
         assert_ne!(a, sorted);
+    }
+
+    #[test]
+    fn the_first_r_steps_fix_the_first_r_positions() {
+        // The property lazy readers (Rocksteadier) rely on: stopping after r steps
+        // leaves the same first r entries as the whole shuffle.
+        for seed in 0..20 {
+            let mut whole: Vec<u32> = (0..10).collect();
+            shuffle(&mut whole, &mut SplitMix64::new(seed));
+            for r in 0..10 {
+                let mut partial: Vec<u32> = (0..10).collect();
+                let mut rng = SplitMix64::new(seed);
+                for i in 0..r {
+                    let j = i + rng.below((10 - i) as u64) as usize;
+                    partial.swap(i, j);
+                }
+                assert_eq!(partial[..r], whole[..r], "seed {seed}, {r} steps");
+            }
+        }
     }
 }

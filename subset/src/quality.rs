@@ -61,7 +61,8 @@ pub fn normalised_utilisation(counts: &[usize]) -> f64 {
 }
 
 /// The number of distinct subsets (as sets) divided by `min(M, C(N, k))`, where `k` is
-/// the size of the subsets (1.0 when there are no frontends).
+/// the size of the first subset (1.0 when there are no frontends; for subsets that could
+/// not come from `N` backends the denominator is taken as at least 1).
 pub fn diversity(subsets: &[Vec<usize>], backends: usize) -> f64 {
     if subsets.is_empty() {
         return 1.0;
@@ -76,7 +77,7 @@ pub fn diversity(subsets: &[Vec<usize>], backends: usize) -> f64 {
         .collect();
     let size = subsets[0].len();
     let possible = binomial_at_most(backends, size, subsets.len() as u128);
-    distinct.len() as f64 / possible.min(subsets.len() as u128) as f64
+    distinct.len() as f64 / possible.min(subsets.len() as u128).max(1) as f64
 }
 
 /// `C(n, k)`, or any value `>= cap` once it reaches `cap` (avoids overflow).
@@ -213,8 +214,8 @@ impl Report {
             diversity: diversity(&base, n),
             backend_growth_churn: churn(&base, &subsets(algorithm, m, n + 1, k)?),
             backend_shrink_churn: shrink,
-            frontend_churn: churn(&base, &subsets(algorithm, m + 1, n, k)?),
-            size_churn: churn(&base, &subsets(algorithm, m, n, k + 1)?),
+            frontend_churn: churn(&base, &subsets(algorithm, m.saturating_add(1), n, k)?),
+            size_churn: churn(&base, &subsets(algorithm, m, n, k.saturating_add(1))?),
             spread: worst_spread(&base, window),
             window,
         })
@@ -223,7 +224,7 @@ impl Report {
 
 /// The scenarios of the article's figure 2, sampled every `step` along each axis:
 /// `k = 20`, `M` in `1, 1 + step, ... <= 256`, `N` in `20, 20 + step, ... <= 256`,
-/// keeping those with `M × k > N`. `step = 1` is the full grid (60,000-odd scenarios).
+/// keeping those with `M × k > N`. `step = 1` is the full grid (59,148 scenarios).
 pub fn article_grid(step: usize) -> Vec<Scenario> {
     const SIZE: usize = 20;
     let step = step.max(1);

@@ -24,8 +24,8 @@ const HALF: u128 = 1 << 63;
 
 /// The task of ring-order rank `rank` among the tasks `0..n`.
 ///
-/// Requires `rank < n`; costs `O(log n)`. (Out-of-range ranks give an unspecified task
-/// below `n.max(1)`, never a panic.)
+/// Requires `rank < n`, checked by a `debug_assert!`; in release builds an out-of-range
+/// rank gives an unspecified task. Costs `O(log n)`.
 #[inline]
 pub fn element_at(mut n: u64, mut rank: u64) -> u64 {
     debug_assert!(rank < n, "rank {rank} out of range for {n} tasks");

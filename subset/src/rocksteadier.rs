@@ -51,8 +51,8 @@ pub const MAX_LOT_SIZE: usize = 1 << 16;
 /// Properties: when `N` grows by one, a padding slot becomes real (or a new lot, with
 /// one real slot, is inserted into the column order): the reading gains exactly one
 /// task, so every subset changes by at most one member. Balance is close to
-/// Ringsteady's, diversity far higher. One frontend costs `O(k log N)` time and
-/// `O(k × L)` memory: only the lots it reads are shuffled.
+/// Ringsteady's, diversity far higher. One frontend costs `O(log N + k × L)` time and
+/// `O(k × L)` memory (`L` is a small constant): only the lots it reads are shuffled.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rocksteadier {
     lot_size: usize,
@@ -191,7 +191,7 @@ struct Column {
 ///
 /// Lazy: a column is set up when the reading first reaches it, and its lot is shuffled
 /// only as far as the rows read so far need (forward Fisher–Yates fixes row `r` at step
-/// `r`), so taking `k` entries from a large job costs `O(k + log N)` steps.
+/// `r`), so taking `k` entries from a large job costs `O(log N + k × L)` time.
 #[derive(Debug, Clone)]
 pub struct RocksteadierOrder {
     backends: usize,

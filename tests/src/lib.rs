@@ -7,7 +7,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
-use steady_subset::{Algorithm, PreferenceOrder, SubsetError, Subsetting, MAX_BACKENDS};
+use steady_subset::{Algorithm, SubsetError, Subsetting, MAX_BACKENDS};
 
 /// Reads a little-endian `u64` from `bytes` at `at`, padding with zeros.
 fn word(bytes: &[u8], at: usize) -> u64 {
@@ -63,9 +63,9 @@ pub fn check_subset_input(bytes: &[u8]) {
     sorted.dedup();
     assert_eq!(sorted.len(), subset.len(), "duplicate members");
     assert_eq!(algorithm.subset(frontend, backends, size).unwrap(), subset);
-    if let Algorithm::Rocksteadier(r) = &algorithm {
-        let prefix: Vec<usize> = r.order(frontend, backends).unwrap().take(subset.len()).collect();
-        assert_eq!(prefix, subset);
+    if let Some(order) = algorithm.order(frontend, backends).unwrap() {
+        let prefix: Vec<usize> = order.take(subset.len()).collect();
+        assert_eq!(prefix, subset, "the subset is not the prefix of the order");
     }
 }
 
@@ -82,8 +82,6 @@ mod tests {
             for chunk in bytes.chunks_mut(8) {
                 chunk.copy_from_slice(&rng.next().to_le_bytes());
             }
-            // Keep the limit-crossing shapes but not the huge-allocation ones in debug CI.
-            bytes[7] &= 0x3f;
             check_subset_input(&bytes);
         }
         check_subset_input(&[]);
