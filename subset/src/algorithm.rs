@@ -120,6 +120,15 @@ impl Subsetting for Algorithm {
     ) -> Result<(), SubsetError> {
         self.as_subsetting().subset_into(frontend, backends, size, out)
     }
+
+    fn job_subsets(
+        &self,
+        frontends: usize,
+        backends: usize,
+        size: usize,
+    ) -> Result<Vec<Vec<usize>>, SubsetError> {
+        self.as_subsetting().job_subsets(frontends, backends, size)
+    }
 }
 
 impl FromStr for Algorithm {

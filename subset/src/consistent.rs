@@ -37,6 +37,40 @@ impl Subsetting for Consistent {
     ) -> Result<(), SubsetError> {
         take_prefix(self, frontend, backends, size, out)
     }
+
+    fn job_subsets(
+        &self,
+        frontends: usize,
+        backends: usize,
+        size: usize,
+    ) -> Result<Vec<Vec<usize>>, SubsetError> {
+        check_backends(backends)?;
+        let ring = self.ring(backends);
+        Ok((0..frontends).map(|m| self.walk(&ring, m, size).collect()).collect())
+    }
+}
+
+impl Consistent {
+    /// The backends `0..backends` sorted by ring position (ties by index).
+    fn ring(&self, backends: usize) -> Vec<(u64, usize)> {
+        let backend_key = hash_pair(self.seed, 1);
+        let mut ring: Vec<(u64, usize)> =
+            (0..backends).map(|n| (hash_pair(backend_key, n as u64), n)).collect();
+        ring.sort_unstable();
+        ring
+    }
+
+    /// Frontend `frontend`'s first `size` backends, walking `ring` clockwise.
+    fn walk<'a>(
+        &self,
+        ring: &'a [(u64, usize)],
+        frontend: usize,
+        size: usize,
+    ) -> impl Iterator<Item = usize> + 'a {
+        let frontend_pos = hash_pair(hash_pair(self.seed, 0), frontend as u64);
+        let start = ring.partition_point(|&(pos, _)| pos < frontend_pos);
+        ring[start..].iter().chain(&ring[..start]).take(size).map(|&(_, n)| n)
+    }
 }
 
 impl PreferenceOrder for Consistent {
@@ -44,13 +78,7 @@ impl PreferenceOrder for Consistent {
 
     fn order(&self, frontend: usize, backends: usize) -> Result<Self::Order, SubsetError> {
         check_backends(backends)?;
-        let frontend_pos = hash_pair(hash_pair(self.seed, 0), frontend as u64);
-        let backend_key = hash_pair(self.seed, 1);
-        let mut ring: Vec<(u64, usize)> =
-            (0..backends).map(|n| (hash_pair(backend_key, n as u64), n)).collect();
-        ring.sort_unstable();
-        let start = ring.partition_point(|&(pos, _)| pos < frontend_pos);
-        ring.rotate_left(if backends == 0 { 0 } else { start % backends });
-        Ok(ring.into_iter().map(|(_, n)| n).collect::<Vec<_>>().into_iter())
+        let ring = self.ring(backends);
+        Ok(self.walk(&ring, frontend, backends).collect::<Vec<_>>().into_iter())
     }
 }

@@ -54,6 +54,68 @@ fn round_and_slot(frontend: usize, backends: usize, size: usize) -> Option<(usiz
     Some((k, frontend / count, frontend % count))
 }
 
+/// The shuffled backends of one round: all of them, or for the balanced variant all
+/// but the round's `N mod k` leftovers.
+fn round_shuffle(seed: u64, backends: usize, k: usize, round: usize, balanced: bool) -> Vec<usize> {
+    let mut candidates: Vec<usize> = if balanced {
+        let leftovers = backends % k;
+        // (g × e) mod N without overflow for any round.
+        let first = ((round as u128 % backends as u128) * leftovers as u128 % backends as u128) as usize;
+        let mut set_aside = vec![false; backends];
+        for t in 0..leftovers {
+            set_aside[(first + t) % backends] = true;
+        }
+        (0..backends).filter(|&b| !set_aside[b]).collect()
+    } else {
+        (0..backends).collect()
+    };
+    shuffle(&mut candidates, &mut SplitMix64::new(hash_pair(seed, round as u64)));
+    candidates
+}
+
+/// One frontend's subset.
+fn subset_into(
+    seed: u64,
+    balanced: bool,
+    frontend: usize,
+    backends: usize,
+    size: usize,
+    out: &mut Vec<usize>,
+) -> Result<(), SubsetError> {
+    check_backends(backends)?;
+    out.clear();
+    if let Some((k, round, slot)) = round_and_slot(frontend, backends, size) {
+        let shuffled = round_shuffle(seed, backends, k, round, balanced);
+        out.extend_from_slice(&shuffled[slot * k..slot * k + k]);
+    }
+    Ok(())
+}
+
+/// Every frontend's subset, shuffling each round once.
+fn job_subsets(
+    seed: u64,
+    balanced: bool,
+    frontends: usize,
+    backends: usize,
+    size: usize,
+) -> Result<Vec<Vec<usize>>, SubsetError> {
+    check_backends(backends)?;
+    let mut all = Vec::with_capacity(frontends);
+    let mut current: Option<(usize, Vec<usize>)> = None;
+    for m in 0..frontends {
+        let Some((k, round, slot)) = round_and_slot(m, backends, size) else {
+            all.push(Vec::new());
+            continue;
+        };
+        if current.as_ref().is_none_or(|(r, _)| *r != round) {
+            current = Some((round, round_shuffle(seed, backends, k, round, balanced)));
+        }
+        let (_, shuffled) = current.as_ref().expect("set above");
+        all.push(shuffled[slot * k..slot * k + k].to_vec());
+    }
+    Ok(all)
+}
+
 impl Subsetting for Deterministic {
     fn name(&self) -> &'static str {
         "deterministic"
@@ -66,15 +128,16 @@ impl Subsetting for Deterministic {
         size: usize,
         out: &mut Vec<usize>,
     ) -> Result<(), SubsetError> {
-        check_backends(backends)?;
-        out.clear();
-        let Some((k, round, slot)) = round_and_slot(frontend, backends, size) else {
-            return Ok(());
-        };
-        let mut all: Vec<usize> = (0..backends).collect();
-        shuffle(&mut all, &mut SplitMix64::new(hash_pair(self.seed, round as u64)));
-        out.extend_from_slice(&all[slot * k..slot * k + k]);
-        Ok(())
+        subset_into(self.seed, false, frontend, backends, size, out)
+    }
+
+    fn job_subsets(
+        &self,
+        frontends: usize,
+        backends: usize,
+        size: usize,
+    ) -> Result<Vec<Vec<usize>>, SubsetError> {
+        job_subsets(self.seed, false, frontends, backends, size)
     }
 }
 
@@ -90,22 +153,16 @@ impl Subsetting for DeterministicBalanced {
         size: usize,
         out: &mut Vec<usize>,
     ) -> Result<(), SubsetError> {
-        check_backends(backends)?;
-        out.clear();
-        let Some((k, round, slot)) = round_and_slot(frontend, backends, size) else {
-            return Ok(());
-        };
-        let leftovers = backends % k;
-        // (g × e) mod N without overflow for any round.
-        let first = ((round as u128 % backends as u128) * leftovers as u128 % backends as u128) as usize;
-        let mut set_aside = vec![false; backends];
-        for t in 0..leftovers {
-            set_aside[(first + t) % backends] = true;
-        }
-        let mut rest: Vec<usize> = (0..backends).filter(|&b| !set_aside[b]).collect();
-        shuffle(&mut rest, &mut SplitMix64::new(hash_pair(self.seed, round as u64)));
-        out.extend_from_slice(&rest[slot * k..slot * k + k]);
-        Ok(())
+        subset_into(self.seed, true, frontend, backends, size, out)
+    }
+
+    fn job_subsets(
+        &self,
+        frontends: usize,
+        backends: usize,
+        size: usize,
+    ) -> Result<Vec<Vec<usize>>, SubsetError> {
+        job_subsets(self.seed, true, frontends, backends, size)
     }
 }
 

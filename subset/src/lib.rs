@@ -134,6 +134,21 @@ pub trait Subsetting {
         self.subset_into(frontend, backends, size, &mut out)?;
         Ok(out)
     }
+
+    /// The subsets of every frontend `0..frontends`: element `m` equals
+    /// `self.subset(m, backends, size)`.
+    ///
+    /// Algorithms override it when frontends can share work (one shuffle per
+    /// deterministic round, one sorted ring for consistent hashing); the lab and the
+    /// quality metrics use it to evaluate whole fleets.
+    fn job_subsets(
+        &self,
+        frontends: usize,
+        backends: usize,
+        size: usize,
+    ) -> Result<Vec<Vec<usize>>, SubsetError> {
+        (0..frontends).map(|m| self.subset(m, backends, size)).collect()
+    }
 }
 
 /// An algorithm whose subsets nest: the subset of size `k` is the first `k` entries of

@@ -21,7 +21,8 @@ use std::collections::HashSet;
 
 use crate::{SubsetError, Subsetting};
 
-/// The subsets of frontends `0..frontends`, each of size `size` over `backends` tasks.
+/// The subsets of frontends `0..frontends`, each of size `size` over `backends` tasks
+/// (see [`Subsetting::job_subsets`]).
 ///
 /// # Errors
 ///
@@ -32,7 +33,7 @@ pub fn subsets<A: Subsetting + ?Sized>(
     backends: usize,
     size: usize,
 ) -> Result<Vec<Vec<usize>>, SubsetError> {
-    (0..frontends).map(|m| algorithm.subset(m, backends, size)).collect()
+    algorithm.job_subsets(frontends, backends, size)
 }
 
 /// How many frontends connect to each backend: `counts[n]` for `n` in `0..backends`.

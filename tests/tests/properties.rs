@@ -78,3 +78,21 @@ fn ordered_algorithms_have_the_least_subset_size_churn() {
         assert_eq!((r.size_churn.max, r.size_churn.total), (1, 120), "{algorithm}");
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn job_subsets_equal_each_frontends_own_subset(
+        algorithm in any_algorithm(),
+        frontends in 0usize..120,
+        backends in 0usize..300,
+        size in 0usize..40,
+    ) {
+        let job = algorithm.job_subsets(frontends, backends, size).unwrap();
+        prop_assert_eq!(job.len(), frontends);
+        for (m, subset) in job.iter().enumerate() {
+            prop_assert_eq!(subset, &algorithm.subset(m, backends, size).unwrap(), "frontend {}", m);
+        }
+    }
+}
