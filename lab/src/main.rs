@@ -5,11 +5,19 @@
 //!   contract**: scripts diff it across versions.
 //! * `steady-lab quality ...` prints the quality metrics of one scenario for each algorithm.
 //! * `steady-lab grid ...` summarises utilisation and backend churn over the article's grid.
+//! * `steady-lab figures --out DIR` draws the evaluation figures (SVG).
+//! * `steady-lab report --out FILE.md` measures every scenario family, draws the figures
+//!   next to the report and writes the markdown tables (`docs/` is made this way).
 
 use std::io::{self, BufWriter, Write};
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use steady_lab::experiments::{self, LabConfig, LabResults};
+use steady_lab::sweep::Sweep;
+use steady_lab::{figures, report};
 use steady_subset::Algorithm;
 
 mod grid;
@@ -46,6 +54,41 @@ enum Command {
     /// Summarise utilisation and backend churn over the article's grid
     /// (k = 20, 1 <= M <= 256, 20 <= N <= 256, M*k > N).
     Grid(grid::GridArgs),
+    /// Draw the evaluation figures (SVG) into a directory.
+    Figures {
+        /// The directory to write the figures to (created if needed).
+        #[arg(long)]
+        out: PathBuf,
+        #[command(flatten)]
+        run: RunArgs,
+    },
+    /// Measure every scenario family and write the markdown report, with its figures in
+    /// a `figures/` directory beside it.
+    Report {
+        /// The report file, e.g. docs/report.md.
+        #[arg(long)]
+        out: PathBuf,
+        #[command(flatten)]
+        run: RunArgs,
+    },
+}
+
+/// Options shared by the long-running commands.
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Sample the article's grid every STEP values of M and N (default 1: all of it).
+    #[arg(long, default_value_t = 1)]
+    grid_step: usize,
+}
+
+impl RunArgs {
+    fn measure(&self) -> Result<LabResults, Box<dyn std::error::Error>> {
+        let config = LabConfig { grid_step: self.grid_step.max(1), ..LabConfig::full() };
+        Ok(experiments::run(&config, &Algorithm::all(), &Sweep::new(self.threads))?)
+    }
 }
 
 fn main() -> ExitCode {
@@ -58,6 +101,19 @@ fn main() -> ExitCode {
         }
         Command::Quality(args) => quality::run(&mut out, &args),
         Command::Grid(args) => grid::run(&mut out, &args),
+        Command::Figures { out: dir, run } => run.measure().and_then(|results| {
+            for f in figures::draw_all(&results, &dir)? {
+                writeln!(out, "{}", dir.join(&f.file).display())?;
+            }
+            Ok(())
+        }),
+        Command::Report { out: file, run } => run.measure().and_then(|results| {
+            let dir = file.parent().map(|p| p.join("figures")).unwrap_or_else(|| PathBuf::from("figures"));
+            let drawn = figures::draw_all(&results, &dir)?;
+            std::fs::write(&file, report::render(&results, &drawn, "figures"))?;
+            writeln!(out, "{}", file.display())?;
+            Ok(())
+        }),
     };
     match result.and_then(|()| out.flush().map_err(Into::into)) {
         Ok(()) => ExitCode::SUCCESS,

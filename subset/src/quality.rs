@@ -76,9 +76,14 @@ pub fn diversity(subsets: &[Vec<usize>], backends: usize) -> f64 {
             s
         })
         .collect();
-    let size = subsets[0].len();
-    let possible = binomial_at_most(backends, size, subsets.len() as u128);
-    distinct.len() as f64 / possible.min(subsets.len() as u128).max(1) as f64
+    distinct.len() as f64 / max_distinct_subsets(subsets.len(), backends, subsets[0].len()) as f64
+}
+
+/// `min(M, C(N, k))`, the most distinct subsets `M` frontends can have, and at least 1
+/// (the denominator of [`diversity`]).
+pub fn max_distinct_subsets(frontends: usize, backends: usize, size: usize) -> u128 {
+    let frontends = frontends as u128;
+    binomial_at_most(backends, size, frontends).min(frontends).max(1)
 }
 
 /// `C(n, k)`, or any value `>= cap` once it reaches `cap` (avoids overflow).
@@ -260,6 +265,14 @@ mod tests {
         // Only C(3, 2) = 3 subsets are possible with N = 3, k = 2.
         let s = vec![vec![0, 1], vec![1, 2], vec![0, 2], vec![0, 1]];
         assert_eq!(diversity(&s, 3), 1.0);
+    }
+
+    #[test]
+    fn max_distinct_subsets_is_min_m_binomial() {
+        assert_eq!(max_distinct_subsets(1000, 10, 4), 210);
+        assert_eq!(max_distinct_subsets(100, 10, 4), 100);
+        assert_eq!(max_distinct_subsets(5, 3, 3), 1);
+        assert_eq!(max_distinct_subsets(0, 3, 3), 1);
     }
 
     #[test]
