@@ -46,12 +46,13 @@ fn stroke(i: usize, n: usize) -> u32 {
     (2 + n.saturating_sub(i + 1)) as u32
 }
 
-/// Tick labels without a useless ".0".
+/// Tick labels without float noise: `20`, `0.1`, `0.25`.
 fn tick(v: &f64) -> String {
-    if v.fract() == 0.0 {
-        format!("{v:.0}")
+    let rounded = (v * 1e6).round() / 1e6;
+    if rounded.fract() == 0.0 {
+        format!("{rounded:.0}")
     } else {
-        format!("{v}")
+        format!("{rounded:.3}").trim_end_matches('0').to_owned()
     }
 }
 
@@ -291,6 +292,7 @@ fn spread(results: &LabResults, dir: &Path) -> DrawResult<Figure> {
         .y_desc("fraction of the subset down (worst frontend)")
         .label_style(FONT)
         .x_label_formatter(&tick)
+        .y_label_formatter(&tick)
         .draw()?;
     draw_lines(&mut chart, results, &results.spread, |p| (p.window as f64, p.worst))?;
     legend(&mut chart, SeriesLabelPosition::LowerRight)?;
@@ -317,9 +319,23 @@ fn diversity(results: &LabResults, dir: &Path) -> DrawResult<Figure> {
         .y_desc("diversity")
         .label_style(FONT)
         .x_label_formatter(&tick)
+        .y_label_formatter(&tick)
         .draw()?;
     draw_lines(&mut chart, results, &results.diversity, |&(m, d)| (m as f64, d))?;
     legend(&mut chart, SeriesLabelPosition::LowerLeft)?;
     root.present()?;
     Ok(Figure { file: file.to_owned(), title: "Diversity against the frontend job's size" })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticks_have_no_float_noise() {
+        assert_eq!(tick(&20.0), "20");
+        assert_eq!(tick(&0.9999999999999999), "1");
+        assert_eq!(tick(&0.30000000000000004), "0.3");
+        assert_eq!(tick(&0.25), "0.25");
+    }
 }
