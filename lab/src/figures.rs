@@ -116,22 +116,46 @@ fn utilisation_grid(results: &LabResults, dir: &Path) -> DrawResult<Figure> {
     Ok(Figure { file: file.to_owned(), title: "Utilisation against the frontend/backend ratio" })
 }
 
+/// One panel of churn lines: what to plot and how to label it.
+struct ChurnPanel<'a> {
+    series: &'a [Vec<ChurnPoint>],
+    caption: String,
+    x_desc: &'a str,
+    y_desc: &'a str,
+    log_y: bool,
+    value: fn(&ChurnPoint) -> f64,
+}
+
+/// A figure of two churn panels side by side.
+fn two_churn_panels(
+    results: &LabResults,
+    dir: &Path,
+    file: &str,
+    title: &'static str,
+    panels: [ChurnPanel<'_>; 2],
+) -> DrawResult<Figure> {
+    let target = dir.join(file);
+    let root = SVGBackend::new(&target, (1400, 560)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (left, right) = root.split_horizontally(700);
+    for (area, panel) in [left, right].iter().zip(&panels) {
+        churn_panel(area, results, panel)?;
+    }
+    root.present()?;
+    Ok(Figure { file: file.to_owned(), title })
+}
+
 /// Draws one line per algorithm into `area`, the y axis linear or logarithmic.
-#[allow(clippy::too_many_arguments)]
 fn churn_panel(
     area: &DrawingArea<SVGBackend<'_>, Shift>,
     results: &LabResults,
-    series: &[Vec<ChurnPoint>],
-    caption: &str,
-    x_desc: &str,
-    y_desc: &str,
-    log_y: bool,
-    value: impl Fn(&ChurnPoint) -> f64,
+    panel: &ChurnPanel<'_>,
 ) -> DrawResult<()> {
+    let ChurnPanel { series, ref caption, x_desc, y_desc, log_y, value } = *panel;
     let xs = series.iter().flatten().map(|p| p.x as f64);
     let (x_min, x_max) = xs.fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(x), hi.max(x)));
     let x_range = x_min..x_max.max(x_min + 1.0);
-    let y_max = series.iter().flatten().map(&value).fold(0.0, f64::max).max(1.0) * 1.08;
+    let y_max = series.iter().flatten().map(value).fold(0.0, f64::max).max(1.0) * 1.08;
     let mut builder = ChartBuilder::on(area);
     builder.caption(caption, CAPTION).margin(12).x_label_area_size(40).y_label_area_size(60);
     if log_y {
@@ -206,67 +230,61 @@ where
 
 /// Figure 2: backend churn as N grows one task at a time.
 fn backend_churn(results: &LabResults, dir: &Path) -> DrawResult<Figure> {
-    let file = "backend-churn.svg";
     let (m, k, _) = results.config.resize;
-    let target = dir.join(file);
-    let root = SVGBackend::new(&target, (1400, 560)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let (left, right) = root.split_horizontally(700);
-    churn_panel(
-        &left,
+    two_churn_panels(
         results,
-        &results.resize,
-        &format!("Most connections one frontend opens, N -> N+1 (M = {m}, k = {k})"),
-        "N before the step",
-        "connections opened (max over frontends)",
-        false,
-        |p| p.churn.max as f64,
-    )?;
-    churn_panel(
-        &right,
-        results,
-        &results.resize,
-        &format!("All connections opened, N -> N+1 (M = {m}, k = {k})"),
-        "N before the step",
-        "connections opened (total, log scale)",
-        true,
-        |p| p.churn.total as f64,
-    )?;
-    root.present()?;
-    Ok(Figure { file: file.to_owned(), title: "Backend churn as the backend job grows" })
+        dir,
+        "backend-churn.svg",
+        "Backend churn as the backend job grows",
+        [
+            ChurnPanel {
+                series: &results.resize,
+                caption: format!("Most connections one frontend opens, N -> N+1 (M = {m}, k = {k})"),
+                x_desc: "N before the step",
+                y_desc: "connections opened (max over frontends)",
+                log_y: false,
+                value: |p| p.churn.max as f64,
+            },
+            ChurnPanel {
+                series: &results.resize,
+                caption: format!("All connections opened, N -> N+1 (M = {m}, k = {k})"),
+                x_desc: "N before the step",
+                y_desc: "connections opened (total, log scale)",
+                log_y: true,
+                value: |p| p.churn.total as f64,
+            },
+        ],
+    )
 }
 
 /// Figure 3: subset-size churn and frontend churn.
 fn size_and_frontend_churn(results: &LabResults, dir: &Path) -> DrawResult<Figure> {
-    let file = "size-and-frontend-churn.svg";
     let (m, n, _) = results.config.size_churn;
     let (fn_n, fn_k, _) = results.config.frontend_churn;
-    let target = dir.join(file);
-    let root = SVGBackend::new(&target, (1400, 560)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let (left, right) = root.split_horizontally(700);
-    churn_panel(
-        &left,
+    two_churn_panels(
         results,
-        &results.size_churn,
-        &format!("Subset-size churn, k -> k+1 (M = {m}, N = {n})"),
-        "k before the step",
-        "connections opened (max over frontends)",
-        false,
-        |p| p.churn.max as f64,
-    )?;
-    churn_panel(
-        &right,
-        results,
-        &results.frontend_churn,
-        &format!("Frontend churn, M -> M+1 (N = {fn_n}, k = {fn_k})"),
-        "M before the step",
-        "connections opened by existing frontends",
-        false,
-        |p| p.churn.total as f64,
-    )?;
-    root.present()?;
-    Ok(Figure { file: file.to_owned(), title: "Subset-size churn and frontend churn" })
+        dir,
+        "size-and-frontend-churn.svg",
+        "Subset-size churn and frontend churn",
+        [
+            ChurnPanel {
+                series: &results.size_churn,
+                caption: format!("Subset-size churn, k -> k+1 (M = {m}, N = {n})"),
+                x_desc: "k before the step",
+                y_desc: "connections opened (max over frontends)",
+                log_y: false,
+                value: |p| p.churn.max as f64,
+            },
+            ChurnPanel {
+                series: &results.frontend_churn,
+                caption: format!("Frontend churn, M -> M+1 (N = {fn_n}, k = {fn_k})"),
+                x_desc: "M before the step",
+                y_desc: "connections opened by existing frontends",
+                log_y: false,
+                value: |p| p.churn.total as f64,
+            },
+        ],
+    )
 }
 
 /// Figure 4: the worst fraction of a subset one rolling-restart window takes down.

@@ -1,20 +1,21 @@
 //! `steady-lab grid`: utilisation and backend churn over the article's figure-2 grid.
 
 use std::io::Write;
-use std::thread;
 
 use clap::Args;
+use steady_lab::stats::{Better, Summary};
+use steady_lab::sweep::Sweep;
 use steady_subset::quality::{
     article_grid, churn, connection_counts, normalised_utilisation, subsets, Scenario,
 };
 use steady_subset::{Algorithm, SubsetError};
 
-use crate::LabResult;
+use crate::{chosen, LabResult};
 
 /// Arguments of `steady-lab grid`.
 #[derive(Debug, Args)]
 pub struct GridArgs {
-    /// Sample every STEP values of M and N (1 = the full grid, about 60,000 scenarios).
+    /// Sample every STEP values of M and N (1 = the full grid, 59,148 scenarios).
     #[arg(long, default_value_t = 16)]
     step: usize,
     /// Only this algorithm (default: all of them).
@@ -47,12 +48,10 @@ fn measure(algorithm: &Algorithm, s: Scenario) -> Result<Point, SubsetError> {
 /// Prints one summary row per algorithm.
 pub fn run(out: &mut impl Write, args: &GridArgs) -> LabResult {
     let grid = article_grid(args.step);
-    let threads =
-        args.threads.unwrap_or_else(|| thread::available_parallelism().map_or(1, usize::from)).max(1);
-    let algorithms = match &args.algorithm {
-        Some(a) => vec![a.clone()],
-        None => Algorithm::all(),
-    };
+    if grid.is_empty() {
+        return Err(format!("step {} leaves no scenario in the grid", args.step).into());
+    }
+    let sweep = Sweep::new(args.threads);
     writeln!(
         out,
         "# article grid: k=20, 1<=M<=256, 20<=N<=256, M*k>N, step {}: {} scenarios",
@@ -64,34 +63,17 @@ pub fn run(out: &mut impl Write, args: &GridArgs) -> LabResult {
         "{:<24} {:>9} {:>9} {:>9} {:>14} {:>14}",
         "algorithm", "util mean", "util p10", "util min", "N+1 churn max", "N-1 churn max"
     )?;
-    if grid.is_empty() {
-        return Err(format!("step {} leaves no scenario in the grid", args.step).into());
-    }
-    for algorithm in &algorithms {
-        let chunk = grid.len().div_ceil(threads).max(1);
-        let points: Vec<Point> = thread::scope(|scope| {
-            let workers: Vec<_> = grid
-                .chunks(chunk)
-                .map(|part| {
-                    scope.spawn(move || part.iter().map(|&s| measure(algorithm, s)).collect::<Vec<_>>())
-                })
-                .collect();
-            workers
-                .into_iter()
-                .flat_map(|w| w.join().expect("grid worker panicked"))
-                .collect::<Result<Vec<Point>, SubsetError>>()
-        })?;
-        let mut utils: Vec<f64> = points.iter().map(|p| p.utilisation).collect();
-        utils.sort_by(f64::total_cmp);
-        let mean = utils.iter().sum::<f64>() / utils.len().max(1) as f64;
-        let p10 = utils.get(utils.len() / 10).copied().unwrap_or(1.0);
+    for algorithm in chosen(&args.algorithm) {
+        let points = sweep.map(&algorithm.to_string(), &grid, |&s| measure(&algorithm, s))?;
+        let utils: Vec<f64> = points.iter().map(|p| p.utilisation).collect();
+        let u = Summary::of(&utils, Better::Higher).expect("the grid is not empty");
         writeln!(
             out,
             "{:<24} {:>9.4} {:>9.4} {:>9.4} {:>14} {:>14}",
             algorithm.to_string(),
-            mean,
-            p10,
-            utils.first().copied().unwrap_or(1.0),
+            u.mean,
+            u.tail,
+            u.worst,
             points.iter().map(|p| p.growth_churn_max).max().unwrap_or(0),
             points.iter().map(|p| p.shrink_churn_max).max().unwrap_or(0),
         )?;

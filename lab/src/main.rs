@@ -18,6 +18,7 @@ use clap::{Args, Parser, Subcommand};
 use steady_lab::experiments::{self, LabConfig, LabResults};
 use steady_lab::sweep::Sweep;
 use steady_lab::{figures, report};
+use steady_subset::quality::Scenario;
 use steady_subset::Algorithm;
 
 mod grid;
@@ -39,15 +40,8 @@ enum Command {
         /// consistent, ringsteady, ringsteady-unscaled, rocksteadier).
         #[arg(long, default_value = "rocksteadier")]
         algorithm: Algorithm,
-        /// M, the number of frontend tasks.
-        #[arg(long)]
-        frontends: usize,
-        /// N, the number of backend tasks.
-        #[arg(long)]
-        backends: usize,
-        /// k, the subset size.
-        #[arg(long)]
-        subset_size: usize,
+        #[command(flatten)]
+        scenario: ScenarioArgs,
     },
     /// Print balance, diversity, churn and spread of one scenario, per algorithm.
     Quality(quality::QualityArgs),
@@ -73,6 +67,26 @@ enum Command {
     },
 }
 
+/// One scenario: M frontends, N backends, subsets of k.
+#[derive(Debug, Args)]
+pub struct ScenarioArgs {
+    /// M, the number of frontend tasks.
+    #[arg(long)]
+    frontends: usize,
+    /// N, the number of backend tasks.
+    #[arg(long)]
+    backends: usize,
+    /// k, the subset size.
+    #[arg(long)]
+    subset_size: usize,
+}
+
+impl ScenarioArgs {
+    fn scenario(&self) -> Scenario {
+        Scenario { frontends: self.frontends, backends: self.backends, size: self.subset_size }
+    }
+}
+
 /// Options shared by the long-running commands.
 #[derive(Debug, Args)]
 struct RunArgs {
@@ -96,9 +110,7 @@ fn main() -> ExitCode {
     let stdout = io::stdout();
     let mut out = BufWriter::new(stdout.lock());
     let result = match cli.command {
-        Command::Subsets { algorithm, frontends, backends, subset_size } => {
-            print_subsets(&mut out, &algorithm, frontends, backends, subset_size)
-        }
+        Command::Subsets { algorithm, scenario } => print_subsets(&mut out, &algorithm, scenario.scenario()),
         Command::Quality(args) => quality::run(&mut out, &args),
         Command::Grid(args) => grid::run(&mut out, &args),
         Command::Figures { out: dir, run } => run.measure().and_then(|results| {
@@ -128,21 +140,23 @@ fn main() -> ExitCode {
     }
 }
 
+/// The algorithm named on the command line, or all of them.
+fn chosen(algorithm: &Option<Algorithm>) -> Vec<Algorithm> {
+    match algorithm {
+        Some(a) => vec![a.clone()],
+        None => Algorithm::all(),
+    }
+}
+
 /// The boxed error of a command.
 type LabResult = Result<(), Box<dyn std::error::Error>>;
 
 /// `m: b1 b2 ... bk`, one line per frontend (the contract format).
-fn print_subsets(
-    out: &mut impl Write,
-    algorithm: &Algorithm,
-    frontends: usize,
-    backends: usize,
-    size: usize,
-) -> LabResult {
+fn print_subsets(out: &mut impl Write, algorithm: &Algorithm, scenario: Scenario) -> LabResult {
     use steady_subset::Subsetting;
     let mut subset = Vec::new();
-    for m in 0..frontends {
-        algorithm.subset_into(m, backends, size, &mut subset)?;
+    for m in 0..scenario.frontends {
+        algorithm.subset_into(m, scenario.backends, scenario.size, &mut subset)?;
         write!(out, "{m}:")?;
         for b in &subset {
             write!(out, " {b}")?;

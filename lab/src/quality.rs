@@ -3,10 +3,10 @@
 use std::io::Write;
 
 use clap::Args;
-use steady_subset::quality::{Report, Scenario};
+use steady_subset::quality::Report;
 use steady_subset::Algorithm;
 
-use crate::LabResult;
+use crate::{chosen, LabResult, ScenarioArgs};
 
 /// Arguments of `steady-lab quality`.
 #[derive(Debug, Args)]
@@ -14,15 +14,8 @@ pub struct QualityArgs {
     /// Only this algorithm (default: all of them).
     #[arg(long)]
     algorithm: Option<Algorithm>,
-    /// M, the number of frontend tasks.
-    #[arg(long)]
-    frontends: usize,
-    /// N, the number of backend tasks.
-    #[arg(long)]
-    backends: usize,
-    /// k, the subset size.
-    #[arg(long)]
-    subset_size: usize,
+    #[command(flatten)]
+    scenario: ScenarioArgs,
     /// The rolling-restart window for the spread metric (default: k).
     #[arg(long)]
     window: Option<usize>,
@@ -30,12 +23,9 @@ pub struct QualityArgs {
 
 /// Prints the table.
 pub fn run(out: &mut impl Write, args: &QualityArgs) -> LabResult {
-    let scenario = Scenario { frontends: args.frontends, backends: args.backends, size: args.subset_size };
-    let window = args.window.unwrap_or(args.subset_size);
-    let algorithms = match &args.algorithm {
-        Some(a) => vec![a.clone()],
-        None => Algorithm::all(),
-    };
+    let scenario = args.scenario.scenario();
+    let window = args.window.unwrap_or(scenario.size);
+    let algorithms = chosen(&args.algorithm);
     writeln!(
         out,
         "# M={} N={} k={} spread window={window}",
