@@ -1,0 +1,207 @@
+//! One connection to one backend task, shared by the routing table and the requests
+//! in flight on it.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use crate::config::Load;
+
+/// What requests tell the control task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Feedback {
+    /// A call on connection `id` to `task` failed: take it out of rotation.
+    Failed { task: usize, id: u64 },
+    /// Connection `id`, draining, has no request in flight any more: close it.
+    Drained { id: u64 },
+}
+
+/// A connected backend: the service to call and its counters.
+#[derive(Debug)]
+pub(crate) struct Endpoint<S> {
+    /// The backend task's index.
+    pub(crate) task: usize,
+    /// Unique per connection, so stale feedback about an old connection is ignored.
+    pub(crate) id: u64,
+    /// The connection; each request calls a clone.
+    pub(crate) service: S,
+    pub(crate) in_flight: AtomicUsize,
+    pub(crate) requests: AtomicU64,
+    pub(crate) failures: AtomicU64,
+    /// Set when the endpoint leaves rotation; the last request out reports `Drained`.
+    pub(crate) draining: AtomicBool,
+    ewma: Option<PeakEwma>,
+    feedback: mpsc::UnboundedSender<Feedback>,
+}
+
+impl<S> Endpoint<S> {
+    pub(crate) fn new(
+        task: usize,
+        id: u64,
+        service: S,
+        load: Load,
+        feedback: mpsc::UnboundedSender<Feedback>,
+    ) -> Self {
+        let ewma = match load {
+            Load::InFlight => None,
+            Load::PeakEwma { decay, default_rtt } => Some(PeakEwma::new(decay, default_rtt)),
+        };
+        Self {
+            task,
+            id,
+            service,
+            in_flight: AtomicUsize::new(0),
+            requests: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            draining: AtomicBool::new(false),
+            ewma,
+            feedback,
+        }
+    }
+
+    /// The load estimate: lower is better.
+    #[inline]
+    pub(crate) fn load(&self) -> f64 {
+        let pending = self.in_flight.load(Ordering::Relaxed) as f64;
+        match &self.ewma {
+            None => pending,
+            Some(e) => e.rtt_ns() * (pending + 1.0),
+        }
+    }
+
+    /// Whether latency is measured (Peak EWMA).
+    #[inline]
+    pub(crate) fn measures_latency(&self) -> bool {
+        self.ewma.is_some()
+    }
+
+    /// Takes the endpoint out of rotation; true when nothing is in flight (close now).
+    pub(crate) fn start_draining(&self) -> bool {
+        self.draining.store(true, Ordering::SeqCst);
+        self.in_flight.load(Ordering::SeqCst) == 0
+    }
+}
+
+/// A request in flight on an endpoint: counted from the pick until the response or
+/// the request is dropped, whichever comes first.
+#[derive(Debug)]
+pub(crate) struct InFlight<S> {
+    endpoint: Arc<Endpoint<S>>,
+    start: Option<Instant>,
+}
+
+impl<S> InFlight<S> {
+    #[inline]
+    pub(crate) fn start(endpoint: Arc<Endpoint<S>>) -> Self {
+        endpoint.in_flight.fetch_add(1, Ordering::SeqCst);
+        endpoint.requests.fetch_add(1, Ordering::Relaxed);
+        let start = endpoint.measures_latency().then(Instant::now);
+        Self { endpoint, start }
+    }
+
+    pub(crate) fn endpoint(&self) -> &Arc<Endpoint<S>> {
+        &self.endpoint
+    }
+
+    /// The response arrived: feed the latency estimate.
+    #[inline]
+    pub(crate) fn succeeded(&self) {
+        if let (Some(ewma), Some(start)) = (&self.endpoint.ewma, self.start) {
+            ewma.observe(start.elapsed());
+        }
+    }
+
+    /// The backend failed the call: count it and tell the control task.
+    pub(crate) fn failed(&self) {
+        self.endpoint.failures.fetch_add(1, Ordering::Relaxed);
+        let _ =
+            self.endpoint.feedback.send(Feedback::Failed { task: self.endpoint.task, id: self.endpoint.id });
+    }
+}
+
+impl<S> Drop for InFlight<S> {
+    #[inline]
+    fn drop(&mut self) {
+        // SeqCst pairs with `start_draining`: either it sees our decrement, or we see
+        // its flag, so a draining connection is always closed once it is idle.
+        let before = self.endpoint.in_flight.fetch_sub(1, Ordering::SeqCst);
+        if before == 1 && self.endpoint.draining.load(Ordering::SeqCst) {
+            let _ = self.endpoint.feedback.send(Feedback::Drained { id: self.endpoint.id });
+        }
+    }
+}
+
+/// Peak-EWMA latency, updated without locks (last writer wins under contention,
+/// which only blurs an estimate).
+#[derive(Debug)]
+struct PeakEwma {
+    decay_ns: f64,
+    base: Instant,
+    /// The estimate in nanoseconds, as f64 bits.
+    rtt_ns: AtomicU64,
+    /// When it was last updated, in nanoseconds since `base`.
+    stamp_ns: AtomicU64,
+}
+
+impl PeakEwma {
+    fn new(decay: Duration, default_rtt: Duration) -> Self {
+        Self {
+            decay_ns: decay.as_nanos().max(1) as f64,
+            base: Instant::now(),
+            rtt_ns: AtomicU64::new((default_rtt.as_nanos() as f64).to_bits()),
+            stamp_ns: AtomicU64::new(0),
+        }
+    }
+
+    fn rtt_ns(&self) -> f64 {
+        f64::from_bits(self.rtt_ns.load(Ordering::Relaxed))
+    }
+
+    fn observe(&self, rtt: Duration) {
+        let now = self.base.elapsed().as_nanos() as u64;
+        let elapsed = now.saturating_sub(self.stamp_ns.swap(now, Ordering::Relaxed)) as f64;
+        let rtt = rtt.as_nanos() as f64;
+        let old = self.rtt_ns();
+        let estimate = if rtt > old {
+            // Peak: a slow response counts in full at once.
+            rtt
+        } else {
+            let decay = (-elapsed / self.decay_ns).exp();
+            old * decay + rtt * (1.0 - decay)
+        };
+        self.rtt_ns.store(estimate.to_bits(), Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_flight_counts_until_dropped_and_a_draining_endpoint_reports_idle() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let ep = Arc::new(Endpoint::new(3, 9, (), Load::InFlight, tx));
+        let a = InFlight::start(ep.clone());
+        let b = InFlight::start(ep.clone());
+        assert_eq!(ep.load(), 2.0);
+        assert!(!ep.start_draining());
+        drop(a);
+        assert!(rx.try_recv().is_err());
+        drop(b);
+        assert_eq!(rx.try_recv().unwrap(), Feedback::Drained { id: 9 });
+        assert_eq!(ep.requests.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn peak_ewma_jumps_up_and_decays_down() {
+        let e = PeakEwma::new(Duration::from_millis(10), Duration::from_millis(1));
+        e.observe(Duration::from_millis(50));
+        assert_eq!(e.rtt_ns(), 50e6);
+        std::thread::sleep(Duration::from_millis(30));
+        e.observe(Duration::from_millis(1));
+        let after = e.rtt_ns();
+        assert!(after < 10e6 && after > 1e6, "{after}");
+    }
+}

@@ -1,0 +1,45 @@
+//! [`BalanceLayer`]: a tower `Layer` that turns a connector into a [`Balance`].
+
+use std::fmt;
+
+use tokio::sync::watch;
+use tokio_stream::wrappers::WatchStream;
+use tower::{Layer, Service};
+
+use crate::config::BalanceConfig;
+use crate::error::BoxError;
+use crate::job::JobView;
+use crate::service::Balance;
+
+/// Wraps a connector (a `Service` from a task address to a connection) into a
+/// [`Balance`] over the backend job that `views` describes.
+///
+/// Each `layer` call starts a balancer with its own control task (so it must run
+/// inside a tokio runtime) that follows the same job views.
+#[derive(Debug, Clone)]
+pub struct BalanceLayer<T> {
+    config: BalanceConfig,
+    views: watch::Receiver<JobView<T>>,
+}
+
+impl<T> BalanceLayer<T> {
+    /// A layer for `config`, following the job views published on `views`.
+    pub fn new(config: BalanceConfig, views: watch::Receiver<JobView<T>>) -> Self {
+        Self { config, views }
+    }
+}
+
+impl<T, C, S> Layer<C> for BalanceLayer<T>
+where
+    T: Clone + PartialEq + fmt::Debug + Send + Sync + 'static,
+    C: Service<T, Response = S> + Send + 'static,
+    C::Error: Into<BoxError>,
+    C::Future: Send + 'static,
+    S: Send + Sync + 'static,
+{
+    type Service = Balance<S>;
+
+    fn layer(&self, connector: C) -> Balance<S> {
+        Balance::new(self.config.clone(), connector, WatchStream::new(self.views.clone()))
+    }
+}

@@ -1,0 +1,66 @@
+//! steady's tower balancer: each frontend task keeps connections to its subset of a
+//! backend job and balances requests over them.
+//!
+//! * **Control side** (a task of its own, off the request path): takes views of the
+//!   backend job (its size and each task's address and state), computes this
+//!   frontend's subset with a [`steady_subset`] algorithm (Rocksteadier by default),
+//!   opens and closes connections, ejects and reconnects failed backends with backoff
+//!   and jitter, lets the next backends in the frontend's order stand in for them, and
+//!   publishes an immutable routing table.
+//! * **Request side** ([`Balance`]): a cheap-to-clone tower `Service` that reads the
+//!   current table without locks and sends each request to the less loaded of two
+//!   random ready members. No ready member: a typed error after a short, configured
+//!   wait, never a hang.
+//! * **Draining**: a backend that is draining, gone, or no longer in the subset gets
+//!   no new requests from the moment the table changes; its requests in flight finish,
+//!   then its connection closes.
+//!
+//! # Example
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use steady_balance::{Balance, BalanceConfig, BalanceLayer, JobView};
+//! use tokio::sync::watch;
+//! use tower::{service_fn, Layer, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), steady_balance::BoxError> {
+//! // A "connection" to task address `a` is a service answering with its address.
+//! let connect = service_fn(|a: &'static str| async move {
+//!     Ok::<_, Infallible>(service_fn(move |req: u32| async move { Ok::<_, Infallible>((a, req)) }))
+//! });
+//! // The backend job: three serving tasks. Send new views to resize it.
+//! let (_job, views) = watch::channel(JobView::serving(["a", "b", "c"]));
+//! // Frontend task 0 keeps 2 connections.
+//! let balance: Balance<_> = BalanceLayer::new(BalanceConfig::new(0, 2), views).layer(connect);
+//! let (task, echoed) = balance.clone().oneshot(7).await?;
+//! assert_eq!(echoed, 7);
+//! assert!(balance.stats().subset.len() == 2);
+//! # let _ = task;
+//! # Ok(())
+//! # }
+//! ```
+
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+mod backoff;
+mod config;
+mod control;
+mod endpoint;
+mod error;
+mod future;
+mod job;
+mod layer;
+mod service;
+mod stats;
+mod table;
+
+pub use backoff::Backoff;
+pub use config::{BalanceConfig, Load};
+pub use error::{BalanceError, BoxError};
+pub use future::ResponseFuture;
+pub use job::{JobView, Task, TaskState};
+pub use layer::BalanceLayer;
+pub use service::Balance;
+pub use stats::{BalanceStats, MemberStats};

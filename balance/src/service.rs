@@ -1,0 +1,207 @@
+//! The request side: a cheap-to-clone tower `Service` that reads the routing table.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures_util::Stream;
+use steady_subset::hash::mix64;
+use steady_subset::prng::SplitMix64;
+use tokio::sync::mpsc;
+use tower::Service;
+
+use crate::config::BalanceConfig;
+use crate::control::{Command, Control};
+use crate::endpoint::{Endpoint, InFlight};
+use crate::error::{BalanceError, BoxError};
+use crate::future::ResponseFuture;
+use crate::job::JobView;
+use crate::stats::BalanceStats;
+use crate::table::{Counters, Shared};
+
+/// Seeds each clone's generator differently.
+static CLONES: AtomicU64 = AtomicU64::new(0);
+
+fn fresh_rng() -> SplitMix64 {
+    SplitMix64::new(mix64(CLONES.fetch_add(1, Ordering::Relaxed) ^ 0x5EED_0F_57EAD1))
+}
+
+/// Balances requests over a frontend's subset of a backend job.
+///
+/// A `Balance` is a handle: clone it freely (each clone is one `Arc` and a small
+/// random-number state). Every clone reads the same routing table, which a background
+/// control task keeps up to date; requests share no lock or queue. When the last
+/// clone is dropped the control task stops and closes every connection.
+///
+/// # Routing
+///
+/// Each request goes to the less loaded of two random ready members (power of two
+/// choices; load is requests in flight, or Peak EWMA latency, see
+/// [`crate::Load`]). `poll_ready` is always ready: readiness is per backend, and the
+/// chosen backend's own `poll_ready` is driven inside the response future.
+///
+/// # Errors
+///
+/// * [`BalanceError::NoReadyBackends`] (boxed) when no member is ready and none becomes
+///   ready within [`BalanceConfig::no_backend_wait`]. A request never hangs.
+/// * The backend's own error, boxed, when its service fails the call. That backend is
+///   then taken out of rotation and reconnected with backoff; the next backend in the
+///   frontend's order stands in for it meanwhile.
+pub struct Balance<S> {
+    shared: Arc<Shared<S>>,
+    commands: mpsc::UnboundedSender<Command>,
+    no_backend_wait: Duration,
+    rng: SplitMix64,
+}
+
+impl<S> Clone for Balance<S> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+            commands: self.commands.clone(),
+            no_backend_wait: self.no_backend_wait,
+            rng: fresh_rng(),
+        }
+    }
+}
+
+impl<S> fmt::Debug for Balance<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Balance").field("version", &self.shared.table.load().version).finish()
+    }
+}
+
+impl<S> Balance<S>
+where
+    S: Send + Sync + 'static,
+{
+    /// Starts a balancer: spawns its control task on the current tokio runtime.
+    ///
+    /// * `connector` makes a connection (the service `S`) to a task's address; a
+    ///   `tower::service_fn(|addr| async { ... })` will do.
+    /// * `job` yields views of the backend job; each replaces the previous one. When the
+    ///   stream ends, the last view stays in force.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime (as `tokio::spawn` does).
+    pub fn new<T, C, J>(config: BalanceConfig, connector: C, job: J) -> Self
+    where
+        T: Clone + PartialEq + fmt::Debug + Send + Sync + 'static,
+        C: Service<T, Response = S> + Send + 'static,
+        C::Error: Into<BoxError>,
+        C::Future: Send + 'static,
+        J: Stream<Item = JobView<T>> + Send + Unpin + 'static,
+    {
+        let shared = Arc::new(Shared::new());
+        let (commands, command_rx) = mpsc::unbounded_channel();
+        let no_backend_wait = config.no_backend_wait;
+        let control = Control::new(config, connector, job, command_rx, shared.clone());
+        tokio::spawn(control.run());
+        Self { shared, commands, no_backend_wait, rng: fresh_rng() }
+    }
+
+    /// A balancer over a fixed list of addresses: task `i` at `addresses[i]`, all serving.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime.
+    pub fn from_addresses<T, C>(config: BalanceConfig, connector: C, addresses: Vec<T>) -> Self
+    where
+        T: Clone + PartialEq + fmt::Debug + Send + Sync + 'static,
+        C: Service<T, Response = S> + Send + 'static,
+        C::Error: Into<BoxError>,
+        C::Future: Send + 'static,
+    {
+        Self::new(config, connector, futures_util::stream::iter([JobView::serving(addresses)]))
+    }
+}
+
+impl<S> Balance<S> {
+    /// Changes `k`. The control task opens and closes only what the subset change demands
+    /// (for algorithms with a preference order, growing `k` only opens).
+    pub fn set_subset_size(&self, subset_size: usize) {
+        // The control task outlives every handle, so the send only fails at shutdown.
+        let _ = self.commands.send(Command::SetSubsetSize(subset_size));
+    }
+
+    /// Counters and current membership. Reads shared atomics; does not wait for the
+    /// control task. Requests on draining connections are counted once they close.
+    pub fn stats(&self) -> BalanceStats {
+        BalanceStats::read(&self.shared)
+    }
+
+    /// Waits until the routing table's version is at least `version` (tests, tooling).
+    pub async fn wait_for_version(&self, version: u64) {
+        let mut versions = self.shared.versions.subscribe();
+        let _ = versions.wait_for(|v| *v >= version).await;
+    }
+
+    /// Waits until the routing table has at least `members` ready members, or `timeout`
+    /// passes; returns whether it happened.
+    pub async fn wait_for_members(&self, members: usize, timeout: Duration) -> bool {
+        let mut versions = self.shared.versions.subscribe();
+        let shared = self.shared.clone();
+        let ready = async move {
+            let _ = versions.wait_for(|_| shared.table.load().members.len() >= members).await;
+        };
+        tokio::time::timeout(timeout, ready).await.is_ok()
+    }
+}
+
+impl<S, Req> Service<Req> for Balance<S>
+where
+    S: Service<Req> + Clone + Send + Sync + 'static,
+    S::Error: Into<BoxError>,
+    Req: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = ResponseFuture<S, Req>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    #[inline]
+    fn call(&mut self, req: Req) -> Self::Future {
+        let table = self.shared.table.load();
+        match table.pick(&mut self.rng) {
+            Some(endpoint) => ResponseFuture::ready(InFlight::start(endpoint.clone()), req),
+            None => {
+                ResponseFuture::waiting(wait_for_endpoint(self.shared.clone(), self.no_backend_wait), req)
+            }
+        }
+    }
+}
+
+/// The slow path: no ready member now. Waits for a table with one, up to `wait`.
+fn wait_for_endpoint<S: Send + Sync + 'static>(
+    shared: Arc<Shared<S>>,
+    wait: Duration,
+) -> Pin<Box<dyn Future<Output = Result<Arc<Endpoint<S>>, BalanceError>> + Send>> {
+    Box::pin(async move {
+        let mut versions = shared.versions.subscribe();
+        let mut rng = fresh_rng();
+        let found = tokio::time::timeout(wait, async {
+            loop {
+                if let Some(endpoint) = shared.table.load().pick(&mut rng) {
+                    return endpoint.clone();
+                }
+                if versions.changed().await.is_err() {
+                    // The control task is gone: nothing will change; let the timeout fire.
+                    std::future::pending::<()>().await;
+                }
+            }
+        })
+        .await;
+        found.map_err(|_| {
+            Counters::add(&shared.counters.no_backend, 1);
+            BalanceError::NoReadyBackends { waited: wait }
+        })
+    })
+}

@@ -1,0 +1,77 @@
+//! A snapshot of what the balancer is doing, for dashboards and tests.
+
+use std::sync::atomic::Ordering;
+
+use crate::table::Shared;
+
+/// One member of the routing table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberStats {
+    /// The backend task's index.
+    pub task: usize,
+    /// Requests sent on the current connection.
+    pub requests: u64,
+    /// Calls the backend failed on the current connection.
+    pub failures: u64,
+    /// Requests in flight now.
+    pub in_flight: usize,
+}
+
+/// Counters since the balancer started, and its current membership.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BalanceStats {
+    /// Connections open now, including draining ones.
+    pub connections_open: u64,
+    /// Connections opened successfully so far.
+    pub connections_opened: u64,
+    /// Connections closed so far (after draining).
+    pub connections_closed: u64,
+    /// Connection attempts that failed.
+    pub connect_failures: u64,
+    /// Connections taken out of rotation because a call failed.
+    pub ejections: u64,
+    /// Requests sent to backends (all connections, open and closed).
+    pub requests: u64,
+    /// Calls backends failed (all connections).
+    pub failures: u64,
+    /// Requests that failed for want of a ready backend.
+    pub no_backend: u64,
+    /// The backends the control task wants, in preference order (ready or not).
+    pub subset: Vec<usize>,
+    /// The members requests are routed over now, in preference order.
+    pub members: Vec<MemberStats>,
+    /// The routing table's version (bumped on every change).
+    pub version: u64,
+}
+
+impl BalanceStats {
+    pub(crate) fn read<S>(shared: &Shared<S>) -> Self {
+        let table = shared.table.load();
+        let c = &shared.counters;
+        let members: Vec<MemberStats> = table
+            .members
+            .iter()
+            .map(|e| MemberStats {
+                task: e.task,
+                requests: e.requests.load(Ordering::Relaxed),
+                failures: e.failures.load(Ordering::Relaxed),
+                in_flight: e.in_flight.load(Ordering::Relaxed),
+            })
+            .collect();
+        Self {
+            connections_open: shared.open.load(Ordering::Relaxed),
+            connections_opened: c.opened.load(Ordering::Relaxed),
+            connections_closed: c.closed.load(Ordering::Relaxed),
+            connect_failures: c.connect_failures.load(Ordering::Relaxed),
+            ejections: c.ejections.load(Ordering::Relaxed),
+            requests: c.closed_requests.load(Ordering::Relaxed)
+                + members.iter().map(|m| m.requests).sum::<u64>(),
+            failures: c.closed_failures.load(Ordering::Relaxed)
+                + members.iter().map(|m| m.failures).sum::<u64>(),
+            no_backend: c.no_backend.load(Ordering::Relaxed),
+            subset: table.wanted.clone(),
+            members,
+            version: table.version,
+        }
+    }
+}

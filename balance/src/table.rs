@@ -1,0 +1,135 @@
+//! The immutable routing table the control task publishes and requests read.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use steady_subset::prng::SplitMix64;
+use tokio::sync::watch;
+
+use crate::endpoint::Endpoint;
+
+/// What requests route over: the ready members of the subset, in preference order.
+///
+/// Built by the control task and swapped in whole; a request reads whichever table is
+/// current when it starts and never waits for the control task. (Keyed routing will
+/// add the assignment's slice table here.)
+#[derive(Debug)]
+pub(crate) struct RoutingTable<S> {
+    /// Bumped on every publication.
+    pub(crate) version: u64,
+    /// Connected, healthy members, in the frontend's preference order.
+    pub(crate) members: Vec<Arc<Endpoint<S>>>,
+    /// The subset the control task wants (members and stand-ins, ready or not).
+    pub(crate) wanted: Vec<usize>,
+}
+
+impl<S> RoutingTable<S> {
+    pub(crate) fn empty() -> Self {
+        Self { version: 0, members: Vec::new(), wanted: Vec::new() }
+    }
+
+    /// Power of two choices: two distinct random members, the less loaded one
+    /// (the first on a tie). `None` when the table is empty.
+    #[inline]
+    pub(crate) fn pick(&self, rng: &mut SplitMix64) -> Option<&Arc<Endpoint<S>>> {
+        let n = self.members.len();
+        match n {
+            0 => None,
+            1 => self.members.first(),
+            _ => {
+                let i = rng.below(n as u64) as usize;
+                let mut j = rng.below(n as u64 - 1) as usize;
+                if j >= i {
+                    j += 1;
+                }
+                let (a, b) = (&self.members[i], &self.members[j]);
+                Some(if b.load() < a.load() { b } else { a })
+            }
+        }
+    }
+}
+
+/// Counters that outlive connections.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) opened: AtomicU64,
+    pub(crate) closed: AtomicU64,
+    pub(crate) connect_failures: AtomicU64,
+    pub(crate) ejections: AtomicU64,
+    pub(crate) no_backend: AtomicU64,
+    /// Requests and failures of connections already closed (live ones count on their endpoint).
+    pub(crate) closed_requests: AtomicU64,
+    pub(crate) closed_failures: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// What the request side and the control task share.
+#[derive(Debug)]
+pub(crate) struct Shared<S> {
+    pub(crate) table: ArcSwap<RoutingTable<S>>,
+    /// The current table's version, for requests waiting for a ready backend.
+    pub(crate) versions: watch::Sender<u64>,
+    pub(crate) counters: Counters,
+    /// Connections open, including draining ones (maintained by the control task).
+    pub(crate) open: AtomicU64,
+}
+
+impl<S> Shared<S> {
+    pub(crate) fn new() -> Self {
+        Self {
+            table: ArcSwap::from_pointee(RoutingTable::empty()),
+            versions: watch::Sender::new(0),
+            counters: Counters::default(),
+            open: AtomicU64::new(0),
+        }
+    }
+
+    /// Swaps in a new table and wakes requests waiting for one.
+    pub(crate) fn publish(&self, table: RoutingTable<S>) {
+        let version = table.version;
+        self.table.store(Arc::new(table));
+        self.versions.send_replace(version);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Load;
+    use tokio::sync::mpsc;
+
+    fn table(loads: &[usize]) -> RoutingTable<()> {
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let members = loads
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| {
+                let ep = Endpoint::new(i, i as u64, (), Load::InFlight, tx.clone());
+                ep.in_flight.store(l, Ordering::Relaxed);
+                Arc::new(ep)
+            })
+            .collect();
+        RoutingTable { version: 1, members, wanted: vec![] }
+    }
+
+    #[test]
+    fn p2c_never_picks_the_most_loaded_of_three_or_more_distinct_loads() {
+        let t = table(&[5, 0, 9]);
+        let mut rng = SplitMix64::new(1);
+        let mut picks = [0; 3];
+        for _ in 0..3000 {
+            picks[t.pick(&mut rng).unwrap().task] += 1;
+        }
+        // The busiest loses every comparison; the idlest wins both of its pairs.
+        assert_eq!(picks[2], 0);
+        assert!(picks[1] > 1800 && picks[0] > 800, "{picks:?}");
+        assert!(table(&[]).pick(&mut rng).is_none());
+        assert_eq!(table(&[4]).pick(&mut rng).unwrap().task, 0);
+    }
+}

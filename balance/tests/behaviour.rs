@@ -1,0 +1,293 @@
+//! The balancer's behaviour against mock connections, on tokio's paused clock.
+
+use std::collections::HashSet;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use steady_balance::{Backoff, Balance, BalanceConfig, BalanceError, JobView, TaskState};
+use steady_subset::{Algorithm, Subsetting};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::WatchStream;
+use tower::{service_fn, BoxError, ServiceExt};
+use tower_test::mock;
+
+type Conn = mock::Mock<u32, usize>;
+type Handle = mock::Handle<u32, usize>;
+
+/// A connector that makes a tower-test mock per connection and hands its handle (with
+/// the task index) to the test; tasks listed in `refuse` fail to connect.
+struct Harness {
+    views: watch::Sender<JobView<usize>>,
+    handles: mpsc::UnboundedReceiver<(usize, Handle)>,
+    refuse: Arc<Mutex<HashSet<usize>>>,
+    connects: Arc<Mutex<Vec<usize>>>,
+    balance: Balance<Conn>,
+}
+
+fn harness(config: BalanceConfig, size: usize) -> Harness {
+    harness_refusing(config, size, &[])
+}
+
+fn harness_refusing(config: BalanceConfig, size: usize, refused: &[usize]) -> Harness {
+    let (views, rx) = watch::channel(JobView::serving(0..size));
+    let (tx, handles) = mpsc::unbounded_channel();
+    let refuse: Arc<Mutex<HashSet<usize>>> = Arc::new(Mutex::new(refused.iter().copied().collect()));
+    let connects: Arc<Mutex<Vec<usize>>> = Arc::default();
+    let (r, c) = (refuse.clone(), connects.clone());
+    let connector = service_fn(move |task: usize| {
+        let (tx, r, c) = (tx.clone(), r.clone(), c.clone());
+        async move {
+            c.lock().unwrap().push(task);
+            if r.lock().unwrap().contains(&task) {
+                return Err::<Conn, BoxError>("connection refused".into());
+            }
+            let (service, handle) = mock::pair::<u32, usize>();
+            let _ = tx.send((task, handle));
+            Ok(service)
+        }
+    });
+    let balance = Balance::new(config, connector, WatchStream::new(rx));
+    Harness { views, handles, refuse, connects, balance }
+}
+
+/// Lets the control task and the mocks run.
+async fn settle() {
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+}
+
+fn subset(m: usize, n: usize, k: usize) -> Vec<usize> {
+    Algorithm::default().subset(m, n, k).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn connects_to_exactly_its_rocksteadier_subset() {
+    let h = harness(BalanceConfig::new(13, 5), 55);
+    settle().await;
+    let stats = h.balance.stats();
+    assert_eq!(stats.subset, subset(13, 55, 5));
+    assert_eq!(stats.connections_opened, 5);
+    let mut connected = h.connects.lock().unwrap().clone();
+    connected.sort_unstable();
+    let mut want = subset(13, 55, 5);
+    want.sort_unstable();
+    assert_eq!(connected, want);
+    assert_eq!(stats.members.len(), 5);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_empty_job_fails_fast_with_a_typed_error() {
+    let wait = Duration::from_millis(250);
+    let h = harness(BalanceConfig::new(0, 3).with_no_backend_wait(wait), 0);
+    let start = tokio::time::Instant::now();
+    let err = h.balance.clone().oneshot(1).await.unwrap_err();
+    assert_eq!(start.elapsed(), wait);
+    assert_eq!(err.downcast_ref::<BalanceError>(), Some(&BalanceError::NoReadyBackends { waited: wait }));
+    assert_eq!(h.balance.stats().no_backend, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_waits_for_the_first_connection_instead_of_failing() {
+    let mut h = harness(BalanceConfig::new(0, 1), 1);
+    let call = tokio::spawn(h.balance.clone().oneshot(5));
+    let (_, mut handle) = h.handles.recv().await.unwrap();
+    let (req, respond) = handle.next_request().await.unwrap();
+    assert_eq!(req, 5);
+    respond.send_response(50);
+    assert_eq!(call.await.unwrap().unwrap(), 50);
+}
+
+#[tokio::test(start_paused = true)]
+async fn growing_and_shrinking_n_opens_and_closes_only_the_subset_change() {
+    let h = harness(BalanceConfig::new(7, 10), 40);
+    settle().await;
+    let mut opened = h.balance.stats().connections_opened;
+    let mut closed = 0;
+    for (from, to) in [(40, 41), (41, 42), (42, 50), (50, 49), (49, 30), (30, 31)] {
+        h.views.send_replace(JobView::serving(0..to));
+        settle().await;
+        let before: HashSet<usize> = subset(7, from, 10).into_iter().collect();
+        let after: HashSet<usize> = subset(7, to, 10).into_iter().collect();
+        let stats = h.balance.stats();
+        assert_eq!(
+            stats.connections_opened - opened,
+            after.difference(&before).count() as u64,
+            "{from}->{to}"
+        );
+        assert_eq!(
+            stats.connections_closed - closed,
+            before.difference(&after).count() as u64,
+            "{from}->{to}"
+        );
+        assert_eq!(stats.connections_open, 10);
+        opened = stats.connections_opened;
+        closed = stats.connections_closed;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn changing_k_opens_and_closes_only_the_difference() {
+    let h = harness(BalanceConfig::new(3, 4), 100);
+    settle().await;
+    h.balance.set_subset_size(9);
+    settle().await;
+    let s = h.balance.stats();
+    assert_eq!((s.connections_opened, s.connections_closed), (9, 0));
+    assert_eq!(s.subset, subset(3, 100, 9));
+    h.balance.set_subset_size(2);
+    settle().await;
+    let s = h.balance.stats();
+    assert_eq!((s.connections_opened, s.connections_closed, s.connections_open), (9, 7, 2));
+    assert_eq!(s.subset, subset(3, 100, 2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_member_is_retried_with_backoff_while_the_next_in_order_stands_in() {
+    let backoff = Backoff { base: Duration::from_secs(1), max: Duration::from_secs(8), jitter: 0.0 };
+    let order = subset(2, 30, 6);
+    let bad = order[1];
+    let h = harness_refusing(BalanceConfig::new(2, 5).with_backoff(backoff), 30, &[bad]);
+    settle().await;
+    let s = h.balance.stats();
+    let ready: Vec<usize> = s.members.iter().map(|m| m.task).collect();
+    assert_eq!(s.subset, [&order[..5], &order[5..6]].concat(), "stand-in is the 6th in order");
+    assert_eq!(ready.len(), 5);
+    assert!(!ready.contains(&bad));
+    // Backoff: 1 s, then 2 s, then 4 s between attempts.
+    let attempts = |h: &Harness| h.connects.lock().unwrap().iter().filter(|&&t| t == bad).count();
+    let first = attempts(&h);
+    tokio::time::advance(Duration::from_millis(1001)).await;
+    settle().await;
+    assert_eq!(attempts(&h), first + 1);
+    // Let it in: the next attempt succeeds and the stand-in leaves.
+    h.refuse.lock().unwrap().clear();
+    tokio::time::advance(Duration::from_millis(2001)).await;
+    settle().await;
+    let s = h.balance.stats();
+    assert_eq!(s.subset, order[..5]);
+    assert!(s.members.iter().any(|m| m.task == bad));
+    assert_eq!(s.connections_open, 5);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_call_ejects_the_member_and_a_stand_in_serves() {
+    let backoff = Backoff { base: Duration::from_secs(5), max: Duration::from_secs(5), jitter: 0.0 };
+    let mut h = harness(BalanceConfig::new(0, 1).with_backoff(backoff).with_max_stand_ins(1), 10);
+    let order = subset(0, 10, 2);
+    let (task, mut handle) = h.handles.recv().await.unwrap();
+    assert_eq!(task, order[0]);
+    settle().await;
+    let call = tokio::spawn(h.balance.clone().oneshot(1));
+    let (_, respond) = handle.next_request().await.unwrap();
+    respond.send_error("connection reset");
+    assert!(call.await.unwrap().is_err());
+    // The stand-in (next in order) connects and takes the traffic.
+    let (stand_in, mut handle2) = h.handles.recv().await.unwrap();
+    assert_eq!(stand_in, order[1]);
+    settle().await;
+    let call = tokio::spawn(h.balance.clone().oneshot(2));
+    let (req, respond) = handle2.next_request().await.unwrap();
+    assert_eq!(req, 2);
+    respond.send_response(20);
+    assert_eq!(call.await.unwrap().unwrap(), 20);
+    let s = h.balance.stats();
+    assert_eq!((s.ejections, s.subset.clone()), (1, order.clone()));
+    // After the backoff the member reconnects and the stand-in is closed.
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let (again, _handle3) = h.handles.recv().await.unwrap();
+    assert_eq!(again, order[0]);
+    settle().await;
+    let s = h.balance.stats();
+    assert_eq!(s.subset, order[..1]);
+    assert_eq!(s.members.iter().map(|m| m.task).collect::<Vec<_>>(), order[..1]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_draining_backend_finishes_its_requests_then_closes() {
+    let mut h = harness(BalanceConfig::new(0, 1).with_max_stand_ins(0), 4);
+    let (task, mut handle) = h.handles.recv().await.unwrap();
+    settle().await;
+    let in_flight = tokio::spawn(h.balance.clone().oneshot(9));
+    let (req, respond) = handle.next_request().await.unwrap();
+    assert_eq!(req, 9);
+    // Drain the member while its request is in flight.
+    h.views.send_replace(JobView::serving(0..4).with_state(task, TaskState::Draining));
+    let (next, mut handle2) = h.handles.recv().await.unwrap();
+    assert_ne!(next, task);
+    settle().await;
+    let s = h.balance.stats();
+    assert_eq!((s.connections_open, s.connections_closed), (2, 0), "draining connection still open");
+    // New requests go to the replacement only.
+    let call = tokio::spawn(h.balance.clone().oneshot(1));
+    let (_, r2) = handle2.next_request().await.unwrap();
+    r2.send_response(100);
+    assert_eq!(call.await.unwrap().unwrap(), 100);
+    // The old request completes normally, then the connection closes.
+    respond.send_response(90);
+    assert_eq!(in_flight.await.unwrap().unwrap(), 90);
+    settle().await;
+    let s = h.balance.stats();
+    assert_eq!((s.connections_open, s.connections_closed), (1, 1));
+    assert_eq!(s.failures, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_last_handle_stops_the_control_task_and_closes_connections() {
+    let (tx, rx) = watch::channel(JobView::serving(0..3));
+    let alive = Arc::new(());
+    let witness = alive.clone();
+    let connector = service_fn(move |_task: usize| {
+        let token = witness.clone();
+        async move {
+            Ok::<_, Infallible>(service_fn(move |_: ()| {
+                let _keep = &token;
+                async { Ok::<_, Infallible>(()) }
+            }))
+        }
+    });
+    let balance = Balance::new(BalanceConfig::new(0, 3), connector, WatchStream::new(rx));
+    settle().await;
+    assert_eq!(Arc::strong_count(&alive), 1 + 1 + 3, "connector and three connections");
+    let clone = balance.clone();
+    drop(balance);
+    settle().await;
+    assert_eq!(Arc::strong_count(&alive), 5, "a clone keeps it running");
+    drop(clone);
+    settle().await;
+    assert_eq!(Arc::strong_count(&alive), 1, "everything dropped");
+    drop(tx);
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_spread_over_the_subset() {
+    let h = harness(BalanceConfig::new(0, 4), 4);
+    let mut handles = h.handles;
+    settle().await;
+    let mut served = vec![0usize; 4];
+    let mut pending = Vec::new();
+    for i in 0..400u32 {
+        pending.push(tokio::spawn(h.balance.clone().oneshot(i)));
+    }
+    settle().await;
+    let mut all = Vec::new();
+    while let Ok((task, handle)) = handles.try_recv() {
+        all.push((task, handle));
+    }
+    for (task, handle) in &mut all {
+        while let Some(Some((_, respond))) =
+            tokio::time::timeout(Duration::from_millis(1), handle.next_request()).await.ok()
+        {
+            served[*task] += 1;
+            respond.send_response(0);
+        }
+    }
+    for p in pending {
+        p.await.unwrap().unwrap();
+    }
+    // In-flight balancing keeps each of 4 members near 100.
+    assert_eq!(served.iter().sum::<usize>(), 400);
+    assert!(served.iter().all(|&n| (80..=120).contains(&n)), "{served:?}");
+    let _ = h.views;
+}
