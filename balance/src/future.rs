@@ -11,7 +11,8 @@ use tower::Service;
 use crate::endpoint::{Endpoint, InFlight};
 use crate::error::{BalanceError, BoxError};
 
-type Wait<S> = Pin<Box<dyn Future<Output = Result<Arc<Endpoint<S>>, BalanceError>> + Send>>;
+/// The slow path's wait for a ready endpoint.
+pub(crate) type Wait<S> = Pin<Box<dyn Future<Output = Result<Arc<Endpoint<S>>, BalanceError>> + Send>>;
 
 pin_project! {
     /// The response of a balanced request: waits for a ready backend if there was none,

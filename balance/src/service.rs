@@ -1,8 +1,6 @@
 //! The request side: a cheap-to-clone tower `Service` that reads the routing table.
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -16,9 +14,9 @@ use tower::Service;
 
 use crate::config::BalanceConfig;
 use crate::control::{Command, Control};
-use crate::endpoint::{Endpoint, InFlight};
+use crate::endpoint::InFlight;
 use crate::error::{BalanceError, BoxError};
-use crate::future::ResponseFuture;
+use crate::future::{ResponseFuture, Wait};
 use crate::job::JobView;
 use crate::stats::BalanceStats;
 use crate::table::{Counters, Shared};
@@ -27,7 +25,7 @@ use crate::table::{Counters, Shared};
 static CLONES: AtomicU64 = AtomicU64::new(0);
 
 fn fresh_rng() -> SplitMix64 {
-    SplitMix64::new(mix64(CLONES.fetch_add(1, Ordering::Relaxed) ^ 0x5EED_0F_57EAD1))
+    SplitMix64::new(mix64(CLONES.fetch_add(1, Ordering::Relaxed) ^ 0x5EED_0F57_EAD1))
 }
 
 /// Balances requests over a frontend's subset of a backend job.
@@ -180,10 +178,7 @@ where
 }
 
 /// The slow path: no ready member now. Waits for a table with one, up to `wait`.
-fn wait_for_endpoint<S: Send + Sync + 'static>(
-    shared: Arc<Shared<S>>,
-    wait: Duration,
-) -> Pin<Box<dyn Future<Output = Result<Arc<Endpoint<S>>, BalanceError>> + Send>> {
+fn wait_for_endpoint<S: Send + Sync + 'static>(shared: Arc<Shared<S>>, wait: Duration) -> Wait<S> {
     Box::pin(async move {
         let mut versions = shared.versions.subscribe();
         let mut rng = fresh_rng();
