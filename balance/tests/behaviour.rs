@@ -276,8 +276,8 @@ async fn requests_spread_over_the_subset() {
         all.push((task, handle));
     }
     for (task, handle) in &mut all {
-        while let Some(Some((_, respond))) =
-            tokio::time::timeout(Duration::from_millis(1), handle.next_request()).await.ok()
+        while let Ok(Some((_, respond))) =
+            tokio::time::timeout(Duration::from_millis(1), handle.next_request()).await
         {
             served[*task] += 1;
             respond.send_response(0);
