@@ -242,8 +242,14 @@ where
         }
         match result {
             Ok(service) => {
-                let endpoint =
-                    Endpoint::new(task, attempt, service, self.config.load, self.feedback_tx.clone());
+                let endpoint = Endpoint::new(
+                    task,
+                    attempt,
+                    service,
+                    self.config.load,
+                    self.feedback_tx.clone(),
+                    Arc::downgrade(&self.shared),
+                );
                 slot.state = SlotState::Ready(Arc::new(endpoint));
                 slot.failures = 0;
                 Counters::add(&self.shared.counters.opened, 1);

@@ -2,12 +2,13 @@
 //! in flight on it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
 use crate::config::Load;
+use crate::table::Shared;
 
 /// What requests tell the control task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,8 +33,14 @@ pub(crate) struct Endpoint<S> {
     pub(crate) failures: AtomicU64,
     /// Set when the endpoint leaves rotation; the last request out reports `Drained`.
     pub(crate) draining: AtomicBool,
+    /// Set by the first failed call, so that requests avoid the endpoint at once,
+    /// before the control task has published a table without it.
+    broken: AtomicBool,
     ewma: Option<PeakEwma>,
     feedback: mpsc::UnboundedSender<Feedback>,
+    /// The balancer, to pick another endpoint when this one cannot take a request
+    /// (weak: the table holds endpoints, so a strong reference would be a cycle).
+    pub(crate) shared: Weak<Shared<S>>,
 }
 
 impl<S> Endpoint<S> {
@@ -43,6 +50,7 @@ impl<S> Endpoint<S> {
         service: S,
         load: Load,
         feedback: mpsc::UnboundedSender<Feedback>,
+        shared: Weak<Shared<S>>,
     ) -> Self {
         let ewma = match load {
             Load::InFlight => None,
@@ -56,14 +64,19 @@ impl<S> Endpoint<S> {
             requests: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             draining: AtomicBool::new(false),
+            broken: AtomicBool::new(false),
             ewma,
             feedback,
+            shared,
         }
     }
 
-    /// The load estimate: lower is better.
+    /// The load estimate: lower is better; infinite once a call has failed.
     #[inline]
     pub(crate) fn load(&self) -> f64 {
+        if self.broken.load(Ordering::Relaxed) {
+            return f64::INFINITY;
+        }
         let pending = self.in_flight.load(Ordering::Relaxed) as f64;
         match &self.ewma {
             None => pending,
@@ -115,6 +128,7 @@ impl<S> InFlight<S> {
 
     /// The backend failed the call: count it and tell the control task.
     pub(crate) fn failed(&self) {
+        self.endpoint.broken.store(true, Ordering::Relaxed);
         self.endpoint.failures.fetch_add(1, Ordering::Relaxed);
         let _ =
             self.endpoint.feedback.send(Feedback::Failed { task: self.endpoint.task, id: self.endpoint.id });
@@ -182,7 +196,7 @@ mod tests {
     #[test]
     fn in_flight_counts_until_dropped_and_a_draining_endpoint_reports_idle() {
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let ep = Arc::new(Endpoint::new(3, 9, (), Load::InFlight, tx));
+        let ep = Arc::new(Endpoint::new(3, 9, (), Load::InFlight, tx, Weak::new()));
         let a = InFlight::start(ep.clone());
         let b = InFlight::start(ep.clone());
         assert_eq!(ep.load(), 2.0);

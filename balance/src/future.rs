@@ -6,6 +6,8 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use pin_project_lite::pin_project;
+use steady_subset::hash::mix64;
+use steady_subset::prng::SplitMix64;
 use tower::Service;
 
 use crate::endpoint::{Endpoint, InFlight};
@@ -35,7 +37,7 @@ pin_project! {
         S: Service<Req>,
     {
         Waiting { wait: Wait<S>, req: Option<Req> },
-        Readying { service: S, guard: Option<InFlight<S>>, req: Option<Req> },
+        Readying { service: S, guard: Option<InFlight<S>>, req: Option<Req>, redispatches: u8 },
         Calling { #[pin] call: S::Future, guard: Option<InFlight<S>> },
         Done,
     }
@@ -49,13 +51,28 @@ where
     #[inline]
     pub(crate) fn ready(guard: InFlight<S>, req: Req) -> Self {
         let service = guard.endpoint().service.clone();
-        Self { state: State::Readying { service, guard: Some(guard), req: Some(req) } }
+        Self { state: State::Readying { service, guard: Some(guard), req: Some(req), redispatches: 0 } }
     }
 
     /// A request waiting for an endpoint.
     pub(crate) fn waiting(wait: Wait<S>, req: Req) -> Self {
         Self { state: State::Waiting { wait, req: Some(req) } }
     }
+}
+
+/// The most times one request moves to another member because the chosen one could
+/// not take it (its `poll_ready` failed, so nothing was sent).
+const MAX_REDISPATCHES: u8 = 2;
+
+/// Another ready member than `failed`, unless the request has moved too often.
+fn another_endpoint<S>(failed: &Arc<Endpoint<S>>, redispatches: u8) -> Option<Arc<Endpoint<S>>> {
+    if redispatches > MAX_REDISPATCHES {
+        return None;
+    }
+    let shared = failed.shared.upgrade()?;
+    let table = shared.table.load();
+    let mut rng = SplitMix64::new(mix64(failed.id ^ u64::from(redispatches)));
+    table.pick_other(failed.id, &mut rng).cloned()
 }
 
 impl<S, Req> Future for ResponseFuture<S, Req>
@@ -74,15 +91,28 @@ where
                     let guard = InFlight::start(endpoint);
                     let service = guard.endpoint().service.clone();
                     let req = req.take();
-                    state.set(State::Readying { service, guard: Some(guard), req });
+                    state.set(State::Readying { service, guard: Some(guard), req, redispatches: 0 });
                 }
-                StateProj::Readying { service, guard, req } => {
+                StateProj::Readying { service, guard, req, redispatches } => {
                     if let Err(e) = ready!(service.poll_ready(cx)) {
-                        if let Some(g) = guard.as_ref() {
-                            g.failed();
+                        // The backend cannot take requests (its connection is gone). The
+                        // request was not sent, so another member may take it safely.
+                        let failed = guard.take().expect("guard held until the call");
+                        failed.failed();
+                        let redispatches = *redispatches + 1;
+                        match another_endpoint(failed.endpoint(), redispatches) {
+                            Some(endpoint) => {
+                                let guard = InFlight::start(endpoint);
+                                let service = guard.endpoint().service.clone();
+                                let req = req.take();
+                                state.set(State::Readying { service, guard: Some(guard), req, redispatches });
+                                continue;
+                            }
+                            None => {
+                                state.set(State::Done);
+                                return Poll::Ready(Err(e.into()));
+                            }
                         }
-                        state.set(State::Done);
-                        return Poll::Ready(Err(e.into()));
                     }
                     let call = service.call(req.take().expect("request taken once"));
                     let guard = guard.take();

@@ -29,6 +29,24 @@ impl<S> RoutingTable<S> {
         Self { version: 0, members: Vec::new(), wanted: Vec::new() }
     }
 
+    /// A member other than connection `avoid` (p2c among the rest), for a request
+    /// that could not be sent on `avoid`.
+    pub(crate) fn pick_other(&self, avoid: u64, rng: &mut SplitMix64) -> Option<&Arc<Endpoint<S>>> {
+        let others: Vec<&Arc<Endpoint<S>>> = self.members.iter().filter(|e| e.id != avoid).collect();
+        match others.len() {
+            0 => None,
+            1 => Some(others[0]),
+            n => {
+                let i = rng.below(n as u64) as usize;
+                let mut j = rng.below(n as u64 - 1) as usize;
+                if j >= i {
+                    j += 1;
+                }
+                Some(if others[j].load() < others[i].load() { others[j] } else { others[i] })
+            }
+        }
+    }
+
     /// Power of two choices: two distinct random members, the less loaded one
     /// (the first on a tie). `None` when the table is empty.
     #[inline]
@@ -110,7 +128,7 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(i, &l)| {
-                let ep = Endpoint::new(i, i as u64, (), Load::InFlight, tx.clone());
+                let ep = Endpoint::new(i, i as u64, (), Load::InFlight, tx.clone(), std::sync::Weak::new());
                 ep.in_flight.store(l, Ordering::Relaxed);
                 Arc::new(ep)
             })

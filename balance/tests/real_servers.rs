@@ -1,0 +1,235 @@
+//! The balancer over real HTTP/2 servers on 127.0.0.1: resizing under load, planned
+//! removal, a killed backend, an empty job, a subset-size change, and many concurrent
+//! requests. Every server and loop here is bounded in count and time.
+
+mod support;
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use steady_balance::{Balance, BalanceConfig, BalanceError, JobView, TaskState};
+use steady_subset::{Algorithm, Subsetting};
+use support::{connector, request, start_servers, task_of, TestServer, H2};
+use tokio::sync::watch;
+use tokio_stream::wrappers::WatchStream;
+use tower::ServiceExt;
+
+fn view(servers: &[TestServer], size: usize) -> JobView<SocketAddr> {
+    JobView::serving(servers[..size].iter().map(|s| s.addr))
+}
+
+/// Polls `condition` every 5 ms for up to 5 s.
+async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !condition() {
+        assert!(start.elapsed() < Duration::from_secs(5), "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Steady load: `concurrency` loops sending requests of `delay_ms` until stopped.
+struct Load {
+    stop: Arc<AtomicBool>,
+    ok: Arc<AtomicUsize>,
+    failed: Arc<AtomicUsize>,
+    loops: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(balance: &Balance<H2>, concurrency: usize, delay_ms: u64) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let ok = Arc::new(AtomicUsize::new(0));
+        let failed = Arc::new(AtomicUsize::new(0));
+        let loops = (0..concurrency)
+            .map(|_| {
+                let (b, stop, ok, failed) = (balance.clone(), stop.clone(), ok.clone(), failed.clone());
+                tokio::spawn(async move {
+                    // Bounded: at most 10,000 requests per loop.
+                    for _ in 0..10_000 {
+                        if stop.load(Ordering::SeqCst) {
+                            break;
+                        }
+                        let result = match b.clone().oneshot(request(delay_ms)).await {
+                            Ok(response) => task_of(response).await.map(|_| ()),
+                            Err(e) => Err(e),
+                        };
+                        match result {
+                            Ok(()) => ok.fetch_add(1, Ordering::SeqCst),
+                            Err(_) => failed.fetch_add(1, Ordering::SeqCst),
+                        };
+                    }
+                })
+            })
+            .collect();
+        Self { stop, ok, failed, loops }
+    }
+
+    /// Stops the loops and returns (succeeded, failed).
+    async fn stop(self) -> (usize, usize) {
+        self.stop.store(true, Ordering::SeqCst);
+        for l in self.loops {
+            l.await.unwrap();
+        }
+        (self.ok.load(Ordering::SeqCst), self.failed.load(Ordering::SeqCst))
+    }
+}
+
+fn subset(m: usize, n: usize, k: usize) -> Vec<usize> {
+    Algorithm::default().subset(m, n, k).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resizing_under_load_opens_only_the_subset_change() {
+    let servers = start_servers(16).await;
+    let (m, k) = (3, 4);
+    let (job, views) = watch::channel(view(&servers, 10));
+    let balance = Balance::new(BalanceConfig::new(m, k), connector(), WatchStream::new(views));
+    eventually("the first subset", || balance.stats().members.len() == k).await;
+    let load = Load::start(&balance, 8, 1);
+    let mut size = 10;
+    for next in [11, 12, 16, 15, 12, 10, 13] {
+        let accepted_before: usize = servers.iter().map(TestServer::accepted).sum();
+        let old: HashSet<usize> = subset(m, size, k).into_iter().collect();
+        let new: HashSet<usize> = subset(m, next, k).into_iter().collect();
+        job.send_replace(view(&servers, next));
+        eventually("the new subset", || {
+            let s = balance.stats();
+            s.subset == subset(m, next, k) && s.members.len() == k
+        })
+        .await;
+        // Connections the servers saw opened: exactly the members that joined.
+        let accepted: usize = servers.iter().map(TestServer::accepted).sum::<usize>() - accepted_before;
+        assert_eq!(accepted, new.difference(&old).count(), "{size} -> {next}");
+        // Members that left close their connection once their requests finish.
+        eventually("connections of departed members to close", || {
+            servers.iter().enumerate().all(|(i, s)| s.open() == usize::from(new.contains(&i)))
+        })
+        .await;
+        size = next;
+    }
+    let (ok, failed) = load.stop().await;
+    assert_eq!(failed, 0, "a planned resize loses no request");
+    assert!(ok > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planned_removal_loses_no_request() {
+    let servers = start_servers(4).await;
+    let (job, views) = watch::channel(view(&servers, 4));
+    let balance = Balance::new(BalanceConfig::new(0, 4), connector(), WatchStream::new(views));
+    eventually("all four members", || balance.stats().members.len() == 4).await;
+    let load = Load::start(&balance, 32, 20);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(servers[2].in_progress() > 0 || servers[2].requests() > 0);
+    job.send_replace(view(&servers, 4).with_state(2, TaskState::Draining));
+    eventually("the drained connection to close", || servers[2].open() == 0).await;
+    let after_close = servers[2].requests();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (ok, failed) = load.stop().await;
+    assert_eq!(failed, 0, "draining loses no request");
+    assert!(ok > 100);
+    assert_eq!(servers[2].requests(), after_close, "no request reaches a drained backend");
+    assert_eq!(
+        balance.stats().members.iter().map(|m| m.task).collect::<HashSet<_>>(),
+        HashSet::from([0, 1, 3])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_a_backend_fails_only_the_requests_on_it() {
+    let servers = start_servers(4).await;
+    let (_job, views) = watch::channel(view(&servers, 4));
+    let balance = Balance::new(BalanceConfig::new(0, 3), connector(), WatchStream::new(views));
+    eventually("three members", || balance.stats().members.len() == 3).await;
+    let victim = balance.stats().members[0].task;
+    let load = Load::start(&balance, 24, 50);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let in_flight_on_victim =
+        balance.stats().members.iter().find(|m| m.task == victim).map_or(0, |m| m.in_flight);
+    servers[victim].kill();
+    // The stand-in (the fourth server) takes over.
+    eventually("a stand-in", || {
+        let s = balance.stats();
+        s.members.len() == 3 && s.members.iter().all(|m| m.task != victim)
+    })
+    .await;
+    let failed_at_ejection = load.failed.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (ok, failed) = load.stop().await;
+    let stats = balance.stats();
+    // Every failure was a call on the killed backend: the survivors failed nothing. (The
+    // balancer may count more failures than callers saw: a request the dead connection
+    // refused before sending it moves to another member and succeeds.)
+    assert!(stats.members.iter().all(|m| m.failures == 0), "{stats:?}");
+    assert!(stats.failures as usize >= failed);
+    // The requests that failed were those in flight there when it died (give or take one
+    // sent into the dead connection before the client saw it close), and nothing failed
+    // once it was out of rotation.
+    assert!(
+        failed >= 1 && failed <= in_flight_on_victim + 1,
+        "{failed} failed, {in_flight_on_victim} in flight"
+    );
+    assert_eq!(failed, failed_at_ejection, "no failure after the ejection");
+    assert!(ok > 100);
+    assert_eq!(stats.ejections, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_job_fails_fast() {
+    let (_job, views) = watch::channel(JobView::<SocketAddr>::default());
+    let wait = Duration::from_millis(100);
+    let balance = Balance::new(
+        BalanceConfig::new(0, 3).with_no_backend_wait(wait),
+        connector(),
+        WatchStream::new(views),
+    );
+    let start = Instant::now();
+    let err = balance.oneshot(request(0)).await.unwrap_err();
+    let took = start.elapsed();
+    assert!(took >= wait && took < wait + Duration::from_millis(400), "{took:?}");
+    assert_eq!(err.downcast_ref::<BalanceError>(), Some(&BalanceError::NoReadyBackends { waited: wait }));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changing_k_connects_and_disconnects_only_the_difference() {
+    let servers = start_servers(12).await;
+    let (_job, views) = watch::channel(view(&servers, 12));
+    let balance = Balance::new(BalanceConfig::new(5, 3), connector(), WatchStream::new(views));
+    eventually("three members", || balance.stats().members.len() == 3).await;
+    let accepted = || servers.iter().map(TestServer::accepted).sum::<usize>();
+    assert_eq!(accepted(), 3);
+    balance.set_subset_size(7);
+    eventually("seven members", || balance.stats().members.len() == 7).await;
+    assert_eq!(accepted(), 7, "growing k only opens the new members");
+    balance.set_subset_size(2);
+    let keep: HashSet<usize> = subset(5, 12, 2).into_iter().collect();
+    eventually("five connections to close", || {
+        servers.iter().enumerate().all(|(i, s)| s.open() == usize::from(keep.contains(&i)))
+    })
+    .await;
+    assert_eq!(accepted(), 7, "shrinking k opens nothing");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_concurrent_requests_complete() {
+    let servers = start_servers(4).await;
+    let (_job, views) = watch::channel(view(&servers, 4));
+    let balance = Balance::new(BalanceConfig::new(0, 4), connector(), WatchStream::new(views));
+    let calls: Vec<_> = (0..5_000)
+        .map(|i| {
+            let b = balance.clone();
+            tokio::spawn(async move { task_of(b.oneshot(request(i % 3)).await?).await })
+        })
+        .collect();
+    let all =
+        tokio::time::timeout(Duration::from_secs(30), futures_util::future::join_all(calls)).await.unwrap();
+    let mut per_task = [0usize; 4];
+    for r in all {
+        per_task[r.unwrap().unwrap()] += 1;
+    }
+    assert_eq!(per_task.iter().sum::<usize>(), 5_000);
+    assert!(per_task.iter().all(|&n| n > 500), "{per_task:?}");
+}
