@@ -1,6 +1,7 @@
 //! The backend job as the balancer sees it: its size and each task's address and state.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// Whether a backend task should get new requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -29,17 +30,20 @@ pub struct Task<T> {
 /// one. Subsetting runs over the indices `0..size`; an index with no entry in `tasks`,
 /// or one that is not [`TaskState::Serving`], is skipped and the next backend in the
 /// frontend's preference order stands in for it.
+///
+/// The task map is shared (`Arc`): cloning a view, as every hop through a channel
+/// does, costs `O(1)` whatever the job's size.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobView<T> {
     /// `N`, the job size.
     pub size: usize,
     /// The tasks, by index. Entries at or above `size` are ignored.
-    pub tasks: BTreeMap<usize, Task<T>>,
+    pub tasks: Arc<BTreeMap<usize, Task<T>>>,
 }
 
 impl<T> Default for JobView<T> {
     fn default() -> Self {
-        Self { size: 0, tasks: BTreeMap::new() }
+        Self { size: 0, tasks: Arc::default() }
     }
 }
 
@@ -51,7 +55,7 @@ impl<T> JobView<T> {
             .enumerate()
             .map(|(i, address)| (i, Task { address, state: TaskState::Serving }))
             .collect();
-        Self { size: tasks.len(), tasks }
+        Self { size: tasks.len(), tasks: Arc::new(tasks) }
     }
 
     /// The serving task at `index`, if it is inside the job and serving.
@@ -63,10 +67,19 @@ impl<T> JobView<T> {
     }
 
     /// Sets task `index`'s state (no effect if the task is unknown); returns the view.
-    pub fn with_state(mut self, index: usize, state: TaskState) -> Self {
-        if let Some(t) = self.tasks.get_mut(&index) {
+    pub fn with_state(mut self, index: usize, state: TaskState) -> Self
+    where
+        T: Clone,
+    {
+        if let Some(t) = Arc::make_mut(&mut self.tasks).get_mut(&index) {
             t.state = state;
         }
+        self
+    }
+
+    /// The same tasks with the job size set to `size` (tasks at or above it are ignored).
+    pub fn with_size(mut self, size: usize) -> Self {
+        self.size = size;
         self
     }
 }
