@@ -3,7 +3,10 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's clock: the same as std's, except that tests can pause and advance it.
+use tokio::time::Instant;
 
 use tokio::sync::mpsc;
 

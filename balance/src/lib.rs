@@ -19,24 +19,25 @@
 //!
 //! ```
 //! use std::convert::Infallible;
-//! use steady_balance::{Balance, BalanceConfig, BalanceLayer, JobView};
+//! use steady_balance::{BalanceConfig, BalanceLayer, JobView};
 //! use tokio::sync::watch;
-//! use tower::{service_fn, Layer, ServiceExt};
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), steady_balance::BoxError> {
-//! // A "connection" to task address `a` is a service answering with its address.
-//! let connect = service_fn(|a: &'static str| async move {
-//!     Ok::<_, Infallible>(service_fn(move |req: u32| async move { Ok::<_, Infallible>((a, req)) }))
+//! // Connecting to a task's address gives a service; here one that echoes with its address.
+//! let connect = service_fn(|address: &'static str| async move {
+//!     Ok::<_, Infallible>(service_fn(move |req: u32| async move { Ok::<_, Infallible>((address, req)) }))
 //! });
-//! // The backend job: three serving tasks. Send new views to resize it.
+//! // The backend job: three serving tasks. Send new views to resize or drain it.
 //! let (_job, views) = watch::channel(JobView::serving(["a", "b", "c"]));
-//! // Frontend task 0 keeps 2 connections.
-//! let balance: Balance<_> = BalanceLayer::new(BalanceConfig::new(0, 2), views).layer(connect);
-//! let (task, echoed) = balance.clone().oneshot(7).await?;
+//! // Frontend task 0 keeps connections to 2 of them (its Rocksteadier subset).
+//! let balance = ServiceBuilder::new()
+//!     .layer(BalanceLayer::new(BalanceConfig::new(0, 2), views))
+//!     .service(connect);
+//! let (_address, echoed) = balance.clone().oneshot(7).await?;
 //! assert_eq!(echoed, 7);
-//! assert!(balance.stats().subset.len() == 2);
-//! # let _ = task;
+//! assert_eq!(balance.stats().subset.len(), 2);
 //! # Ok(())
 //! # }
 //! ```

@@ -5,7 +5,7 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use steady_balance::{Backoff, Balance, BalanceConfig, BalanceError, JobView, TaskState};
+use steady_balance::{Backoff, Balance, BalanceConfig, BalanceError, JobView, Load, TaskState};
 use steady_subset::{Algorithm, Subsetting};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::WatchStream;
@@ -290,4 +290,46 @@ async fn requests_spread_over_the_subset() {
     assert_eq!(served.iter().sum::<usize>(), 400);
     assert!(served.iter().all(|&n| (80..=120).contains(&n)), "{served:?}");
     let _ = h.views;
+}
+
+#[tokio::test(start_paused = true)]
+async fn peak_ewma_steers_requests_away_from_a_slow_member() {
+    let load = Load::PeakEwma { decay: Duration::from_secs(10), default_rtt: Duration::from_millis(1) };
+    let mut h = harness(BalanceConfig::new(0, 2).with_load(load), 2);
+    let (a, mut slow) = h.handles.recv().await.unwrap();
+    let (_, mut fast) = h.handles.recv().await.unwrap();
+    settle().await;
+    // Send requests one at a time until each member has answered once: `a` after
+    // 200 ms, the other at once.
+    let (mut slow_seen, mut fast_seen) = (false, false);
+    for i in 0..50 {
+        if slow_seen && fast_seen {
+            break;
+        }
+        let call = tokio::spawn(h.balance.clone().oneshot(i));
+        tokio::select! {
+            Some((_, respond)) = slow.next_request() => {
+                tokio::time::advance(Duration::from_millis(200)).await;
+                respond.send_response(0);
+                slow_seen = true;
+            }
+            Some((_, respond)) = fast.next_request() => {
+                respond.send_response(0);
+                fast_seen = true;
+            }
+        }
+        call.await.unwrap().unwrap();
+    }
+    assert!(slow_seen && fast_seen);
+    // From now on every request goes to the fast member (answered at once).
+    let mut to_slow = 0;
+    for i in 0..20 {
+        let call = tokio::spawn(h.balance.clone().oneshot(i));
+        tokio::select! {
+            Some((_, respond)) = fast.next_request() => respond.send_response(1),
+            Some((_, respond)) = slow.next_request() => { to_slow += 1; respond.send_response(1) }
+        }
+        call.await.unwrap().unwrap();
+    }
+    assert_eq!(to_slow, 0, "the slow member ({a}) got requests");
 }
