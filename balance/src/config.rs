@@ -23,6 +23,17 @@ pub enum Load {
     },
 }
 
+/// What a keyed request does when none of its slice's replicas is usable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NoReplicaPolicy {
+    /// Send it to the subset like an unkeyed request (eventually consistent mode:
+    /// a misrouted request is tolerated). Counted as a fallback.
+    #[default]
+    FallBackToSubset,
+    /// Fail it with [`crate::BalanceError::NoReplica`].
+    Fail,
+}
+
 /// The configuration of a [`crate::Balance`].
 ///
 /// ```
@@ -53,6 +64,18 @@ pub struct BalanceConfig {
     /// How long a request waits for a ready backend before failing with
     /// [`crate::BalanceError::NoReadyBackends`] (default 1 s).
     pub no_backend_wait: Duration,
+    /// The most replicas of one slice this frontend uses (default 3): a slice with more
+    /// is served by this frontend's own Ringsteady subset of its replica list.
+    pub fan_out: usize,
+    /// What keyed requests do when no chosen replica is usable (default: fall back).
+    pub no_replica: NoReplicaPolicy,
+    /// The most on-demand (affinity) connections to replicas outside the subset
+    /// (default 16); the least recently active is closed to make room.
+    pub max_affinity: usize,
+    /// An affinity connection idle this long is closed (default 60 s).
+    pub affinity_idle: Duration,
+    /// How long a keyed request waits for an affinity connection (default 250 ms).
+    pub affinity_wait: Duration,
 }
 
 impl BalanceConfig {
@@ -66,7 +89,37 @@ impl BalanceConfig {
             load: Load::InFlight,
             backoff: Backoff::default(),
             no_backend_wait: Duration::from_secs(1),
+            fan_out: 3,
+            no_replica: NoReplicaPolicy::FallBackToSubset,
+            max_affinity: 16,
+            affinity_idle: Duration::from_secs(60),
+            affinity_wait: Duration::from_millis(250),
         }
+    }
+
+    /// Sets the most replicas used per slice.
+    pub fn with_fan_out(mut self, fan_out: usize) -> Self {
+        self.fan_out = fan_out.max(1);
+        self
+    }
+
+    /// Sets what keyed requests do when no replica is usable.
+    pub fn with_no_replica(mut self, policy: NoReplicaPolicy) -> Self {
+        self.no_replica = policy;
+        self
+    }
+
+    /// Sets the bound on affinity connections and their idle timeout.
+    pub fn with_affinity(mut self, max: usize, idle: Duration) -> Self {
+        self.max_affinity = max;
+        self.affinity_idle = idle;
+        self
+    }
+
+    /// Sets how long a keyed request waits for an affinity connection.
+    pub fn with_affinity_wait(mut self, wait: Duration) -> Self {
+        self.affinity_wait = wait;
+        self
     }
 
     /// Sets the subsetting algorithm.

@@ -23,16 +23,42 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 
+use crate::assignment::{Assignment, AssignmentError};
 use crate::config::BalanceConfig;
 use crate::endpoint::{Endpoint, Feedback};
 use crate::error::BoxError;
 use crate::job::JobView;
+use crate::slices::SliceTable;
 use crate::table::{Counters, RoutingTable, Shared};
 
+/// A stream of assignments (or of the errors decoding them), newest last.
+pub(crate) type AssignmentSource = Pin<Box<dyn Stream<Item = Result<Assignment, AssignmentError>> + Send>>;
+
 /// What a `Balance` handle asks of the control task.
-#[derive(Debug)]
 pub(crate) enum Command {
     SetSubsetSize(usize),
+    /// Follow this assignment source (replacing any previous one).
+    Assignments(AssignmentSource),
+    /// A keyed request needs these replicas: connect to the ones outside the subset.
+    Affinity(Vec<u32>),
+}
+
+impl fmt::Debug for Command {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::SetSubsetSize(k) => write!(f, "SetSubsetSize({k})"),
+            Self::Assignments(_) => write!(f, "Assignments(..)"),
+            Self::Affinity(tasks) => write!(f, "Affinity({tasks:?})"),
+        }
+    }
+}
+
+/// When an affinity connection was last seen busy.
+struct AffinityUse {
+    /// The endpoint's request count at the last sweep.
+    requests: u64,
+    /// When it was last requested or seen serving.
+    active: Instant,
 }
 
 type Connecting<S> = Pin<Box<dyn Future<Output = (usize, u64, Result<S, BoxError>)> + Send>>;
@@ -76,6 +102,13 @@ pub(crate) struct Control<T, C, S, J> {
     next_id: u64,
     rng: SplitMix64,
     version: u64,
+    assignments: Option<AssignmentSource>,
+    assignment: Option<Assignment>,
+    /// On-demand connections to replicas outside the subset, by task.
+    affinity: HashMap<usize, AffinityUse>,
+    next_sweep: Option<Instant>,
+    /// What the last published table was built from, to skip needless publications.
+    published: Vec<u64>,
 }
 
 impl<T, C, S, J> Control<T, C, S, J>
@@ -111,22 +144,26 @@ where
             next_id: 0,
             rng,
             version: 0,
+            assignments: None,
+            assignment: None,
+            affinity: HashMap::new(),
+            next_sweep: None,
+            published: Vec::new(),
         }
     }
 
     pub(crate) async fn run(mut self) {
         loop {
-            let next_retry = self.next_retry();
+            let next_timer = [self.next_retry(), self.next_sweep].into_iter().flatten().min();
             tokio::select! {
                 command = self.commands.recv() => match command {
                     // Every handle is gone: stop, closing all connections.
                     None => break,
-                    Some(Command::SetSubsetSize(k)) => {
-                        tracing::info!(from = self.config.subset_size, to = k, "subset size changed");
-                        self.config.subset_size = k;
-                        self.reconcile().await;
-                    }
+                    Some(command) => self.on_command(command).await,
                 },
+                item = next_assignment(&mut self.assignments), if self.assignments.is_some() => {
+                    self.on_assignment(item).await;
+                }
                 Some(feedback) = self.feedback.recv() => self.on_feedback(feedback).await,
                 Some((task, attempt, result)) = self.connecting.next(), if !self.connecting.is_empty() => {
                     self.on_connected(task, attempt, result).await;
@@ -139,7 +176,10 @@ where
                     // The source ended: the last view stays in force.
                     None => self.job = None,
                 },
-                () = sleep_until(next_retry), if next_retry.is_some() => self.retry_due().await,
+                () = sleep_until(next_timer), if next_timer.is_some() => {
+                    self.retry_due().await;
+                    self.sweep_affinity().await;
+                }
             }
         }
         tracing::debug!(open = self.shared.open.load(Ordering::Relaxed), "balancer stopped");
@@ -183,9 +223,23 @@ where
         primary
     }
 
+    /// The affinity tasks still worth a connection: serving, and not in the subset.
+    fn affinity_wanted(&self, subset: &[usize]) -> Vec<usize> {
+        let mut tasks: Vec<usize> = self
+            .affinity
+            .keys()
+            .copied()
+            .filter(|t| self.view.serving_task(*t).is_some() && !subset.contains(t))
+            .collect();
+        tasks.sort_unstable();
+        tasks
+    }
+
     /// Brings connections in line with the wanted set, then publishes the table.
     async fn reconcile(&mut self) {
-        let wanted = self.wanted();
+        let subset = self.wanted();
+        let affinity = self.affinity_wanted(&subset);
+        let wanted: Vec<usize> = subset.iter().chain(&affinity).copied().collect();
         let keep: HashSet<usize> = wanted.iter().copied().collect();
         // Close what is no longer wanted, or whose task moved to another address.
         let gone: Vec<usize> = self
@@ -210,9 +264,112 @@ where
                 let attempt = self.connect(task, address.clone()).await;
                 self.slots
                     .insert(task, Slot { address, state: SlotState::Connecting { attempt }, failures: 0 });
+                if affinity.contains(&task) {
+                    Counters::add(&self.shared.counters.affinity_opened, 1);
+                }
             }
         }
-        self.publish(wanted);
+        self.publish(subset);
+    }
+
+    async fn on_command(&mut self, command: Command) {
+        match command {
+            Command::SetSubsetSize(k) => {
+                tracing::info!(from = self.config.subset_size, to = k, "subset size changed");
+                self.config.subset_size = k;
+            }
+            Command::Assignments(source) => self.assignments = Some(source),
+            Command::Affinity(tasks) => {
+                let now = Instant::now();
+                for task in tasks {
+                    let task = task as usize;
+                    if self.view.serving_task(task).is_some() {
+                        self.affinity
+                            .entry(task)
+                            .or_insert(AffinityUse { requests: 0, active: now })
+                            .active = now;
+                    }
+                }
+                // Over the bound: close the least recently active.
+                while self.affinity.len() > self.config.max_affinity {
+                    let oldest = self.affinity.iter().min_by_key(|(_, u)| u.active).map(|(t, _)| *t);
+                    if let Some(task) = oldest {
+                        self.affinity.remove(&task);
+                    }
+                }
+                if !self.affinity.is_empty() && self.next_sweep.is_none() {
+                    self.next_sweep = Some(now + self.sweep_period());
+                }
+            }
+        }
+        self.reconcile().await;
+    }
+
+    fn sweep_period(&self) -> std::time::Duration {
+        (self.config.affinity_idle / 2).max(std::time::Duration::from_millis(10))
+    }
+
+    /// Closes affinity connections that have been idle for the configured time.
+    async fn sweep_affinity(&mut self) {
+        let now = Instant::now();
+        if self.next_sweep.is_none_or(|at| at > now) {
+            return;
+        }
+        let idle = self.config.affinity_idle;
+        let mut closed = Vec::new();
+        for (task, used) in &mut self.affinity {
+            let busy = match self.slots.get(task).map(|s| &s.state) {
+                Some(SlotState::Ready(endpoint)) => {
+                    let requests = endpoint.requests.load(Ordering::Relaxed);
+                    let busy = requests != used.requests || endpoint.in_flight.load(Ordering::Relaxed) > 0;
+                    used.requests = requests;
+                    busy
+                }
+                _ => false,
+            };
+            if busy {
+                used.active = now;
+            } else if now.duration_since(used.active) >= idle {
+                closed.push(*task);
+            }
+        }
+        for task in &closed {
+            self.affinity.remove(task);
+            tracing::debug!(task, "affinity connection idle: closing");
+        }
+        self.next_sweep = (!self.affinity.is_empty()).then(|| now + self.sweep_period());
+        if !closed.is_empty() {
+            self.reconcile().await;
+        }
+    }
+
+    async fn on_assignment(&mut self, item: Option<Result<Assignment, AssignmentError>>) {
+        let c = &self.shared.counters;
+        let current = self.assignment.as_ref().map(Assignment::generation);
+        match item {
+            None => {
+                tracing::info!(generation = ?current, "assignment source ended: the last good assignment stays");
+                self.assignments = None;
+            }
+            Some(Err(error)) => {
+                Counters::add(&c.assignments_rejected, 1);
+                tracing::warn!(%error, generation = ?current, "invalid assignment rejected: the last good one stays");
+            }
+            Some(Ok(assignment)) if current.is_some_and(|g| assignment.generation() <= g) => {
+                Counters::add(&c.assignments_stale, 1);
+                tracing::debug!(generation = assignment.generation(), current = ?current, "stale assignment ignored");
+            }
+            Some(Ok(assignment)) => {
+                Counters::add(&c.assignments_accepted, 1);
+                tracing::info!(
+                    generation = assignment.generation(),
+                    slices = assignment.slices().len(),
+                    "assignment in force"
+                );
+                self.assignment = Some(assignment);
+                self.reconcile().await;
+            }
+        }
     }
 
     /// Starts a connection attempt; returns its id.
@@ -335,31 +492,56 @@ where
         tracing::debug!(task = endpoint.task, "connection closed");
     }
 
-    /// Publishes the ready members of `wanted` if they, or `wanted`, changed.
-    fn publish(&mut self, wanted: Vec<usize>) {
-        let members: Vec<Arc<Endpoint<S>>> = wanted
+    /// Publishes the ready members of `subset` and the slice table, if anything they
+    /// are built from changed.
+    fn publish(&mut self, subset: Vec<usize>) {
+        let connected: HashMap<usize, Arc<Endpoint<S>>> = self
+            .slots
             .iter()
-            .filter_map(|task| match &self.slots.get(task)?.state {
-                SlotState::Ready(endpoint) => Some(endpoint.clone()),
+            .filter_map(|(task, slot)| match &slot.state {
+                SlotState::Ready(endpoint) => Some((*task, endpoint.clone())),
                 _ => None,
             })
             .collect();
-        let current = self.shared.table.load();
-        let same = current.wanted == wanted
-            && current.members.len() == members.len()
-            && current.members.iter().zip(&members).all(|(a, b)| a.id == b.id);
-        if same {
+        let members: Vec<Arc<Endpoint<S>>> =
+            subset.iter().filter_map(|t| connected.get(t).cloned()).collect();
+        // What the table depends on: the subset, its ready members, every connection,
+        // and the assignment's generation.
+        let mut signature: Vec<u64> = subset.iter().map(|&t| t as u64).collect();
+        signature.push(u64::MAX);
+        signature.extend(members.iter().map(|e| e.id));
+        signature.push(u64::MAX);
+        let mut ids: Vec<u64> = connected.values().map(|e| e.id).collect();
+        ids.sort_unstable();
+        signature.extend(ids);
+        signature.push(self.assignment.as_ref().map_or(u64::MAX, Assignment::generation));
+        if signature == self.published {
             return;
         }
+        self.published = signature;
+        let slices = self
+            .assignment
+            .as_ref()
+            .map(|a| SliceTable::build(a, self.config.frontend, self.config.fan_out, &connected));
         self.version += 1;
         tracing::info!(
             version = self.version,
             ready = members.len(),
-            wanted = wanted.len(),
-            subset = ?wanted,
+            wanted = subset.len(),
+            affinity = self.affinity.len(),
+            generation = ?slices.as_ref().map(|s| s.generation),
+            subset = ?subset,
             "routing table updated"
         );
-        self.shared.publish(RoutingTable { version: self.version, members, wanted });
+        let mut affinity: Vec<usize> = connected.keys().copied().filter(|t| !subset.contains(t)).collect();
+        affinity.sort_unstable();
+        self.shared.publish(RoutingTable {
+            version: self.version,
+            members,
+            wanted: subset,
+            affinity,
+            slices,
+        });
     }
 }
 
@@ -371,6 +553,8 @@ impl<T, C, S, J> Drop for Control<T, C, S, J> {
             version: self.version + 1,
             members: Vec::new(),
             wanted: Vec::new(),
+            affinity: Vec::new(),
+            slices: None,
         });
     }
 }
@@ -379,6 +563,16 @@ impl<T, C, S, J> Drop for Control<T, C, S, J> {
 async fn next_view<T, J: Stream<Item = JobView<T>> + Unpin>(job: &mut Option<J>) -> Option<JobView<T>> {
     match job {
         Some(job) => job.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The next item of the assignment source (pending forever once it is gone).
+async fn next_assignment(
+    source: &mut Option<AssignmentSource>,
+) -> Option<Result<Assignment, AssignmentError>> {
+    match source {
+        Some(source) => source.next().await,
         None => std::future::pending().await,
     }
 }

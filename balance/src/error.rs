@@ -17,11 +17,13 @@ pub enum BalanceError {
         /// How long the request waited for one.
         waited: Duration,
     },
-    /// A backend failed while sending the request: the underlying error is the source.
-    /// The backend was taken out of rotation.
-    BackendFailed {
-        /// The backend task's index.
-        task: usize,
+    /// A keyed request found none of its slice's replicas usable within the affinity
+    /// wait, and the policy is [`crate::NoReplicaPolicy::Fail`].
+    NoReplica {
+        /// The request's slice key.
+        key: crate::SliceKey,
+        /// The generation of the assignment in force.
+        generation: u64,
     },
 }
 
@@ -31,7 +33,9 @@ impl fmt::Display for BalanceError {
             Self::NoReadyBackends { waited } => {
                 write!(f, "no ready backend in the subset after waiting {waited:?}")
             }
-            Self::BackendFailed { task } => write!(f, "backend task {task} failed"),
+            Self::NoReplica { key, generation } => {
+                write!(f, "no usable replica for slice key {key} (assignment generation {generation})")
+            }
         }
     }
 }

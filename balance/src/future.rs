@@ -72,7 +72,7 @@ fn another_endpoint<S>(failed: &Arc<Endpoint<S>>, redispatches: u8) -> Option<Ar
     let shared = failed.shared.upgrade()?;
     let table = shared.table.load();
     let mut rng = SplitMix64::new(mix64(failed.id ^ u64::from(redispatches)));
-    table.pick_other(failed.id, &mut rng).cloned()
+    table.pick_other(failed.id, &mut rng)
 }
 
 impl<S, Req> Future for ResponseFuture<S, Req>

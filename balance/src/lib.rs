@@ -45,23 +45,31 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+mod assignment;
 mod backoff;
+mod codec;
 mod config;
 mod control;
 mod endpoint;
 mod error;
 mod future;
 mod job;
+mod key;
 mod layer;
 mod service;
+mod slice_key;
+mod slices;
 mod stats;
 mod table;
 
+pub use assignment::{Assignment, AssignmentError, Slice, MAX_REPLICAS, MAX_SLICES, MAX_TASK};
 pub use backoff::Backoff;
-pub use config::{BalanceConfig, Load};
+pub use config::{BalanceConfig, Load, NoReplicaPolicy};
 pub use error::{BalanceError, BoxError};
 pub use future::ResponseFuture;
 pub use job::{JobView, Task, TaskState};
+pub use key::{KeyExtractor, NoKey};
 pub use layer::BalanceLayer;
 pub use service::Balance;
+pub use slice_key::SliceKey;
 pub use stats::{BalanceStats, MemberStats};

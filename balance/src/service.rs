@@ -6,18 +6,22 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt};
 use steady_subset::hash::mix64;
 use steady_subset::prng::SplitMix64;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::WatchStream;
 use tower::Service;
 
-use crate::config::BalanceConfig;
+use crate::assignment::{Assignment, AssignmentError};
+use crate::config::{BalanceConfig, NoReplicaPolicy};
 use crate::control::{Command, Control};
 use crate::endpoint::InFlight;
 use crate::error::{BalanceError, BoxError};
 use crate::future::{ResponseFuture, Wait};
 use crate::job::JobView;
+use crate::key::{KeyExtractor, NoKey};
+use crate::slice_key::SliceKey;
 use crate::stats::BalanceStats;
 use crate::table::{Counters, Shared};
 
@@ -49,25 +53,35 @@ fn fresh_rng() -> SplitMix64 {
 /// * The backend's own error, boxed, when its service fails the call. That backend is
 ///   then taken out of rotation and reconnected with backoff; the next backend in the
 ///   frontend's order stands in for it meanwhile.
-pub struct Balance<S> {
+pub struct Balance<S, K = NoKey> {
     shared: Arc<Shared<S>>,
     commands: mpsc::UnboundedSender<Command>,
-    no_backend_wait: Duration,
+    waits: Waits,
+    keys: K,
     rng: SplitMix64,
 }
 
-impl<S> Clone for Balance<S> {
+/// The request side's share of the configuration.
+#[derive(Debug, Clone, Copy)]
+struct Waits {
+    no_backend: Duration,
+    affinity: Duration,
+    no_replica: NoReplicaPolicy,
+}
+
+impl<S, K: Clone> Clone for Balance<S, K> {
     fn clone(&self) -> Self {
         Self {
             shared: self.shared.clone(),
             commands: self.commands.clone(),
-            no_backend_wait: self.no_backend_wait,
+            waits: self.waits,
+            keys: self.keys.clone(),
             rng: fresh_rng(),
         }
     }
 }
 
-impl<S> fmt::Debug for Balance<S> {
+impl<S, K> fmt::Debug for Balance<S, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Balance").field("version", &self.shared.table.load().version).finish()
     }
@@ -97,10 +111,14 @@ where
     {
         let shared = Arc::new(Shared::new());
         let (commands, command_rx) = mpsc::unbounded_channel();
-        let no_backend_wait = config.no_backend_wait;
+        let waits = Waits {
+            no_backend: config.no_backend_wait,
+            affinity: config.affinity_wait,
+            no_replica: config.no_replica,
+        };
         let control = Control::new(config, connector, job, command_rx, shared.clone());
         tokio::spawn(control.run());
-        Self { shared, commands, no_backend_wait, rng: fresh_rng() }
+        Self { shared, commands, waits, keys: NoKey, rng: fresh_rng() }
     }
 
     /// A balancer over a fixed list of addresses: task `i` at `addresses[i]`, all serving.
@@ -119,7 +137,42 @@ where
     }
 }
 
-impl<S> Balance<S> {
+impl<S, K> Balance<S, K> {
+    /// Routes keyed requests: `keys` reads each request's slice key (a closure
+    /// `Fn(&Req) -> Option<SliceKey>` will do). Requests without a key, and every request
+    /// before the first assignment arrives, are balanced over the subset.
+    pub fn with_key_extractor<K2>(self, keys: K2) -> Balance<S, K2> {
+        Balance { shared: self.shared, commands: self.commands, waits: self.waits, keys, rng: self.rng }
+    }
+
+    /// Follows a source of assignments (replacing any previous source). A newer
+    /// generation replaces the assignment in force; an older or equal one is ignored
+    /// and counted; an error is logged, counted and changes nothing. When the source
+    /// ends or fails, the last good assignment stays in force.
+    pub fn follow_assignments<A>(&self, source: A)
+    where
+        A: Stream<Item = Result<Assignment, AssignmentError>> + Send + 'static,
+    {
+        let _ = self.commands.send(Command::Assignments(Box::pin(source)));
+    }
+
+    /// Follows assignments published on a watch channel (see [`Balance::follow_assignments`]).
+    pub fn follow_assignment_watch(&self, assignments: watch::Receiver<Assignment>) {
+        self.follow_assignments(WatchStream::new(assignments).map(Ok));
+    }
+
+    /// The backend task a request with `key` would be sent to now (`None` when no
+    /// backend is ready, or the key's replicas are not connected). Costs one table read,
+    /// one slice lookup and one power-of-two choice: the keyed request's pick.
+    #[inline]
+    pub fn route(&mut self, key: Option<SliceKey>) -> Option<usize> {
+        let table = self.shared.table.load();
+        if let (Some(key), Some(slices)) = (key, table.slices.as_ref()) {
+            return slices.pick(slices.index(key), &mut self.rng).map(|e| e.task);
+        }
+        table.pick(&mut self.rng).map(|e| e.task)
+    }
+
     /// Changes `k`. The control task opens and closes only what the subset change demands
     /// (for algorithms with a preference order, growing `k` only opens).
     pub fn set_subset_size(&self, subset_size: usize) {
@@ -151,10 +204,11 @@ impl<S> Balance<S> {
     }
 }
 
-impl<S, Req> Service<Req> for Balance<S>
+impl<S, K, Req> Service<Req> for Balance<S, K>
 where
     S: Service<Req> + Clone + Send + Sync + 'static,
     S::Error: Into<BoxError>,
+    K: KeyExtractor<Req>,
     Req: Send + 'static,
 {
     type Response = S::Response;
@@ -168,13 +222,66 @@ where
     #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
         let table = self.shared.table.load();
+        if let (Some(key), Some(slices)) = (self.keys.slice_key(&req), table.slices.as_ref()) {
+            let slice = slices.index(key);
+            if let Some(endpoint) = slices.pick(slice, &mut self.rng) {
+                return ResponseFuture::ready(InFlight::start(endpoint.clone()), req);
+            }
+            let chosen = slices.chosen(slice);
+            let wait = wait_for_replica(self.shared.clone(), &self.commands, key, chosen, self.waits);
+            return ResponseFuture::waiting(wait, req);
+        }
         match table.pick(&mut self.rng) {
             Some(endpoint) => ResponseFuture::ready(InFlight::start(endpoint.clone()), req),
             None => {
-                ResponseFuture::waiting(wait_for_endpoint(self.shared.clone(), self.no_backend_wait), req)
+                ResponseFuture::waiting(wait_for_endpoint(self.shared.clone(), self.waits.no_backend), req)
             }
         }
     }
+}
+
+/// The keyed slow path: none of the slice's chosen replicas is connected. Asks the
+/// control task for affinity connections and waits for one up to the affinity wait;
+/// then follows the policy: the subset (counted as a fallback), or `NoReplica`.
+fn wait_for_replica<S: Send + Sync + 'static>(
+    shared: Arc<Shared<S>>,
+    commands: &mpsc::UnboundedSender<Command>,
+    key: SliceKey,
+    chosen: &[u32],
+    waits: Waits,
+) -> Wait<S> {
+    let _ = commands.send(Command::Affinity(chosen.to_vec()));
+    Box::pin(async move {
+        let mut versions = shared.versions.subscribe();
+        let mut rng = fresh_rng();
+        let found = tokio::time::timeout(waits.affinity, async {
+            loop {
+                if let Some(slices) = shared.table.load().slices.as_ref() {
+                    if let Some(endpoint) = slices.pick(slices.index(key), &mut rng) {
+                        return endpoint.clone();
+                    }
+                }
+                if versions.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        })
+        .await;
+        if let Ok(endpoint) = found {
+            return Ok(endpoint);
+        }
+        match waits.no_replica {
+            NoReplicaPolicy::FallBackToSubset => {
+                Counters::add(&shared.counters.keyed_fallbacks, 1);
+                wait_for_endpoint(shared, waits.no_backend).await
+            }
+            NoReplicaPolicy::Fail => {
+                Counters::add(&shared.counters.no_replica, 1);
+                let generation = shared.table.load().slices.as_ref().map_or(0, |s| s.generation);
+                Err(BalanceError::NoReplica { key, generation })
+            }
+        }
+    })
 }
 
 /// The slow path: no ready member now. Waits for a table with one, up to `wait`.

@@ -42,6 +42,22 @@ pub struct BalanceStats {
     pub members: Vec<MemberStats>,
     /// The routing table's version (bumped on every change).
     pub version: u64,
+    /// The generation of the assignment in force (`None` before the first).
+    pub assignment_generation: Option<u64>,
+    /// Assignments accepted (newer than the one in force).
+    pub assignments_accepted: u64,
+    /// Assignments ignored because they were not newer.
+    pub assignments_stale: u64,
+    /// Assignments rejected as invalid (the last good one stayed).
+    pub assignments_rejected: u64,
+    /// Keyed requests sent to the subset because no replica was usable.
+    pub keyed_fallbacks: u64,
+    /// Keyed requests failed with `NoReplica`.
+    pub no_replica: u64,
+    /// Affinity connections (to replicas outside the subset) open now, by task.
+    pub affinity: Vec<usize>,
+    /// Affinity connections opened so far.
+    pub affinity_opened: u64,
 }
 
 impl BalanceStats {
@@ -72,6 +88,14 @@ impl BalanceStats {
             subset: table.wanted.clone(),
             members,
             version: table.version,
+            assignment_generation: table.slices.as_ref().map(|s| s.generation),
+            assignments_accepted: c.assignments_accepted.load(Ordering::Relaxed),
+            assignments_stale: c.assignments_stale.load(Ordering::Relaxed),
+            assignments_rejected: c.assignments_rejected.load(Ordering::Relaxed),
+            keyed_fallbacks: c.keyed_fallbacks.load(Ordering::Relaxed),
+            no_replica: c.no_replica.load(Ordering::Relaxed),
+            affinity: table.affinity.clone(),
+            affinity_opened: c.affinity_opened.load(Ordering::Relaxed),
         }
     }
 }

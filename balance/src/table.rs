@@ -8,6 +8,7 @@ use steady_subset::prng::SplitMix64;
 use tokio::sync::watch;
 
 use crate::endpoint::Endpoint;
+use crate::slices::SliceTable;
 
 /// What requests route over: the ready members of the subset, in preference order.
 ///
@@ -22,49 +23,51 @@ pub(crate) struct RoutingTable<S> {
     pub(crate) members: Vec<Arc<Endpoint<S>>>,
     /// The subset the control task wants (members and stand-ins, ready or not).
     pub(crate) wanted: Vec<usize>,
+    /// Connected tasks outside the subset (affinity connections for keyed requests).
+    pub(crate) affinity: Vec<usize>,
+    /// The assignment in force, as this frontend routes it; `None` before the first.
+    pub(crate) slices: Option<SliceTable<S>>,
+}
+
+/// Power of two choices over `members`: two distinct random ones, the less loaded
+/// (the first on a tie). `None` when there are none.
+#[inline]
+pub(crate) fn p2c<'a, S>(
+    members: &'a [Arc<Endpoint<S>>],
+    rng: &mut SplitMix64,
+) -> Option<&'a Arc<Endpoint<S>>> {
+    let n = members.len();
+    match n {
+        0 => None,
+        1 => members.first(),
+        _ => {
+            let i = rng.below(n as u64) as usize;
+            let mut j = rng.below(n as u64 - 1) as usize;
+            if j >= i {
+                j += 1;
+            }
+            let (a, b) = (&members[i], &members[j]);
+            Some(if b.load() < a.load() { b } else { a })
+        }
+    }
 }
 
 impl<S> RoutingTable<S> {
     pub(crate) fn empty() -> Self {
-        Self { version: 0, members: Vec::new(), wanted: Vec::new() }
+        Self { version: 0, members: Vec::new(), wanted: Vec::new(), affinity: Vec::new(), slices: None }
     }
 
     /// A member other than connection `avoid` (p2c among the rest), for a request
     /// that could not be sent on `avoid`.
-    pub(crate) fn pick_other(&self, avoid: u64, rng: &mut SplitMix64) -> Option<&Arc<Endpoint<S>>> {
-        let others: Vec<&Arc<Endpoint<S>>> = self.members.iter().filter(|e| e.id != avoid).collect();
-        match others.len() {
-            0 => None,
-            1 => Some(others[0]),
-            n => {
-                let i = rng.below(n as u64) as usize;
-                let mut j = rng.below(n as u64 - 1) as usize;
-                if j >= i {
-                    j += 1;
-                }
-                Some(if others[j].load() < others[i].load() { others[j] } else { others[i] })
-            }
-        }
+    pub(crate) fn pick_other(&self, avoid: u64, rng: &mut SplitMix64) -> Option<Arc<Endpoint<S>>> {
+        let others: Vec<Arc<Endpoint<S>>> = self.members.iter().filter(|e| e.id != avoid).cloned().collect();
+        p2c(&others, rng).cloned()
     }
 
-    /// Power of two choices: two distinct random members, the less loaded one
-    /// (the first on a tie). `None` when the table is empty.
+    /// Power of two choices over the subset's ready members.
     #[inline]
     pub(crate) fn pick(&self, rng: &mut SplitMix64) -> Option<&Arc<Endpoint<S>>> {
-        let n = self.members.len();
-        match n {
-            0 => None,
-            1 => self.members.first(),
-            _ => {
-                let i = rng.below(n as u64) as usize;
-                let mut j = rng.below(n as u64 - 1) as usize;
-                if j >= i {
-                    j += 1;
-                }
-                let (a, b) = (&self.members[i], &self.members[j]);
-                Some(if b.load() < a.load() { b } else { a })
-            }
-        }
+        p2c(&self.members, rng)
     }
 }
 
@@ -76,6 +79,12 @@ pub(crate) struct Counters {
     pub(crate) connect_failures: AtomicU64,
     pub(crate) ejections: AtomicU64,
     pub(crate) no_backend: AtomicU64,
+    pub(crate) assignments_accepted: AtomicU64,
+    pub(crate) assignments_stale: AtomicU64,
+    pub(crate) assignments_rejected: AtomicU64,
+    pub(crate) keyed_fallbacks: AtomicU64,
+    pub(crate) no_replica: AtomicU64,
+    pub(crate) affinity_opened: AtomicU64,
     /// Requests and failures of connections already closed (live ones count on their endpoint).
     pub(crate) closed_requests: AtomicU64,
     pub(crate) closed_failures: AtomicU64,
@@ -133,7 +142,7 @@ mod tests {
                 Arc::new(ep)
             })
             .collect();
-        RoutingTable { version: 1, members, wanted: vec![] }
+        RoutingTable { version: 1, members, wanted: vec![], affinity: vec![], slices: None }
     }
 
     #[test]

@@ -1,0 +1,265 @@
+//! [`Assignment`]: which backend tasks serve which slices of the key space.
+
+use std::fmt;
+
+use crate::slice_key::SliceKey;
+
+/// The most slices one assignment may have (Slicer uses tens of thousands).
+pub const MAX_SLICES: usize = 1 << 20;
+/// The most replicas one slice may have.
+pub const MAX_REPLICAS: usize = 1024;
+/// The largest task index an assignment may name (`steady_subset::MAX_BACKENDS - 1`).
+pub const MAX_TASK: u32 = (steady_subset::MAX_BACKENDS - 1) as u32;
+
+/// One slice: the keys from `start` up to the next slice's start (or the end of the key
+/// space), served by `replicas` (backend task indices, in no particular order).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct Slice {
+    /// The first key of the slice.
+    pub start: SliceKey,
+    /// The backend tasks that serve it: not empty, no duplicates.
+    pub replicas: Vec<u32>,
+}
+
+/// A generation of the key space's division into slices, each with its replicas.
+///
+/// Valid by construction: the first slice starts at 0, starts strictly increase (so
+/// every key falls in exactly one slice: no gaps, no overlaps), every slice has between
+/// 1 and [`MAX_REPLICAS`] distinct replicas below [`MAX_TASK`], and there are at most
+/// [`MAX_SLICES`] slices. A newer generation replaces an older one; see
+/// [`crate::BalanceConfig`] and the balancer's assignment source.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(try_from = "RawAssignment"))]
+pub struct Assignment {
+    generation: u64,
+    slices: Vec<Slice>,
+}
+
+/// The unvalidated form serde reads before [`Assignment::new`] checks it.
+#[cfg(feature = "serde")]
+#[derive(serde::Deserialize)]
+struct RawAssignment {
+    generation: u64,
+    slices: Vec<Slice>,
+}
+
+#[cfg(feature = "serde")]
+impl TryFrom<RawAssignment> for Assignment {
+    type Error = AssignmentError;
+    fn try_from(raw: RawAssignment) -> Result<Self, AssignmentError> {
+        Assignment::new(raw.generation, raw.slices)
+    }
+}
+
+/// Why an assignment is invalid: the first problem found, with where it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AssignmentError {
+    /// No slices at all: the key space would be uncovered.
+    NoSlices,
+    /// More than [`MAX_SLICES`] slices.
+    TooManySlices {
+        /// How many there were.
+        count: usize,
+    },
+    /// The first slice does not start at key 0: keys below it would be uncovered.
+    FirstStartNotZero {
+        /// Where it starts.
+        start: SliceKey,
+    },
+    /// A slice does not start after the one before it (unsorted or duplicate start).
+    NotIncreasing {
+        /// The slice's position.
+        slice: usize,
+        /// Its start.
+        start: SliceKey,
+        /// The previous slice's start.
+        previous: SliceKey,
+    },
+    /// A slice with no replicas.
+    NoReplicas {
+        /// The slice's position.
+        slice: usize,
+    },
+    /// A slice with more than [`MAX_REPLICAS`] replicas.
+    TooManyReplicas {
+        /// The slice's position.
+        slice: usize,
+        /// How many there were.
+        count: usize,
+    },
+    /// The same task twice in one slice.
+    DuplicateReplica {
+        /// The slice's position.
+        slice: usize,
+        /// The repeated task.
+        task: u32,
+    },
+    /// A task index above [`MAX_TASK`].
+    TaskOutOfRange {
+        /// The slice's position.
+        slice: usize,
+        /// The task index.
+        task: u32,
+    },
+    /// The encoded form is malformed (see [`Assignment::decode`]).
+    Malformed {
+        /// The byte offset where decoding stopped.
+        offset: usize,
+        /// What was wrong there.
+        reason: &'static str,
+    },
+}
+
+impl fmt::Display for AssignmentError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NoSlices => write!(f, "assignment has no slices"),
+            Self::TooManySlices { count } => write!(f, "assignment has {count} slices (limit {MAX_SLICES})"),
+            Self::FirstStartNotZero { start } => write!(f, "first slice starts at {start}, not 0"),
+            Self::NotIncreasing { slice, start, previous } => {
+                write!(f, "slice {slice} starts at {start}, not after the previous start {previous}")
+            }
+            Self::NoReplicas { slice } => write!(f, "slice {slice} has no replicas"),
+            Self::TooManyReplicas { slice, count } => {
+                write!(f, "slice {slice} has {count} replicas (limit {MAX_REPLICAS})")
+            }
+            Self::DuplicateReplica { slice, task } => write!(f, "slice {slice} lists task {task} twice"),
+            Self::TaskOutOfRange { slice, task } => {
+                write!(f, "slice {slice} names task {task} (limit {MAX_TASK})")
+            }
+            Self::Malformed { offset, reason } => {
+                write!(f, "malformed assignment at byte {offset}: {reason}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for AssignmentError {}
+
+impl Assignment {
+    /// Validates and builds an assignment.
+    ///
+    /// # Errors
+    ///
+    /// The first [`AssignmentError`] found, scanning slices in order.
+    pub fn new(generation: u64, slices: Vec<Slice>) -> Result<Self, AssignmentError> {
+        if slices.is_empty() {
+            return Err(AssignmentError::NoSlices);
+        }
+        if slices.len() > MAX_SLICES {
+            return Err(AssignmentError::TooManySlices { count: slices.len() });
+        }
+        if slices[0].start != SliceKey::MIN {
+            return Err(AssignmentError::FirstStartNotZero { start: slices[0].start });
+        }
+        let mut seen: Vec<u32> = Vec::new();
+        for (i, slice) in slices.iter().enumerate() {
+            if i > 0 && slice.start <= slices[i - 1].start {
+                return Err(AssignmentError::NotIncreasing {
+                    slice: i,
+                    start: slice.start,
+                    previous: slices[i - 1].start,
+                });
+            }
+            if slice.replicas.is_empty() {
+                return Err(AssignmentError::NoReplicas { slice: i });
+            }
+            if slice.replicas.len() > MAX_REPLICAS {
+                return Err(AssignmentError::TooManyReplicas { slice: i, count: slice.replicas.len() });
+            }
+            if let Some(&task) = slice.replicas.iter().find(|&&t| t > MAX_TASK) {
+                return Err(AssignmentError::TaskOutOfRange { slice: i, task });
+            }
+            seen.clear();
+            seen.extend_from_slice(&slice.replicas);
+            seen.sort_unstable();
+            if let Some(w) = seen.windows(2).find(|w| w[0] == w[1]) {
+                return Err(AssignmentError::DuplicateReplica { slice: i, task: w[0] });
+            }
+        }
+        Ok(Self { generation, slices })
+    }
+
+    /// One slice covering every key, served by `replicas`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Assignment::new`].
+    pub fn single(generation: u64, replicas: Vec<u32>) -> Result<Self, AssignmentError> {
+        Self::new(generation, vec![Slice { start: SliceKey::MIN, replicas }])
+    }
+
+    /// The generation: higher replaces lower.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The slices, sorted by start.
+    pub fn slices(&self) -> &[Slice] {
+        &self.slices
+    }
+
+    /// The position of the slice that holds `key` (binary search, `O(log slices)`).
+    #[inline]
+    pub fn slice_index(&self, key: SliceKey) -> usize {
+        // The first start is 0, so at least one start is <= key.
+        self.slices.partition_point(|s| s.start <= key) - 1
+    }
+
+    /// The slice that holds `key`.
+    pub fn slice_for(&self, key: SliceKey) -> &Slice {
+        &self.slices[self.slice_index(key)]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slice(start: u64, replicas: &[u32]) -> Slice {
+        Slice { start: SliceKey(start), replicas: replicas.to_vec() }
+    }
+
+    #[test]
+    fn every_kind_of_invalid_assignment_is_named() {
+        use AssignmentError::*;
+        assert_eq!(Assignment::new(1, vec![]), Err(NoSlices));
+        assert_eq!(Assignment::new(1, vec![slice(5, &[1])]), Err(FirstStartNotZero { start: SliceKey(5) }));
+        assert_eq!(
+            Assignment::new(1, vec![slice(0, &[1]), slice(9, &[2]), slice(9, &[3])]),
+            Err(NotIncreasing { slice: 2, start: SliceKey(9), previous: SliceKey(9) })
+        );
+        assert_eq!(
+            Assignment::new(1, vec![slice(0, &[1]), slice(9, &[2]), slice(3, &[3])]),
+            Err(NotIncreasing { slice: 2, start: SliceKey(3), previous: SliceKey(9) })
+        );
+        assert_eq!(Assignment::new(1, vec![slice(0, &[1]), slice(4, &[])]), Err(NoReplicas { slice: 1 }));
+        assert_eq!(
+            Assignment::new(1, vec![slice(0, &[1, 7, 1])]),
+            Err(DuplicateReplica { slice: 0, task: 1 })
+        );
+        assert_eq!(
+            Assignment::new(1, vec![slice(0, &[MAX_TASK + 1])]),
+            Err(TaskOutOfRange { slice: 0, task: MAX_TASK + 1 })
+        );
+        let many: Vec<u32> = (0..=MAX_REPLICAS as u32).collect();
+        assert_eq!(
+            Assignment::new(1, vec![slice(0, &many)]),
+            Err(TooManyReplicas { slice: 0, count: MAX_REPLICAS + 1 })
+        );
+    }
+
+    #[test]
+    fn lookup_finds_the_slice_whose_range_holds_the_key() {
+        let a = Assignment::new(3, vec![slice(0, &[1]), slice(100, &[2]), slice(u64::MAX, &[3])]).unwrap();
+        assert_eq!(a.slice_index(SliceKey(0)), 0);
+        assert_eq!(a.slice_index(SliceKey(99)), 0);
+        assert_eq!(a.slice_index(SliceKey(100)), 1);
+        assert_eq!(a.slice_index(SliceKey(u64::MAX - 1)), 1);
+        assert_eq!(a.slice_index(SliceKey(u64::MAX)), 2);
+        assert_eq!(a.slice_for(SliceKey(150)).replicas, [2]);
+    }
+}
