@@ -10,9 +10,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use steady_balance::{Assignment, Slice, SliceKey};
 use steady_balance::{Balance, BalanceConfig, BalanceError, JobView, TaskState};
 use steady_subset::{Algorithm, Subsetting};
-use support::{connector, request, start_servers, task_of, TestServer, H2};
+use support::{connector, header_key, keyed_request, request, start_servers, task_of, TestServer, H2};
 use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
 use tower::ServiceExt;
@@ -232,4 +233,39 @@ async fn thousands_of_concurrent_requests_complete() {
     }
     assert_eq!(per_task.iter().sum::<usize>(), 5_000);
     assert!(per_task.iter().all(|&n| n > 500), "{per_task:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_traffic_reaches_only_the_assigned_servers() {
+    let servers = start_servers(8).await;
+    let (_job, views) = watch::channel(view(&servers, 8));
+    let balance = Balance::new(BalanceConfig::new(1, 2), connector(), WatchStream::new(views))
+        .with_key_extractor(header_key as fn(&http::Request<_>) -> Option<SliceKey>);
+    let slices = vec![
+        Slice { start: SliceKey(0), replicas: vec![0, 5] },
+        Slice { start: SliceKey(1 << 62), replicas: vec![6] },
+        Slice { start: SliceKey(1 << 63), replicas: vec![2, 3, 7] },
+        Slice { start: SliceKey(3 << 62), replicas: vec![4] },
+    ];
+    let assignment = Assignment::new(1, slices).unwrap();
+    let (_tx, rx) = watch::channel(assignment.clone());
+    balance.follow_assignment_watch(rx);
+    eventually("the assignment", || balance.stats().assignment_generation == Some(1)).await;
+    for i in 0..400 {
+        let key = format!("user-{i}");
+        let task = task_of(balance.clone().oneshot(keyed_request(&key)).await.unwrap()).await.unwrap();
+        let replicas = &assignment.slice_for(SliceKey::of(&key)).replicas;
+        assert!(replicas.contains(&(task as u32)), "{key} answered by {task}, not by {replicas:?}");
+    }
+    // What each server recorded: only keys of the slices it serves, and 400 in all.
+    let mut received = 0;
+    for server in &servers {
+        for key in server.stats.keys.lock().unwrap().iter() {
+            let replicas = &assignment.slice_for(SliceKey::of(key)).replicas;
+            assert!(replicas.contains(&(server.task as u32)), "server {} got {key}", server.task);
+            received += 1;
+        }
+    }
+    assert_eq!(received, 400);
+    assert_eq!(balance.stats().keyed_fallbacks, 0);
 }

@@ -30,6 +30,8 @@ pub struct ServerStats {
     pub open: AtomicUsize,
     pub requests: AtomicUsize,
     pub in_progress: AtomicUsize,
+    /// The `x-slice-key` header of every request received.
+    pub keys: std::sync::Mutex<Vec<String>>,
 }
 
 /// A running test server.
@@ -60,6 +62,10 @@ impl TestServer {
                         let s = s2.clone();
                         async move {
                             s.requests.fetch_add(1, Ordering::SeqCst);
+                            if let Some(key) = req.headers().get("x-slice-key").and_then(|v| v.to_str().ok())
+                            {
+                                s.keys.lock().unwrap().push(key.to_owned());
+                            }
                             s.in_progress.fetch_add(1, Ordering::SeqCst);
                             let delay = req
                                 .headers()
@@ -164,6 +170,20 @@ pub fn request(delay_ms: u64) -> Request {
         .header("x-delay-ms", delay_ms.to_string())
         .body(Full::new(Bytes::new()))
         .unwrap()
+}
+
+/// A request carrying `key` in the `x-slice-key` header.
+pub fn keyed_request(key: &str) -> Request {
+    http::Request::builder()
+        .uri("http://steady.test/")
+        .header("x-slice-key", key)
+        .body(Full::new(Bytes::new()))
+        .unwrap()
+}
+
+/// The slice key of a request: XXH3 of its `x-slice-key` header.
+pub fn header_key(req: &Request) -> Option<steady_balance::SliceKey> {
+    req.headers().get("x-slice-key").map(|v| steady_balance::SliceKey::of(v.as_bytes()))
 }
 
 /// The task index a response came from.
