@@ -20,12 +20,15 @@ type Req = Option<SliceKey>;
 
 type Conn = tower::util::BoxCloneSyncService<Req, usize, Infallible>;
 
+/// The balancer under test: keys read straight from the request.
+type Keyed = Balance<Conn, fn(&Req) -> Option<SliceKey>>;
+
+/// Connections made so far, by task.
+type Connects = Arc<Mutex<Vec<usize>>>;
+
 /// A balancer over `size` tasks whose connections answer with their task index;
 /// `connects` records every connection made.
-fn balancer(
-    config: BalanceConfig,
-    size: usize,
-) -> (Balance<Conn, fn(&Req) -> Option<SliceKey>>, Arc<Mutex<Vec<usize>>>, watch::Sender<JobView<usize>>) {
+fn balancer(config: BalanceConfig, size: usize) -> (Keyed, Connects, watch::Sender<JobView<usize>>) {
     let (job, views) = watch::channel(JobView::serving(0..size));
     let connects: Arc<Mutex<Vec<usize>>> = Arc::default();
     let c = connects.clone();
