@@ -46,6 +46,7 @@ pub enum NoReplicaPolicy {
 /// assert_eq!(config.subset_size, 20);
 /// ```
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct BalanceConfig {
     /// This frontend task's index `m` in its job.
     pub frontend: usize,
@@ -61,6 +62,8 @@ pub struct BalanceConfig {
     pub load: Load,
     /// Reconnection delays after a failure.
     pub backoff: Backoff,
+    /// How long a connection attempt may take before it counts as failed (default 5 s).
+    pub connect_timeout: Duration,
     /// How long a request waits for a ready backend before failing with
     /// [`crate::BalanceError::NoReadyBackends`] (default 1 s).
     pub no_backend_wait: Duration,
@@ -88,6 +91,7 @@ impl BalanceConfig {
             max_stand_ins: 3,
             load: Load::InFlight,
             backoff: Backoff::default(),
+            connect_timeout: Duration::from_secs(5),
             no_backend_wait: Duration::from_secs(1),
             fan_out: 3,
             no_replica: NoReplicaPolicy::FallBackToSubset,
@@ -143,6 +147,12 @@ impl BalanceConfig {
     /// Sets the reconnection backoff.
     pub fn with_backoff(mut self, backoff: Backoff) -> Self {
         self.backoff = backoff;
+        self
+    }
+
+    /// Sets how long a connection attempt may take.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
         self
     }
 

@@ -76,14 +76,17 @@ enum SlotState<S> {
 struct Slot<T, S> {
     address: T,
     state: SlotState<S>,
-    /// Consecutive failures (reset by a successful connection).
-    failures: u32,
 }
 
-impl<T, S> Slot<T, S> {
-    fn failed(&self) -> bool {
-        matches!(self.state, SlotState::Backoff { .. })
-    }
+/// A task that failed (a connection attempt, or a call), kept whether or not it is
+/// still wanted, so that a failing stand-in is not reopened at once when its slot goes.
+struct Health<T> {
+    address: T,
+    /// Consecutive failures: connection attempts that failed, or connections that
+    /// failed before serving any request. Drives the backoff.
+    failures: u32,
+    /// No new attempt before this.
+    retry_at: Instant,
 }
 
 pub(crate) struct Control<T, C, S, J> {
@@ -109,6 +112,8 @@ pub(crate) struct Control<T, C, S, J> {
     next_sweep: Option<Instant>,
     /// What the last published table was built from, to skip needless publications.
     published: Vec<u64>,
+    /// Tasks that failed, until they connect and serve again.
+    health: HashMap<usize, Health<T>>,
 }
 
 impl<T, C, S, J> Control<T, C, S, J>
@@ -149,6 +154,7 @@ where
             affinity: HashMap::new(),
             next_sweep: None,
             published: Vec::new(),
+            health: HashMap::new(),
         }
     }
 
@@ -197,30 +203,89 @@ where
     }
 
     /// The backends to keep connections to, in preference order: the first `k` serving
-    /// tasks of the frontend's order, then as many further serving tasks as there are
-    /// failed members among those `k` (at most `max_stand_ins`), skipping failed ones.
+    /// tasks of the frontend's order, then as many stand-ins as there are failed members
+    /// among those `k` (at most `max_stand_ins`). Stand-ins already connected are kept
+    /// (so a recovering candidate never displaces a healthy one); the rest come next in
+    /// order, skipping failed tasks.
     fn wanted(&self) -> Vec<usize> {
+        if self.view.size > steady_subset::MAX_BACKENDS {
+            // No subset can be computed for such a view: keep the one in force.
+            return self.shared.table.load().wanted.clone();
+        }
+        let now = Instant::now();
         let k = self.config.subset_size;
+        let mut order = candidate_order(&self.config.algorithm, self.config.frontend, self.view.size, k);
         let mut primary = Vec::with_capacity(k);
         let mut failed = 0;
-        let mut stand_ins = Vec::new();
-        for task in candidate_order(&self.config.algorithm, self.config.frontend, self.view.size, k) {
-            let Some(address) = self.view.serving_task(task) else { continue };
-            let is_failed = self.slots.get(&task).is_some_and(|s| s.failed() && s.address == *address);
-            if primary.len() < k {
+        if k > 0 {
+            for task in order.by_ref() {
+                let Some(address) = self.view.serving_task(task) else { continue };
                 primary.push(task);
-                failed += usize::from(is_failed);
-                continue;
+                failed += usize::from(self.is_failed(task, address, now));
+                if primary.len() == k {
+                    break;
+                }
             }
-            if stand_ins.len() >= failed.min(self.config.max_stand_ins) {
-                break;
-            }
-            if !is_failed {
-                stand_ins.push(task);
+        }
+        let needed = failed.min(self.config.max_stand_ins);
+        let mut stand_ins: Vec<usize> = self
+            .slots
+            .iter()
+            .filter(|(task, slot)| {
+                matches!(slot.state, SlotState::Ready(_))
+                    && !primary.contains(task)
+                    && !self.affinity.contains_key(task)
+                    && self.view.serving_task(**task) == Some(&slot.address)
+            })
+            .map(|(task, _)| *task)
+            .take(needed)
+            .collect();
+        if stand_ins.len() < needed {
+            // The order continues right after the last primary member.
+            for task in order {
+                if stand_ins.len() >= needed {
+                    break;
+                }
+                let Some(address) = self.view.serving_task(task) else { continue };
+                if !primary.contains(&task)
+                    && !stand_ins.contains(&task)
+                    && !self.is_failed(task, address, now)
+                {
+                    stand_ins.push(task);
+                }
             }
         }
         primary.extend(stand_ins);
         primary
+    }
+
+    /// Whether `task` (at `address`) is unusable: it failed, and is waiting out its
+    /// backoff or retrying, and has not connected since.
+    fn is_failed(&self, task: usize, address: &T, now: Instant) -> bool {
+        let Some(health) = self.health.get(&task).filter(|h| h.address == *address) else { return false };
+        match self.slots.get(&task).map(|s| &s.state) {
+            Some(SlotState::Ready(_)) => false,
+            Some(SlotState::Connecting { .. } | SlotState::Backoff { .. }) => true,
+            None => now < health.retry_at,
+        }
+    }
+
+    /// Records a failure of `task` and returns when to retry it. `served` says whether
+    /// its connection served a request before failing, which restarts the count.
+    fn record_failure(&mut self, task: usize, address: &T, served: bool) -> (u32, Instant) {
+        let now = Instant::now();
+        let health = self.health.entry(task).or_insert_with(|| Health {
+            address: address.clone(),
+            failures: 0,
+            retry_at: now,
+        });
+        if health.address != *address || served {
+            health.address = address.clone();
+            health.failures = 0;
+        }
+        health.failures += 1;
+        health.retry_at = now + self.config.backoff.delay(health.failures, &mut self.rng);
+        (health.failures, health.retry_at)
     }
 
     /// The affinity tasks still worth a connection: serving, and not in the subset.
@@ -262,8 +327,7 @@ where
             if !self.slots.contains_key(&task) {
                 let address = self.view.serving_task(task).expect("wanted tasks serve").clone();
                 let attempt = self.connect(task, address.clone()).await;
-                self.slots
-                    .insert(task, Slot { address, state: SlotState::Connecting { attempt }, failures: 0 });
+                self.slots.insert(task, Slot { address, state: SlotState::Connecting { attempt } });
                 if affinity.contains(&task) {
                     Counters::add(&self.shared.counters.affinity_opened, 1);
                 }
@@ -381,9 +445,13 @@ where
             Ok(connector) => Ok(connector.call(address)),
             Err(e) => Err(e.into()),
         };
+        let timeout = self.config.connect_timeout;
         self.connecting.push(Box::pin(async move {
             let result = match call {
-                Ok(future) => future.await.map_err(Into::into),
+                Ok(future) => match tokio::time::timeout(timeout, future).await {
+                    Ok(result) => result.map_err(Into::into),
+                    Err(_) => Err(format!("connection attempt timed out after {timeout:?}").into()),
+                },
                 Err(e) => Err(e),
             };
             (task, attempt, result)
@@ -392,12 +460,13 @@ where
     }
 
     async fn on_connected(&mut self, task: usize, attempt: u64, result: Result<S, BoxError>) {
-        let Some(slot) = self.slots.get_mut(&task) else { return };
+        let Some(slot) = self.slots.get(&task) else { return };
         if !matches!(slot.state, SlotState::Connecting { attempt: a } if a == attempt) {
             // A stale attempt (the task left and came back): drop its connection.
             return;
         }
-        match result {
+        let address = slot.address.clone();
+        let state = match result {
             Ok(service) => {
                 let endpoint = Endpoint::new(
                     task,
@@ -407,19 +476,20 @@ where
                     self.feedback_tx.clone(),
                     Arc::downgrade(&self.shared),
                 );
-                slot.state = SlotState::Ready(Arc::new(endpoint));
-                slot.failures = 0;
                 Counters::add(&self.shared.counters.opened, 1);
                 self.shared.open.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(task, "connected");
+                SlotState::Ready(Arc::new(endpoint))
             }
             Err(error) => {
-                slot.failures += 1;
-                let delay = self.config.backoff.delay(slot.failures, &mut self.rng);
-                slot.state = SlotState::Backoff { until: Instant::now() + delay };
+                let (failures, until) = self.record_failure(task, &address, false);
                 Counters::add(&self.shared.counters.connect_failures, 1);
-                tracing::warn!(task, %error, failures = slot.failures, retry_in = ?delay, "connection failed");
+                tracing::warn!(task, %error, failures, retry_in = ?until - Instant::now(), "connection failed");
+                SlotState::Backoff { until }
             }
+        };
+        if let Some(slot) = self.slots.get_mut(&task) {
+            slot.state = state;
         }
         self.reconcile().await;
     }
@@ -427,17 +497,23 @@ where
     async fn on_feedback(&mut self, feedback: Feedback) {
         match feedback {
             Feedback::Failed { task, id } => {
-                let Some(slot) = self.slots.get_mut(&task) else { return };
+                let Some(slot) = self.slots.get(&task) else { return };
                 let endpoint = match &slot.state {
                     SlotState::Ready(endpoint) if endpoint.id == id => endpoint.clone(),
                     // Already handled, or about an older connection.
                     _ => return,
                 };
-                slot.failures += 1;
-                let delay = self.config.backoff.delay(slot.failures, &mut self.rng);
-                slot.state = SlotState::Backoff { until: Instant::now() + delay };
+                let address = slot.address.clone();
+                // A connection that served requests before failing starts the count
+                // afresh; one that never did makes the backoff grow.
+                let served =
+                    endpoint.requests.load(Ordering::Relaxed) > endpoint.failures.load(Ordering::Relaxed);
+                let (failures, until) = self.record_failure(task, &address, served);
+                if let Some(slot) = self.slots.get_mut(&task) {
+                    slot.state = SlotState::Backoff { until };
+                }
                 Counters::add(&self.shared.counters.ejections, 1);
-                tracing::warn!(task, retry_in = ?delay, "backend failed a call: out of rotation");
+                tracing::warn!(task, failures, retry_in = ?until - Instant::now(), "backend failed a call: out of rotation");
                 self.retire(endpoint, "failed");
                 self.reconcile().await;
             }
@@ -604,9 +680,10 @@ fn candidate_order(
                 .filter(move |b| !members.contains(b));
             Box::new(subset.into_iter().chain(rest))
         }
-        // Larger than MAX_BACKENDS: no subset can be computed; want nothing.
+        // Larger than MAX_BACKENDS: no subset can be computed (the caller keeps the
+        // subset it has).
         Err(error) => {
-            tracing::error!(%error, "cannot compute the subset");
+            tracing::error!(%error, "cannot compute the subset: keeping the current one");
             Box::new(std::iter::empty())
         }
     }

@@ -87,6 +87,12 @@ impl<S> Endpoint<S> {
         }
     }
 
+    /// Whether a call on this connection has failed.
+    #[inline]
+    pub(crate) fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::Relaxed)
+    }
+
     /// Whether latency is measured (Peak EWMA).
     #[inline]
     pub(crate) fn measures_latency(&self) -> bool {

@@ -5,9 +5,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
+use std::time::Duration;
+
 use pin_project_lite::pin_project;
-use steady_subset::hash::mix64;
-use steady_subset::prng::SplitMix64;
+use tokio::time::Sleep;
 use tower::Service;
 
 use crate::endpoint::{Endpoint, InFlight};
@@ -37,7 +38,14 @@ pin_project! {
         S: Service<Req>,
     {
         Waiting { wait: Wait<S>, req: Option<Req> },
-        Readying { service: S, guard: Option<InFlight<S>>, req: Option<Req>, redispatches: u8 },
+        Readying {
+            service: S,
+            guard: Option<InFlight<S>>,
+            req: Option<Req>,
+            redispatches: u8,
+            // Armed the first time the backend is not ready (never on the fast path).
+            deadline: Option<Pin<Box<Sleep>>>,
+        },
         Calling { #[pin] call: S::Future, guard: Option<InFlight<S>> },
         Done,
     }
@@ -51,7 +59,15 @@ where
     #[inline]
     pub(crate) fn ready(guard: InFlight<S>, req: Req) -> Self {
         let service = guard.endpoint().service.clone();
-        Self { state: State::Readying { service, guard: Some(guard), req: Some(req), redispatches: 0 } }
+        Self {
+            state: State::Readying {
+                service,
+                guard: Some(guard),
+                req: Some(req),
+                redispatches: 0,
+                deadline: None,
+            },
+        }
     }
 
     /// A request waiting for an endpoint.
@@ -71,7 +87,7 @@ fn another_endpoint<S>(failed: &Arc<Endpoint<S>>, redispatches: u8) -> Option<Ar
     }
     let shared = failed.shared.upgrade()?;
     let table = shared.table.load();
-    let mut rng = SplitMix64::new(mix64(failed.id ^ u64::from(redispatches)));
+    let mut rng = crate::table::fresh_rng();
     table.pick_other(failed.id, &mut rng)
 }
 
@@ -91,10 +107,53 @@ where
                     let guard = InFlight::start(endpoint);
                     let service = guard.endpoint().service.clone();
                     let req = req.take();
-                    state.set(State::Readying { service, guard: Some(guard), req, redispatches: 0 });
+                    state.set(State::Readying {
+                        service,
+                        guard: Some(guard),
+                        req,
+                        redispatches: 0,
+                        deadline: None,
+                    });
                 }
-                StateProj::Readying { service, guard, req, redispatches } => {
-                    if let Err(e) = ready!(service.poll_ready(cx)) {
+                StateProj::Readying { service, guard, req, redispatches, deadline } => {
+                    let readiness = match service.poll_ready(cx) {
+                        Poll::Ready(readiness) => readiness,
+                        Poll::Pending => {
+                            // Not ready: wait, but not forever. Past the deadline, move the
+                            // request to another member (nothing was sent) or give up.
+                            let wait = guard
+                                .as_ref()
+                                .and_then(|g| g.endpoint().shared.upgrade())
+                                .map(|s| s.no_backend_wait);
+                            let wait = wait.unwrap_or(Duration::ZERO);
+                            let sleep = deadline.get_or_insert_with(|| Box::pin(tokio::time::sleep(wait)));
+                            ready!(sleep.as_mut().poll(cx));
+                            let stuck = guard.take().expect("guard held until the call");
+                            let redispatches = *redispatches + 1;
+                            match another_endpoint(stuck.endpoint(), redispatches) {
+                                Some(endpoint) => {
+                                    let guard = InFlight::start(endpoint);
+                                    let service = guard.endpoint().service.clone();
+                                    let req = req.take();
+                                    state.set(State::Readying {
+                                        service,
+                                        guard: Some(guard),
+                                        req,
+                                        redispatches,
+                                        deadline: None,
+                                    });
+                                    continue;
+                                }
+                                None => {
+                                    state.set(State::Done);
+                                    return Poll::Ready(Err(
+                                        BalanceError::NoReadyBackends { waited: wait }.into()
+                                    ));
+                                }
+                            }
+                        }
+                    };
+                    if let Err(e) = readiness {
                         // The backend cannot take requests (its connection is gone). The
                         // request was not sent, so another member may take it safely.
                         let failed = guard.take().expect("guard held until the call");
@@ -105,7 +164,13 @@ where
                                 let guard = InFlight::start(endpoint);
                                 let service = guard.endpoint().service.clone();
                                 let req = req.take();
-                                state.set(State::Readying { service, guard: Some(guard), req, redispatches });
+                                state.set(State::Readying {
+                                    service,
+                                    guard: Some(guard),
+                                    req,
+                                    redispatches,
+                                    deadline: None,
+                                });
                                 continue;
                             }
                             None => {

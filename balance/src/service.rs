@@ -1,13 +1,11 @@
 //! The request side: a cheap-to-clone tower `Service` that reads the routing table.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
-use steady_subset::hash::mix64;
 use steady_subset::prng::SplitMix64;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::WatchStream;
@@ -23,14 +21,7 @@ use crate::job::JobView;
 use crate::key::{KeyExtractor, NoKey};
 use crate::slice_key::SliceKey;
 use crate::stats::BalanceStats;
-use crate::table::{Counters, Shared};
-
-/// Seeds each clone's generator differently.
-static CLONES: AtomicU64 = AtomicU64::new(0);
-
-fn fresh_rng() -> SplitMix64 {
-    SplitMix64::new(mix64(CLONES.fetch_add(1, Ordering::Relaxed) ^ 0x5EED_0F57_EAD1))
-}
+use crate::table::{fresh_rng, Counters, Shared};
 
 /// Balances requests over a frontend's subset of a backend job.
 ///
@@ -107,16 +98,16 @@ where
         C: Service<T, Response = S> + Send + 'static,
         C::Error: Into<BoxError>,
         C::Future: Send + 'static,
-        J: Stream<Item = JobView<T>> + Send + Unpin + 'static,
+        J: Stream<Item = JobView<T>> + Send + 'static,
     {
-        let shared = Arc::new(Shared::new());
+        let shared = Arc::new(Shared::new(config.no_backend_wait));
         let (commands, command_rx) = mpsc::unbounded_channel();
         let waits = Waits {
             no_backend: config.no_backend_wait,
             affinity: config.affinity_wait,
             no_replica: config.no_replica,
         };
-        let control = Control::new(config, connector, job, command_rx, shared.clone());
+        let control = Control::new(config, connector, Box::pin(job), command_rx, shared.clone());
         tokio::spawn(control.run());
         Self { shared, commands, waits, keys: NoKey, rng: fresh_rng() }
     }
@@ -261,9 +252,7 @@ fn wait_for_replica<S: Send + Sync + 'static>(
                         return endpoint.clone();
                     }
                 }
-                if versions.changed().await.is_err() {
-                    std::future::pending::<()>().await;
-                }
+                let _ = versions.changed().await;
             }
         })
         .await;
@@ -294,10 +283,9 @@ fn wait_for_endpoint<S: Send + Sync + 'static>(shared: Arc<Shared<S>>, wait: Dur
                 if let Some(endpoint) = shared.table.load().pick(&mut rng) {
                     return endpoint.clone();
                 }
-                if versions.changed().await.is_err() {
-                    // The control task is gone: nothing will change; let the timeout fire.
-                    std::future::pending::<()>().await;
-                }
+                // The sender lives in `shared`, which this future holds: this only
+                // returns once a new table is published.
+                let _ = versions.changed().await;
             }
         })
         .await;

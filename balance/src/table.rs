@@ -39,7 +39,7 @@ pub(crate) fn p2c<'a, S>(
     let n = members.len();
     match n {
         0 => None,
-        1 => members.first(),
+        1 => members.first().filter(|e| !e.is_broken()),
         _ => {
             let i = rng.below(n as u64) as usize;
             let mut j = rng.below(n as u64 - 1) as usize;
@@ -47,9 +47,31 @@ pub(crate) fn p2c<'a, S>(
                 j += 1;
             }
             let (a, b) = (&members[i], &members[j]);
-            Some(if b.load() < a.load() { b } else { a })
+            let best = if b.load() < a.load() { b } else { a };
+            if best.is_broken() {
+                // Both draws failed a call already (the control task has not yet
+                // published a table without them): any healthy member will do.
+                return members.iter().find(|e| !e.is_broken());
+            }
+            Some(best)
         }
     }
+}
+
+/// A generator for one request-side handle, seeded without touching shared state:
+/// a per-thread counter mixed with the thread's identity.
+pub(crate) fn fresh_rng() -> SplitMix64 {
+    use std::cell::Cell;
+    use std::hash::{BuildHasher, RandomState};
+    thread_local! {
+        static NEXT: Cell<u64> = Cell::new(RandomState::new().hash_one(std::thread::current().id()));
+    }
+    let seed = NEXT.with(|n| {
+        let v = n.get();
+        n.set(v.wrapping_add(1));
+        v
+    });
+    SplitMix64::new(steady_subset::hash::mix64(seed))
 }
 
 impl<S> RoutingTable<S> {
@@ -105,11 +127,14 @@ pub(crate) struct Shared<S> {
     pub(crate) counters: Counters,
     /// Connections open, including draining ones (maintained by the control task).
     pub(crate) open: AtomicU64,
+    /// How long a request waits for a backend (to be ready, or to exist).
+    pub(crate) no_backend_wait: std::time::Duration,
 }
 
 impl<S> Shared<S> {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(no_backend_wait: std::time::Duration) -> Self {
         Self {
+            no_backend_wait,
             table: ArcSwap::from_pointee(RoutingTable::empty()),
             versions: watch::Sender::new(0),
             counters: Counters::default(),

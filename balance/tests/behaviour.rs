@@ -161,9 +161,13 @@ async fn a_refused_member_is_retried_with_backoff_while_the_next_in_order_stands
     tokio::time::advance(Duration::from_millis(1001)).await;
     settle().await;
     assert_eq!(attempts(&h), first + 1);
-    // Let it in: the next attempt succeeds and the stand-in leaves.
+    // The next delay is 2 s: nothing at 1.5 s.
+    tokio::time::advance(Duration::from_millis(1500)).await;
+    settle().await;
+    assert_eq!(attempts(&h), first + 1, "backoff doubles");
+    // Let it in: the next attempt (at 2 s) succeeds and the stand-in leaves.
     h.refuse.lock().unwrap().clear();
-    tokio::time::advance(Duration::from_millis(2001)).await;
+    tokio::time::advance(Duration::from_millis(501)).await;
     settle().await;
     let s = h.balance.stats();
     assert_eq!(s.subset, order[..5]);
@@ -182,7 +186,8 @@ async fn a_failed_call_ejects_the_member_and_a_stand_in_serves() {
     let call = tokio::spawn(h.balance.clone().oneshot(1));
     let (_, respond) = handle.next_request().await.unwrap();
     respond.send_error("connection reset");
-    assert!(call.await.unwrap().is_err());
+    let err = call.await.unwrap().unwrap_err();
+    assert_eq!(err.to_string(), "connection reset", "the backend's own error comes back");
     // The stand-in (next in order) connects and takes the traffic.
     let (stand_in, mut handle2) = h.handles.recv().await.unwrap();
     assert_eq!(stand_in, order[1]);
@@ -202,6 +207,8 @@ async fn a_failed_call_ejects_the_member_and_a_stand_in_serves() {
     let s = h.balance.stats();
     assert_eq!(s.subset, order[..1]);
     assert_eq!(s.members.iter().map(|m| m.task).collect::<Vec<_>>(), order[..1]);
+    // Opened: member, stand-in, member again; closed: the failed one and the stand-in.
+    assert_eq!((s.connections_opened, s.connections_closed, s.connections_open), (3, 2, 1));
 }
 
 #[tokio::test(start_paused = true)]
@@ -332,4 +339,85 @@ async fn peak_ewma_steers_requests_away_from_a_slow_member() {
         call.await.unwrap().unwrap();
     }
     assert_eq!(to_slow, 0, "the slow member ({a}) got requests");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_stand_in_is_skipped_without_churning_the_healthy_one() {
+    let backoff = Backoff { base: Duration::from_secs(1), max: Duration::from_secs(60), jitter: 0.0 };
+    let order = subset(0, 30, 3);
+    // The member and the first stand-in both refuse connections.
+    let h = harness_refusing(
+        BalanceConfig::new(0, 1).with_backoff(backoff).with_max_stand_ins(2),
+        30,
+        &[order[0], order[1]],
+    );
+    for _ in 0..100 {
+        tokio::time::advance(Duration::from_millis(100)).await;
+        settle().await;
+    }
+    let connects = h.connects.lock().unwrap().clone();
+    let count = |t: usize| connects.iter().filter(|&&c| c == t).count();
+    // Ten seconds: the second stand-in connected once and stayed; the failing ones are
+    // retried on a growing backoff (0, 1, 3, 7 s), not in a loop.
+    assert_eq!(count(order[2]), 1, "{connects:?}");
+    assert!(count(order[0]) <= 5 && count(order[1]) <= 5, "{connects:?}");
+    let s = h.balance.stats();
+    assert_eq!(s.members.iter().map(|m| m.task).collect::<Vec<_>>(), [order[2]]);
+    assert_eq!((s.connections_opened, s.connections_closed), (1, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_backend_that_fails_every_call_is_retried_on_a_growing_backoff() {
+    let backoff = Backoff { base: Duration::from_secs(1), max: Duration::from_secs(60), jitter: 0.0 };
+    let (_tx, rx) = watch::channel(JobView::serving(0..1));
+    let connects = Arc::new(Mutex::new(0usize));
+    let c = connects.clone();
+    let connector = service_fn(move |_task: usize| {
+        *c.lock().unwrap() += 1;
+        async {
+            Ok::<_, Infallible>(service_fn(|_: u32| async { Err::<u32, BoxError>("internal error".into()) }))
+        }
+    });
+    let balance = Balance::new(
+        BalanceConfig::new(0, 1).with_backoff(backoff).with_no_backend_wait(Duration::from_millis(10)),
+        connector,
+        WatchStream::new(rx),
+    );
+    // A request every 100 ms for 6.5 s: each new connection fails its first call.
+    for i in 0..65 {
+        let _ = balance.clone().oneshot(i).await;
+        tokio::time::advance(Duration::from_millis(100)).await;
+        settle().await;
+    }
+    // Connections at 0, 1, 3 and 7 s (had the backoff stayed at 1 s: about 6).
+    assert_eq!(*connects.lock().unwrap(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_backend_that_stays_not_ready_loses_the_request_to_another_member() {
+    let mut h = harness(BalanceConfig::new(0, 2).with_no_backend_wait(Duration::from_millis(300)), 2);
+    let (_, mut a) = h.handles.recv().await.unwrap();
+    let (_, mut b) = h.handles.recv().await.unwrap();
+    settle().await;
+    // One member accepts nothing (its readiness never comes).
+    a.allow(0);
+    let mut calls = Vec::new();
+    for i in 0..10 {
+        calls.push(tokio::spawn(h.balance.clone().oneshot(i)));
+    }
+    settle().await;
+    tokio::time::advance(Duration::from_millis(301)).await;
+    settle().await;
+    let mut answered = 0;
+    while let Ok(Some((req, respond))) =
+        tokio::time::timeout(Duration::from_millis(1), b.next_request()).await
+    {
+        respond.send_response(req as usize);
+        answered += 1;
+    }
+    assert_eq!(answered, 10, "every request ends up on the ready member");
+    for c in calls {
+        c.await.unwrap().unwrap();
+    }
+    assert!(tokio::time::timeout(Duration::from_millis(1), a.next_request()).await.is_err());
 }
