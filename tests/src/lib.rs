@@ -69,6 +69,23 @@ pub fn check_subset_input(bytes: &[u8]) {
     }
 }
 
+/// Decodes arbitrary bytes as an assignment: never panics, and whatever decodes is a
+/// valid assignment whose encoding is exactly those bytes (the format is canonical).
+///
+/// # Panics
+///
+/// When that does not hold: that is the finding.
+pub fn check_assignment_bytes(bytes: &[u8]) {
+    if let Ok(assignment) = steady_balance::Assignment::decode(bytes) {
+        assert_eq!(assignment.encode(), bytes, "decoding is not the inverse of encoding");
+        assert!(!assignment.slices().is_empty());
+        assert_eq!(assignment.slices()[0].start.get(), 0);
+        for key in [0, u64::MAX, bytes.len() as u64] {
+            let _ = assignment.slice_for(steady_balance::SliceKey(key));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -85,6 +102,27 @@ mod tests {
             check_subset_input(&bytes);
         }
         check_subset_input(&[]);
+        for _ in 0..400 {
+            // Valid encodings with a few bytes changed, and plain noise.
+            let slices = (rng.below(5) + 1) as usize;
+            let mut parts: Vec<steady_balance::Slice> = Vec::new();
+            let mut start = 0u64;
+            for _ in 0..slices {
+                parts.push(steady_balance::Slice {
+                    start: steady_balance::SliceKey(start),
+                    replicas: vec![rng.below(100) as u32],
+                });
+                start += rng.below(1 << 40) + 1;
+            }
+            let mut bytes = steady_balance::Assignment::new(rng.next(), parts).unwrap().encode();
+            for _ in 0..rng.below(4) {
+                let at = rng.below(bytes.len() as u64) as usize;
+                bytes[at] = rng.next() as u8;
+            }
+            check_assignment_bytes(&bytes);
+            let noise: Vec<u8> = (0..rng.below(64)).map(|_| rng.next() as u8).collect();
+            check_assignment_bytes(&noise);
+        }
         check_subset_input(&[0xff; 32]);
         check_subset_input(&[0x80; 5]);
     }

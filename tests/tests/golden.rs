@@ -125,6 +125,45 @@ fn check(name: &str, computed: String) {
     assert_eq!(computed.len(), recorded.len(), "{name}: vectors added or removed");
 }
 
+/// Slice keys of a few byte strings (0 to 200 bytes: XXH3 has a code path per size
+/// range) and one assignment's wire encoding.
+fn slicing_file() -> String {
+    use steady_balance::{Assignment, Slice, SliceKey};
+    let mut out = String::from("# steady-balance golden slice keys and wire format (frozen contract).\n");
+    let texts: Vec<String> = vec![
+        String::new(),
+        "a".into(),
+        "abc".into(),
+        "user:42".into(),
+        "0123456789abcdef".into(),
+        "x".repeat(17),
+        "y".repeat(64),
+        "z".repeat(129),
+        "w".repeat(200),
+        "ünïcödé ключ".into(),
+    ];
+    for t in &texts {
+        writeln!(out, "slice_key {:?}: {:#018x}", t, SliceKey::of(t).get()).unwrap();
+    }
+    let a = Assignment::new(
+        9,
+        vec![
+            Slice { start: SliceKey(0), replicas: vec![3, 1] },
+            Slice { start: SliceKey(1 << 40), replicas: vec![7] },
+            Slice { start: SliceKey(u64::MAX), replicas: vec![0, 2, 4] },
+        ],
+    )
+    .unwrap();
+    let hex: String = a.encode().iter().map(|b| format!("{b:02x}")).collect();
+    writeln!(out, "assignment v1: {hex}").unwrap();
+    out
+}
+
+#[test]
+fn slice_keys_and_the_assignment_wire_format_match_the_golden_vectors() {
+    check("slicing.txt", slicing_file());
+}
+
 #[test]
 fn subsets_match_the_golden_vectors() {
     check("subsets.txt", subsets_file());

@@ -1,0 +1,91 @@
+//! Assignments: the codec, JSON, and key lookup, over random valid and invalid inputs.
+
+use proptest::prelude::*;
+use steady_balance::{Assignment, AssignmentError, Slice, SliceKey, MAX_TASK};
+
+/// Valid assignments: 1..200 slices, the first at 0, starts strictly increasing,
+/// 1..6 distinct replicas each.
+fn any_assignment() -> impl Strategy<Value = Assignment> {
+    (
+        any::<u64>(),
+        prop::collection::btree_set(1u64.., 0..200),
+        prop::collection::vec(prop::collection::btree_set(0u32..=MAX_TASK, 1..6), 200),
+    )
+        .prop_map(|(generation, starts, replicas)| {
+            let starts: Vec<u64> = std::iter::once(0).chain(starts).collect();
+            let slices = starts
+                .iter()
+                .zip(replicas)
+                .map(|(&start, r)| Slice { start: SliceKey(start), replicas: r.into_iter().collect() })
+                .collect();
+            Assignment::new(generation, slices).expect("valid by construction")
+        })
+}
+
+/// The slice holding `key`, by scanning every slice's range.
+fn linear_lookup(a: &Assignment, key: SliceKey) -> Vec<usize> {
+    let s = a.slices();
+    (0..s.len()).filter(|&i| s[i].start <= key && s.get(i + 1).is_none_or(|next| key < next.start)).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn decoding_an_encoding_gives_the_assignment_back(a in any_assignment()) {
+        prop_assert_eq!(Assignment::decode(&a.encode()), Ok(a.clone()));
+        let json = serde_json::to_string(&a).unwrap();
+        prop_assert_eq!(serde_json::from_str::<Assignment>(&json).unwrap(), a);
+    }
+
+    #[test]
+    fn every_key_is_in_exactly_one_slice_and_lookup_agrees_with_a_scan(
+        a in any_assignment(),
+        keys in prop::collection::vec(any::<u64>(), 50),
+    ) {
+        // Random keys, and every boundary: each start, the key before it, the extremes.
+        let boundaries = a.slices().iter().flat_map(|s| [s.start.get(), s.start.get().saturating_sub(1)]);
+        for key in keys.into_iter().chain(boundaries).chain([0, u64::MAX]).map(SliceKey) {
+            let holders = linear_lookup(&a, key);
+            prop_assert_eq!(holders.len(), 1, "key {} in {:?}", key, holders);
+            prop_assert_eq!(a.slice_index(key), holders[0]);
+        }
+    }
+
+    #[test]
+    fn corrupted_bytes_decode_to_a_valid_assignment_or_a_typed_error(
+        a in any_assignment(),
+        flips in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+        cut in any::<prop::sample::Index>(),
+    ) {
+        let mut bytes = a.encode();
+        for (at, value) in flips {
+            let i = at.index(bytes.len());
+            bytes[i] = value;
+        }
+        bytes.truncate(cut.index(bytes.len() + 1));
+        if let Ok(decoded) = Assignment::decode(&bytes) {
+            // Whatever decodes is valid and re-encodes to the same bytes.
+            prop_assert_eq!(decoded.encode(), bytes);
+        }
+    }
+}
+
+#[test]
+fn invalid_json_is_rejected_with_the_first_problem() {
+    let cases = [
+        (r#"{"generation":1,"slices":[]}"#, "no slices"),
+        (r#"{"generation":1,"slices":[{"start":5,"replicas":[1]}]}"#, "not 0"),
+        (r#"{"generation":1,"slices":[{"start":0,"replicas":[1]},{"start":0,"replicas":[2]}]}"#, "not after"),
+        (r#"{"generation":1,"slices":[{"start":0,"replicas":[]}]}"#, "no replicas"),
+        (r#"{"generation":1,"slices":[{"start":0,"replicas":[3,3]}]}"#, "twice"),
+    ];
+    for (json, problem) in cases {
+        let err = serde_json::from_str::<Assignment>(json).unwrap_err().to_string();
+        assert!(err.contains(problem), "{json}: {err}");
+    }
+    let ok: Assignment =
+        serde_json::from_str(r#"{"generation":2,"slices":[{"start":0,"replicas":[1,2]}]}"#).unwrap();
+    assert_eq!(ok, Assignment::single(2, vec![1, 2]).unwrap());
+    assert_eq!(Assignment::single(1, vec![]), Err(AssignmentError::NoReplicas { slice: 0 }));
+}
