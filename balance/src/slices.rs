@@ -27,10 +27,19 @@ pub(crate) fn chosen_replicas(replicas: &[u32], frontend: usize, fan_out: usize)
 }
 
 /// Slice starts, and per slice the chosen replicas and the ready ones, laid out flat.
+///
+/// Lookup uses a radix index on the key's top bits: `first[b]` is the slice holding the
+/// first key of bucket `b`, so the slice of any key in the bucket lies between
+/// `first[b]` and `first[b + 1]`, usually one or two slices apart; a binary search
+/// settles the rest. With about two buckets per slice, a lookup reads two small arrays.
 #[derive(Debug)]
 pub(crate) struct SliceTable<S> {
     pub(crate) generation: u64,
     starts: Vec<u64>,
+    /// `64 - bits` of the radix index.
+    shift: u32,
+    /// `first[b]`: the slice holding key `b << shift`; one extra entry at the end.
+    first: Vec<u32>,
     /// `chosen[chosen_at[i]..chosen_at[i + 1]]`: slice i's chosen replicas.
     chosen: Vec<u32>,
     chosen_at: Vec<u32>,
@@ -51,6 +60,8 @@ impl<S> SliceTable<S> {
         let mut table = Self {
             generation: assignment.generation(),
             starts: Vec::with_capacity(n),
+            shift: 64,
+            first: Vec::new(),
             chosen: Vec::new(),
             chosen_at: Vec::with_capacity(n + 1),
             ready: Vec::new(),
@@ -69,13 +80,36 @@ impl<S> SliceTable<S> {
             table.chosen_at.push(table.chosen.len() as u32);
             table.ready_at.push(table.ready.len() as u32);
         }
+        table.build_index();
         table
+    }
+
+    /// Builds the radix index: about two buckets per slice, at most 2^20.
+    fn build_index(&mut self) {
+        let bits = (usize::BITS - self.starts.len().leading_zeros() + 1).clamp(1, 20);
+        self.shift = 64 - bits;
+        let buckets = 1usize << bits;
+        self.first = Vec::with_capacity(buckets + 1);
+        let mut slice = 0usize;
+        for b in 0..buckets {
+            let key = (b as u64) << self.shift;
+            while slice + 1 < self.starts.len() && self.starts[slice + 1] <= key {
+                slice += 1;
+            }
+            self.first.push(slice as u32);
+        }
+        // Past the last bucket: the last slice.
+        self.first.push((self.starts.len() - 1) as u32);
     }
 
     /// The slice holding `key`.
     #[inline]
     pub(crate) fn index(&self, key: SliceKey) -> usize {
-        self.starts.partition_point(|&s| s <= key.get()) - 1
+        let key = key.get();
+        let b = (key >> self.shift) as usize;
+        let (lo, hi) = (self.first[b] as usize, self.first[b + 1] as usize);
+        // The answer is in lo..=hi: the last start <= key among them.
+        lo + self.starts[lo + 1..=hi].partition_point(|&s| s <= key)
     }
 
     /// Slice `i`'s chosen replicas.
@@ -115,6 +149,37 @@ mod tests {
         assert_eq!(count.len(), 20);
         let (lo, hi) = (count.values().min().unwrap(), count.values().max().unwrap());
         assert!(*lo >= 27 && *hi <= 33, "{count:?}");
+    }
+
+    #[test]
+    fn radix_lookup_agrees_with_a_binary_search_of_every_start() {
+        use crate::assignment::Slice;
+        let mut rng = SplitMix64::new(3);
+        for slices in [1usize, 2, 3, 17, 1000] {
+            for clustered in [false, true] {
+                // Random starts, or many crowded into one small range (a hot spot).
+                let mut starts: Vec<u64> = (1..slices)
+                    .map(|_| if clustered { (1 << 40) + rng.below(5000) } else { rng.next() })
+                    .collect();
+                starts.push(0);
+                starts.sort_unstable();
+                starts.dedup();
+                let a = Assignment::new(
+                    1,
+                    starts.iter().map(|&s| Slice { start: SliceKey(s), replicas: vec![0] }).collect(),
+                )
+                .unwrap();
+                let t = SliceTable::<()>::build(&a, 0, 3, &HashMap::new());
+                let probes = starts
+                    .iter()
+                    .flat_map(|&s| [s, s.saturating_sub(1), s.saturating_add(1)])
+                    .chain((0..2000).map(|_| rng.next()))
+                    .chain([0, u64::MAX, 1 << 40]);
+                for key in probes {
+                    assert_eq!(t.index(SliceKey(key)), a.slice_index(SliceKey(key)), "key {key}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -1,0 +1,157 @@
+//! Keyed routing costs, each against a baseline in the same run.
+//!
+//! * `keyed_pick` (15,000 slices, 3 replicas each, all connected): `steady_keyed` is
+//!   `Balance::route(Some(key))` (table read, slice lookup, power of two choices);
+//!   baselines: `steady_unkeyed` (`route(None)`) and `linear_scan` (finding the slice by
+//!   scanning the assignment). Target (DESIGN §5): keyed pick under 50 ns.
+//! * `slice_key`: `SliceKey::of` (XXH3-64) of 16- and 64-byte keys against std's
+//!   `DefaultHasher` (SipHash-1-3) of the same bytes.
+//! * `assignment_swap`: a new 15,000-slice generation sent to a running balancer until
+//!   its routing table uses it; baseline `decode`: decoding the same assignment.
+//!
+//! Ratios: `cargo run --release -p steady-benches --bin bench-ratios -- keyed_pick linear_scan`
+//! (and `slice_key default_hasher`, `assignment_swap decode`).
+
+use std::convert::Infallible;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use steady_balance::{Assignment, AssignmentError, Balance, BalanceConfig, Slice, SliceKey};
+use steady_subset::prng::SplitMix64;
+use tokio::runtime::Runtime;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tower::service_fn;
+
+const SLICES: usize = 15_000;
+const TASKS: usize = 300;
+
+fn runtime() -> Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+/// 15,000 evenly spaced slices, 3 of the 300 tasks each.
+fn assignment(generation: u64) -> Assignment {
+    let step = u64::MAX / SLICES as u64;
+    let slices = (0..SLICES)
+        .map(|i| Slice {
+            start: SliceKey(i as u64 * step),
+            replicas: (0..3).map(|r| ((i * 7 + r * 101 + generation as usize) % TASKS) as u32).collect(),
+        })
+        .collect();
+    Assignment::new(generation, slices).unwrap()
+}
+
+fn keyed_pick(c: &mut Criterion) {
+    let rt = runtime();
+    let (balance, tx) = rt.block_on(async {
+        let connect = service_fn(|task: usize| async move {
+            Ok::<_, Infallible>(service_fn(move |_: ()| async move { Ok::<_, Infallible>(task) }))
+        });
+        // k = N: every replica is a connected subset member.
+        let balance = Balance::from_addresses(BalanceConfig::new(0, TASKS), connect, (0..TASKS).collect());
+        assert!(balance.wait_for_members(TASKS, Duration::from_secs(10)).await);
+        let (tx, rx) = mpsc::unbounded_channel::<Result<Assignment, AssignmentError>>();
+        balance.follow_assignments(UnboundedReceiverStream::new(rx));
+        tx.send(Ok(assignment(1))).unwrap();
+        while balance.stats().assignment_generation != Some(1) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        (balance, tx)
+    });
+    let reference = assignment(1);
+    let mut rng = SplitMix64::new(7);
+    let keys: Vec<SliceKey> = (0..4096).map(|_| SliceKey(rng.next())).collect();
+    let mut group = c.benchmark_group("keyed_pick");
+    group.warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
+    let mut b1 = balance.clone();
+    let mut i = 0;
+    group.bench_with_input(BenchmarkId::new("steady_keyed", SLICES), &(), |b, _| {
+        b.iter(|| {
+            i = (i + 1) & 4095;
+            black_box(b1.route(Some(keys[i])))
+        })
+    });
+    group.bench_with_input(BenchmarkId::new("steady_unkeyed", SLICES), &(), |b, _| {
+        b.iter(|| black_box(b1.route(None)))
+    });
+    group.bench_with_input(BenchmarkId::new("linear_scan", SLICES), &(), |b, _| {
+        b.iter(|| {
+            i = (i + 1) & 4095;
+            let key = keys[i];
+            black_box(reference.slices().iter().rposition(|s| s.start <= key))
+        })
+    });
+    group.finish();
+    drop(tx);
+}
+
+fn slice_key(c: &mut Criterion) {
+    let mut group = c.benchmark_group("slice_key");
+    for len in [16usize, 64] {
+        let bytes: Vec<u8> = (0..len as u8).collect();
+        group.bench_with_input(BenchmarkId::new("xxh3", len), &bytes, |b, bytes| {
+            b.iter(|| black_box(SliceKey::of(black_box(bytes))))
+        });
+        group.bench_with_input(BenchmarkId::new("default_hasher", len), &bytes, |b, bytes| {
+            b.iter(|| {
+                let mut h = DefaultHasher::new();
+                black_box(bytes).hash(&mut h);
+                black_box(h.finish())
+            })
+        });
+    }
+    group.finish();
+}
+
+fn assignment_swap(c: &mut Criterion) {
+    let rt = runtime();
+    let mut group = c.benchmark_group("assignment_swap");
+    group.warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3)).sample_size(20);
+    let encoded = assignment(1).encode();
+    group.bench_with_input(BenchmarkId::new("decode", SLICES), &(), |b, _| {
+        b.iter(|| black_box(Assignment::decode(black_box(&encoded)).unwrap()))
+    });
+    let (balance, tx) = rt.block_on(async {
+        let connect = service_fn(|_task: usize| async {
+            Ok::<_, Infallible>(service_fn(|_: ()| async { Ok::<_, Infallible>(()) }))
+        });
+        let balance = Balance::from_addresses(BalanceConfig::new(0, TASKS), connect, (0..TASKS).collect());
+        assert!(balance.wait_for_members(TASKS, Duration::from_secs(10)).await);
+        let (tx, rx) = mpsc::unbounded_channel::<Result<Assignment, AssignmentError>>();
+        balance.follow_assignments(UnboundedReceiverStream::new(rx));
+        (balance, tx)
+    });
+    // Pre-built generations, so the measurement is the balancer's work only.
+    let generations: Vec<Assignment> = (1..=64).map(assignment).collect();
+    let mut next = 0usize;
+    let mut generation_offset = 0u64;
+    group.bench_with_input(BenchmarkId::new("steady", SLICES), &(), |b, _| {
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    // Generations must grow: rebuild the assignment with a higher number.
+                    let template = &generations[next % generations.len()];
+                    next += 1;
+                    generation_offset += 1;
+                    let fresh = Assignment::new(generation_offset, template.slices().to_vec()).unwrap();
+                    let start = Instant::now();
+                    tx.send(Ok(fresh)).unwrap();
+                    while balance.stats().assignment_generation != Some(generation_offset) {
+                        let v = balance.stats().version;
+                        balance.wait_for_version(v + 1).await;
+                    }
+                    total += start.elapsed();
+                }
+                total
+            })
+        });
+    });
+    group.finish();
+}
+
+criterion_group!(benches, keyed_pick, slice_key, assignment_swap);
+criterion_main!(benches);
