@@ -14,6 +14,14 @@
 //! * **Draining**: a backend that is draining, gone, or no longer in the subset gets
 //!   no new requests from the moment the table changes; its requests in flight finish,
 //!   then its connection closes.
+//! * **Keyed routing** (Slicer's Clerk): with a [`KeyExtractor`] and an assignment
+//!   source ([`Balance::follow_assignments`]), a request with a [`SliceKey`] goes to the
+//!   replicas of its slice in the [`Assignment`] in force: a radix-indexed lookup, then
+//!   power of two choices among this frontend's share of the replicas (its own
+//!   Ringsteady subset of them when a slice has more than [`BalanceConfig::fan_out`]).
+//!   Replicas outside the subset get on-demand *affinity* connections, bounded in number
+//!   and closed when idle. When no replica is usable, [`NoReplicaPolicy`] decides:
+//!   fall back to the subset, or fail with [`BalanceError::NoReplica`].
 //!
 //! # Example
 //!

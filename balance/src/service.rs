@@ -41,9 +41,20 @@ use crate::table::{fresh_rng, Counters, Shared};
 ///
 /// * [`BalanceError::NoReadyBackends`] (boxed) when no member is ready and none becomes
 ///   ready within [`BalanceConfig::no_backend_wait`]. A request never hangs.
+/// * [`BalanceError::NoReplica`] (boxed) for a keyed request whose replicas are all
+///   unusable, when the policy is [`NoReplicaPolicy::Fail`].
 /// * The backend's own error, boxed, when its service fails the call. That backend is
 ///   then taken out of rotation and reconnected with backoff; the next backend in the
-///   frontend's order stands in for it meanwhile.
+///   frontend's order stands in for it meanwhile. A request that the chosen backend
+///   could not take (its `poll_ready` failed, or stayed pending past the wait) was not
+///   sent, and moves to another member instead (at most twice).
+///
+/// # Notes for tower users
+///
+/// Each request calls a clone of the chosen backend's service, after that clone's own
+/// `poll_ready`; per-instance state in the backend service (a rate limit, say) is
+/// therefore per request. Any error the backend's service returns counts as a transport
+/// failure and ejects the connection: keep application errors in the response.
 pub struct Balance<S, K = NoKey> {
     shared: Arc<Shared<S>>,
     commands: mpsc::UnboundedSender<Command>,
