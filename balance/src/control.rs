@@ -564,6 +564,7 @@ where
         Counters::add(&c.closed, 1);
         Counters::add(&c.closed_requests, endpoint.requests.load(Ordering::Relaxed));
         Counters::add(&c.closed_failures, endpoint.failures.load(Ordering::Relaxed));
+        Counters::add(&c.closed_keyed, endpoint.keyed.load(Ordering::Relaxed));
         self.shared.open.fetch_sub(1, Ordering::Relaxed);
         tracing::debug!(task = endpoint.task, "connection closed");
     }
@@ -609,8 +610,9 @@ where
             subset = ?subset,
             "routing table updated"
         );
-        let mut affinity: Vec<usize> = connected.keys().copied().filter(|t| !subset.contains(t)).collect();
-        affinity.sort_unstable();
+        let mut affinity: Vec<Arc<Endpoint<S>>> =
+            connected.iter().filter(|(t, _)| !subset.contains(t)).map(|(_, e)| e.clone()).collect();
+        affinity.sort_unstable_by_key(|e| e.task);
         self.shared.publish(RoutingTable {
             version: self.version,
             members,

@@ -33,6 +33,8 @@ pub(crate) struct Endpoint<S> {
     pub(crate) service: S,
     pub(crate) in_flight: AtomicUsize,
     pub(crate) requests: AtomicU64,
+    /// Requests routed here by their slice key (a subset of `requests`).
+    pub(crate) keyed: AtomicU64,
     pub(crate) failures: AtomicU64,
     /// Set when the endpoint leaves rotation; the last request out reports `Drained`.
     pub(crate) draining: AtomicBool,
@@ -65,6 +67,7 @@ impl<S> Endpoint<S> {
             service,
             in_flight: AtomicUsize::new(0),
             requests: AtomicU64::new(0),
+            keyed: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             draining: AtomicBool::new(false),
             broken: AtomicBool::new(false),
@@ -121,6 +124,13 @@ impl<S> InFlight<S> {
         endpoint.requests.fetch_add(1, Ordering::Relaxed);
         let start = endpoint.measures_latency().then(Instant::now);
         Self { endpoint, start }
+    }
+
+    /// Counts the request as routed by its slice key.
+    #[inline]
+    pub(crate) fn keyed(self) -> Self {
+        self.endpoint.keyed.fetch_add(1, Ordering::Relaxed);
+        self
     }
 
     pub(crate) fn endpoint(&self) -> &Arc<Endpoint<S>> {

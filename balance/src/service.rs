@@ -227,7 +227,7 @@ where
         if let (Some(key), Some(slices)) = (self.keys.slice_key(&req), table.slices.as_ref()) {
             let slice = slices.index(key);
             if let Some(endpoint) = slices.pick(slice, &mut self.rng) {
-                return ResponseFuture::ready(InFlight::start(endpoint.clone()), req);
+                return ResponseFuture::ready(InFlight::start(endpoint.clone()).keyed(), req);
             }
             let chosen = slices.chosen(slice);
             let wait = wait_for_replica(self.shared.clone(), &self.commands, key, chosen, self.waits);
@@ -268,6 +268,7 @@ fn wait_for_replica<S: Send + Sync + 'static>(
         })
         .await;
         if let Ok(endpoint) = found {
+            endpoint.keyed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return Ok(endpoint);
         }
         match waits.no_replica {

@@ -50,6 +50,9 @@ pub struct BalanceStats {
     pub assignments_stale: u64,
     /// Assignments rejected as invalid (the last good one stayed).
     pub assignments_rejected: u64,
+    /// Requests routed by their slice key to one of their slice's replicas (on a
+    /// connection still open, or closed since).
+    pub keyed_requests: u64,
     /// Keyed requests sent to the subset because no replica was usable.
     pub keyed_fallbacks: u64,
     /// Keyed requests failed with `NoReplica`.
@@ -94,7 +97,14 @@ impl BalanceStats {
             assignments_rejected: c.assignments_rejected.load(Ordering::Relaxed),
             keyed_fallbacks: c.keyed_fallbacks.load(Ordering::Relaxed),
             no_replica: c.no_replica.load(Ordering::Relaxed),
-            affinity: table.affinity.clone(),
+            keyed_requests: c.closed_keyed.load(Ordering::Relaxed)
+                + table
+                    .members
+                    .iter()
+                    .chain(&table.affinity)
+                    .map(|e| e.keyed.load(Ordering::Relaxed))
+                    .sum::<u64>(),
+            affinity: table.affinity.iter().map(|e| e.task).collect(),
             affinity_opened: c.affinity_opened.load(Ordering::Relaxed),
         }
     }

@@ -23,8 +23,8 @@ pub(crate) struct RoutingTable<S> {
     pub(crate) members: Vec<Arc<Endpoint<S>>>,
     /// The subset the control task wants (members and stand-ins, ready or not).
     pub(crate) wanted: Vec<usize>,
-    /// Connected tasks outside the subset (affinity connections for keyed requests).
-    pub(crate) affinity: Vec<usize>,
+    /// Connections outside the subset (affinity connections for keyed requests).
+    pub(crate) affinity: Vec<Arc<Endpoint<S>>>,
     /// The assignment in force, as this frontend routes it; `None` before the first.
     pub(crate) slices: Option<SliceTable<S>>,
 }
@@ -110,6 +110,7 @@ pub(crate) struct Counters {
     /// Requests and failures of connections already closed (live ones count on their endpoint).
     pub(crate) closed_requests: AtomicU64,
     pub(crate) closed_failures: AtomicU64,
+    pub(crate) closed_keyed: AtomicU64,
 }
 
 impl Counters {

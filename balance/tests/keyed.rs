@@ -73,6 +73,7 @@ async fn keyed_requests_go_to_their_slices_replicas_and_unkeyed_ones_to_the_subs
         assert!(subset.contains(&send(&b, None).await.unwrap()));
     }
     let s = b.stats();
+    assert_eq!(s.keyed_requests, 40, "every keyed request was routed by its key");
     assert_eq!(s.assignment_generation, Some(1));
     assert_eq!(s.affinity, [7, 8, 9].iter().copied().filter(|t| !subset.contains(t)).collect::<Vec<_>>());
     drop(tx);
@@ -175,7 +176,7 @@ async fn with_no_usable_replica_the_policy_decides() {
         match policy {
             NoReplicaPolicy::FallBackToSubset => {
                 assert_eq!(result.unwrap(), subset[0]);
-                assert_eq!(b.stats().keyed_fallbacks, 1);
+                assert_eq!((b.stats().keyed_fallbacks, b.stats().keyed_requests), (1, 0));
             }
             NoReplicaPolicy::Fail => {
                 let err = result.unwrap_err();
