@@ -26,7 +26,7 @@ pub struct Slice {
 ///
 /// Valid by construction: the first slice starts at 0, starts strictly increase (so
 /// every key falls in exactly one slice: no gaps, no overlaps), every slice has between
-/// 1 and [`MAX_REPLICAS`] distinct replicas below [`MAX_TASK`], and there are at most
+/// 1 and [`MAX_REPLICAS`] distinct replicas no larger than [`MAX_TASK`], and there are at most
 /// [`MAX_SLICES`] slices. A newer generation replaces an older one; see
 /// [`crate::BalanceConfig`] and the balancer's assignment source.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -290,11 +290,19 @@ where
 
     /// The affinity tasks still worth a connection: serving, and not in the subset.
     fn affinity_wanted(&self, subset: &[usize]) -> Vec<usize> {
+        let now = Instant::now();
         let mut tasks: Vec<usize> = self
             .affinity
             .keys()
             .copied()
-            .filter(|t| self.view.serving_task(*t).is_some() && !subset.contains(t))
+            .filter(|t| {
+                !subset.contains(t)
+                    && self.view.serving_task(*t).is_some_and(|address| {
+                        // A failed task keeps its slot (and its retries) if it has one,
+                        // but is not reopened before its backoff ends.
+                        self.slots.contains_key(t) || !self.is_failed(*t, address, now)
+                    })
+            })
             .collect();
         tasks.sort_unstable();
         tasks
@@ -302,6 +310,13 @@ where
 
     /// Brings connections in line with the wanted set, then publishes the table.
     async fn reconcile(&mut self) {
+        // Forget failures of tasks no longer connected once they are long past.
+        let now = Instant::now();
+        let forget_after = self.config.backoff.max;
+        let slots = &self.slots;
+        self.health.retain(|task, h| {
+            slots.contains_key(task) || h.retry_at.checked_add(forget_after).is_none_or(|t| t > now)
+        });
         let subset = self.wanted();
         let affinity = self.affinity_wanted(&subset);
         let wanted: Vec<usize> = subset.iter().chain(&affinity).copied().collect();
@@ -325,7 +340,9 @@ where
         // Open what is newly wanted.
         for &task in &wanted {
             if !self.slots.contains_key(&task) {
-                let address = self.view.serving_task(task).expect("wanted tasks serve").clone();
+                // A kept subset (for a view no subset can be computed for) may name
+                // tasks that no longer serve: skip them.
+                let Some(address) = self.view.serving_task(task).cloned() else { continue };
                 let attempt = self.connect(task, address.clone()).await;
                 self.slots.insert(task, Slot { address, state: SlotState::Connecting { attempt } });
                 if affinity.contains(&task) {
@@ -345,24 +362,34 @@ where
             Command::Assignments(source) => self.assignments = Some(source),
             Command::Affinity(tasks) => {
                 let now = Instant::now();
-                for task in tasks {
-                    let task = task as usize;
-                    if self.view.serving_task(task).is_some() {
-                        self.affinity
-                            .entry(task)
-                            .or_insert(AffinityUse { requests: 0, active: now })
-                            .active = now;
-                    }
+                self.refresh_affinity_activity(now);
+                let subset = self.shared.table.load().wanted.clone();
+                let requested: Vec<usize> = tasks
+                    .into_iter()
+                    .map(|t| t as usize)
+                    .filter(|t| !subset.contains(t) && self.view.serving_task(*t).is_some())
+                    .collect();
+                for &task in &requested {
+                    self.affinity.entry(task).or_insert(AffinityUse { requests: 0, active: now }).active =
+                        now;
                 }
-                // Over the bound: close the least recently active.
+                // Over the bound: close the least recently active, sparing the ones
+                // just requested while others remain.
                 while self.affinity.len() > self.config.max_affinity {
-                    let oldest = self.affinity.iter().min_by_key(|(_, u)| u.active).map(|(t, _)| *t);
-                    if let Some(task) = oldest {
-                        self.affinity.remove(&task);
-                    }
+                    let victim = self
+                        .affinity
+                        .iter()
+                        .filter(|(t, _)| !requested.contains(t))
+                        .min_by_key(|(_, u)| u.active)
+                        .or_else(|| self.affinity.iter().min_by_key(|(_, u)| u.active))
+                        .map(|(t, _)| *t);
+                    match victim {
+                        Some(task) => self.affinity.remove(&task),
+                        None => break,
+                    };
                 }
                 if !self.affinity.is_empty() && self.next_sweep.is_none() {
-                    self.next_sweep = Some(now + self.sweep_period());
+                    self.next_sweep = now.checked_add(self.sweep_period());
                 }
             }
         }
@@ -370,7 +397,21 @@ where
     }
 
     fn sweep_period(&self) -> std::time::Duration {
-        (self.config.affinity_idle / 2).max(std::time::Duration::from_millis(10))
+        (self.config.affinity_idle / 2)
+            .clamp(std::time::Duration::from_millis(10), std::time::Duration::from_secs(3600))
+    }
+
+    /// Marks affinity connections that served requests since the last look as active now.
+    fn refresh_affinity_activity(&mut self, now: Instant) {
+        for (task, used) in &mut self.affinity {
+            if let Some(SlotState::Ready(endpoint)) = self.slots.get(task).map(|s| &s.state) {
+                let requests = endpoint.requests.load(Ordering::Relaxed);
+                if requests != used.requests || endpoint.in_flight.load(Ordering::Relaxed) > 0 {
+                    used.requests = requests;
+                    used.active = now;
+                }
+            }
+        }
     }
 
     /// Closes affinity connections that have been idle for the configured time.
@@ -401,7 +442,7 @@ where
             self.affinity.remove(task);
             tracing::debug!(task, "affinity connection idle: closing");
         }
-        self.next_sweep = (!self.affinity.is_empty()).then(|| now + self.sweep_period());
+        self.next_sweep = if self.affinity.is_empty() { None } else { now.checked_add(self.sweep_period()) };
         if !closed.is_empty() {
             self.reconcile().await;
         }

@@ -13,6 +13,7 @@ use tower::Service;
 
 use crate::endpoint::{Endpoint, InFlight};
 use crate::error::{BalanceError, BoxError};
+use crate::slice_key::SliceKey;
 
 /// The slow path's wait for a ready endpoint.
 pub(crate) type Wait<S> = Pin<Box<dyn Future<Output = Result<Arc<Endpoint<S>>, BalanceError>> + Send>>;
@@ -28,6 +29,8 @@ pin_project! {
     {
         #[pin]
         state: State<S, Req>,
+        // A keyed request only ever moves to another replica of its slice.
+        key: Option<SliceKey>,
     }
 }
 
@@ -67,12 +70,20 @@ where
                 redispatches: 0,
                 deadline: None,
             },
+            key: None,
         }
     }
 
     /// A request waiting for an endpoint.
     pub(crate) fn waiting(wait: Wait<S>, req: Req) -> Self {
-        Self { state: State::Waiting { wait, req: Some(req) } }
+        Self { state: State::Waiting { wait, req: Some(req) }, key: None }
+    }
+
+    /// Marks the request as keyed: if its backend cannot take it, it moves only to
+    /// another replica of the same slice.
+    pub(crate) fn keyed(mut self, key: SliceKey) -> Self {
+        self.key = Some(key);
+        self
     }
 }
 
@@ -80,15 +91,27 @@ where
 /// not take it (its `poll_ready` failed, so nothing was sent).
 const MAX_REDISPATCHES: u8 = 2;
 
-/// Another ready member than `failed`, unless the request has moved too often.
-fn another_endpoint<S>(failed: &Arc<Endpoint<S>>, redispatches: u8) -> Option<Arc<Endpoint<S>>> {
+/// Another ready member than `failed` (for a keyed request, another ready replica of
+/// its slice), unless the request has moved too often.
+fn another_endpoint<S>(
+    failed: &Arc<Endpoint<S>>,
+    redispatches: u8,
+    key: Option<SliceKey>,
+) -> Option<Arc<Endpoint<S>>> {
     if redispatches > MAX_REDISPATCHES {
         return None;
     }
     let shared = failed.shared.upgrade()?;
     let table = shared.table.load();
     let mut rng = crate::table::fresh_rng();
-    table.pick_other(failed.id, &mut rng)
+    match (key, table.slices.as_ref()) {
+        (Some(key), Some(slices)) => {
+            let others: Vec<Arc<Endpoint<S>>> =
+                slices.ready(slices.index(key)).iter().filter(|e| e.id != failed.id).cloned().collect();
+            crate::table::p2c(&others, &mut rng).cloned()
+        }
+        (Some(_), None) | (None, _) => table.pick_other(failed.id, &mut rng),
+    }
 }
 
 impl<S, Req> Future for ResponseFuture<S, Req>
@@ -99,7 +122,9 @@ where
     type Output = Result<S::Response, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut state = self.project().state;
+        let this = self.project();
+        let key = *this.key;
+        let mut state = this.state;
         loop {
             match state.as_mut().project() {
                 StateProj::Waiting { wait, req } => {
@@ -130,7 +155,7 @@ where
                             ready!(sleep.as_mut().poll(cx));
                             let stuck = guard.take().expect("guard held until the call");
                             let redispatches = *redispatches + 1;
-                            match another_endpoint(stuck.endpoint(), redispatches) {
+                            match another_endpoint(stuck.endpoint(), redispatches, key) {
                                 Some(endpoint) => {
                                     let guard = InFlight::start(endpoint);
                                     let service = guard.endpoint().service.clone();
@@ -159,7 +184,7 @@ where
                         let failed = guard.take().expect("guard held until the call");
                         failed.failed();
                         let redispatches = *redispatches + 1;
-                        match another_endpoint(failed.endpoint(), redispatches) {
+                        match another_endpoint(failed.endpoint(), redispatches, key) {
                             Some(endpoint) => {
                                 let guard = InFlight::start(endpoint);
                                 let service = guard.endpoint().service.clone();

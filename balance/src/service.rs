@@ -226,12 +226,15 @@ where
         let table = self.shared.table.load();
         if let (Some(key), Some(slices)) = (self.keys.slice_key(&req), table.slices.as_ref()) {
             let slice = slices.index(key);
-            if let Some(endpoint) = slices.pick(slice, &mut self.rng) {
-                return ResponseFuture::ready(InFlight::start(endpoint.clone()).keyed(), req);
+            if slices.wants_more_replicas(slice) {
+                // Once per slice and table: connect the chosen replicas not yet connected.
+                let _ = self.commands.send(Command::Affinity(slices.chosen(slice).to_vec()));
             }
-            let chosen = slices.chosen(slice);
-            let wait = wait_for_replica(self.shared.clone(), &self.commands, key, chosen, self.waits);
-            return ResponseFuture::waiting(wait, req);
+            if let Some(endpoint) = slices.pick(slice, &mut self.rng) {
+                return ResponseFuture::ready(InFlight::start(endpoint.clone()).keyed(), req).keyed(key);
+            }
+            let wait = wait_for_replica(self.shared.clone(), key, self.waits);
+            return ResponseFuture::waiting(wait, req).keyed(key);
         }
         match table.pick(&mut self.rng) {
             Some(endpoint) => ResponseFuture::ready(InFlight::start(endpoint.clone()), req),
@@ -242,17 +245,14 @@ where
     }
 }
 
-/// The keyed slow path: none of the slice's chosen replicas is connected. Asks the
-/// control task for affinity connections and waits for one up to the affinity wait;
-/// then follows the policy: the subset (counted as a fallback), or `NoReplica`.
+/// The keyed slow path: none of the slice's chosen replicas is connected (the control
+/// task has been asked to connect them). Waits for one up to the affinity wait; then
+/// follows the policy: the subset (counted as a fallback), or `NoReplica`.
 fn wait_for_replica<S: Send + Sync + 'static>(
     shared: Arc<Shared<S>>,
-    commands: &mpsc::UnboundedSender<Command>,
     key: SliceKey,
-    chosen: &[u32],
     waits: Waits,
 ) -> Wait<S> {
-    let _ = commands.send(Command::Affinity(chosen.to_vec()));
     Box::pin(async move {
         let mut versions = shared.versions.subscribe();
         let mut rng = fresh_rng();

@@ -2,6 +2,7 @@
 //! the replicas this frontend uses and which of them are ready.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use steady_subset::prng::SplitMix64;
@@ -46,6 +47,8 @@ pub(crate) struct SliceTable<S> {
     /// `ready[ready_at[i]..ready_at[i + 1]]`: the connected ones among them.
     ready: Vec<Arc<Endpoint<S>>>,
     ready_at: Vec<u32>,
+    /// Per slice: whether this table already asked for its missing replicas.
+    asked: Vec<AtomicBool>,
 }
 
 impl<S> SliceTable<S> {
@@ -66,6 +69,7 @@ impl<S> SliceTable<S> {
             chosen_at: Vec::with_capacity(n + 1),
             ready: Vec::new(),
             ready_at: Vec::with_capacity(n + 1),
+            asked: (0..n).map(|_| AtomicBool::new(false)).collect(),
         };
         table.chosen_at.push(0);
         table.ready_at.push(0);
@@ -123,6 +127,14 @@ impl<S> SliceTable<S> {
         &self.ready[self.ready_at[i] as usize..self.ready_at[i + 1] as usize]
     }
 
+    /// Whether some of slice `i`'s chosen replicas are not connected and nobody has
+    /// asked for them yet under this table (true at most once per slice and table).
+    #[inline]
+    pub(crate) fn wants_more_replicas(&self, i: usize) -> bool {
+        let missing = self.ready_at[i + 1] - self.ready_at[i] < self.chosen_at[i + 1] - self.chosen_at[i];
+        missing && !self.asked[i].load(Ordering::Relaxed) && !self.asked[i].swap(true, Ordering::Relaxed)
+    }
+
     /// Power of two choices among slice `i`'s ready replicas.
     #[inline]
     pub(crate) fn pick(&self, i: usize, rng: &mut SplitMix64) -> Option<&Arc<Endpoint<S>>> {
@@ -136,7 +148,7 @@ mod tests {
 
     #[test]
     fn a_hot_slice_is_spread_evenly_over_its_replicas() {
-        // 20 replicas, fan-out 3, 200 frontends: each replica chosen 30 times exactly.
+        // 20 replicas, fan-out 3, 200 frontends: each replica chosen about 30 times.
         let replicas: Vec<u32> = (100..120).collect();
         let mut count: HashMap<u32, usize> = HashMap::new();
         for m in 0..200 {
@@ -170,9 +182,17 @@ mod tests {
                 )
                 .unwrap();
                 let t = SliceTable::<()>::build(&a, 0, 3, &HashMap::new());
+                // Every start and its neighbours, every bucket edge, random keys.
+                let edges: Vec<u64> = (0..t.first.len() as u64 - 1)
+                    .flat_map(|b| {
+                        let edge = b << t.shift;
+                        [edge, edge.saturating_sub(1)]
+                    })
+                    .collect();
                 let probes = starts
                     .iter()
                     .flat_map(|&s| [s, s.saturating_sub(1), s.saturating_add(1)])
+                    .chain(edges)
                     .chain((0..2000).map(|_| rng.next()))
                     .chain([0, u64::MAX, 1 << 40]);
                 for key in probes {

@@ -147,14 +147,16 @@ async fn affinity_connections_are_bounded_and_closed_when_idle() {
         v
     });
     assert_eq!(s.affinity_opened, 3);
-    // Still within the idle timeout: kept.
-    for _ in 0..5 {
+    // One connection stays busy (a request a second), the other idles: after 30 s,
+    // longer than the 10 s timeout, only the idle one is closed.
+    for _ in 0..30 {
+        assert_eq!(send(&b, Some(SliceKey(1 << 63))).await.unwrap(), outside[2] as usize);
         tokio::time::advance(Duration::from_secs(1)).await;
         settle().await;
     }
-    assert_eq!(b.stats().affinity.len(), 2);
-    // Idle for longer than the timeout (the sweep runs every 5 s): closed.
-    for _ in 0..25 {
+    assert_eq!(b.stats().affinity, [outside[2] as usize]);
+    // Then idle too: closed.
+    for _ in 0..30 {
         tokio::time::advance(Duration::from_secs(1)).await;
         settle().await;
     }
@@ -208,9 +210,14 @@ async fn a_hot_slice_spreads_over_its_twenty_replicas_across_two_hundred_fronten
             let _ = send(&b, Some(SliceKey(9))).await.unwrap();
         }
         settle().await;
+        let mut used = std::collections::HashSet::new();
         for _ in 0..requests_per_frontend {
-            *served.entry(send(&b, Some(SliceKey(9))).await.unwrap()).or_default() += 1;
+            let task = send(&b, Some(SliceKey(9))).await.unwrap();
+            used.insert(task);
+            *served.entry(task).or_default() += 1;
         }
+        // Each frontend spreads over exactly its own three replicas.
+        assert_eq!(used.len(), 3, "frontend {m} used {used:?}");
     }
     assert!(served.keys().all(|t| replicas.contains(&(*t as u32))), "only replicas serve the slice");
     assert_eq!(served.len(), 20);
@@ -252,4 +259,62 @@ async fn an_assignment_change_moves_exactly_the_keys_of_the_changed_slices() {
         let in_moved_slice = (1u64 << 62..1u64 << 63).contains(&k.get());
         assert_eq!(after, if in_moved_slice { 5 } else { before[i] }, "key {k}");
     }
+}
+
+/// A connection whose `poll_ready` fails (its transport is gone), or that answers with
+/// its task index.
+#[derive(Clone)]
+struct MaybeDead {
+    task: usize,
+    dead: bool,
+}
+
+impl Service<Req> for MaybeDead {
+    type Response = usize;
+    type Error = BoxError;
+    type Future = std::future::Ready<Result<usize, BoxError>>;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), BoxError>> {
+        std::task::Poll::Ready(if self.dead { Err("connection closed".into()) } else { Ok(()) })
+    }
+
+    fn call(&mut self, _: Req) -> Self::Future {
+        std::future::ready(Ok(self.task))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_keyed_request_refused_by_a_replica_moves_only_to_another_replica_of_its_slice() {
+    let dead = 11usize;
+    let (_job, views) = watch::channel(JobView::serving(0..20));
+    let connector =
+        service_fn(
+            move |task: usize| async move { Ok::<_, Infallible>(MaybeDead { task, dead: task == dead }) },
+        );
+    let key: fn(&Req) -> Option<SliceKey> = |req| *req;
+    let b = Balance::new(BalanceConfig::new(0, 3).with_fan_out(2), connector, WatchStream::new(views))
+        .with_key_extractor(key);
+    let subset = Algorithm::default().subset(0, 20, 3).unwrap();
+    let healthy = (12..20).find(|t| !subset.contains(t)).unwrap();
+    b.follow_assignments(futures_util::stream::iter([Assignment::single(
+        1,
+        vec![dead as u32, healthy as u32],
+    )]));
+    settle().await;
+    for _ in 0..3 {
+        // While connections come up a request may find no ready replica; any answer
+        // must come from the slice's healthy replica.
+        if let Ok(task) = send(&b, Some(SliceKey(7))).await {
+            assert_eq!(task, healthy);
+        }
+        settle().await;
+    }
+    // Whatever the dead replica refused went to the slice's other replica, never to
+    // a subset member outside the slice.
+    for _ in 0..20 {
+        assert_eq!(send(&b, Some(SliceKey(7))).await.unwrap(), healthy);
+    }
+    let s = b.stats();
+    assert_eq!(s.keyed_fallbacks, 0);
+    assert!(!s.affinity.contains(&dead) || s.ejections > 0);
 }
