@@ -78,6 +78,9 @@ pub struct BalanceConfig {
     /// An affinity connection idle this long is closed (default 60 s).
     pub affinity_idle: Duration,
     /// How long a keyed request waits for an affinity connection (default 250 ms).
+    /// With [`NoReplicaPolicy::FallBackToSubset`], a keyed request that finds no replica
+    /// then waits up to `no_backend_wait` more for the subset: `affinity_wait +
+    /// no_backend_wait` in all before [`crate::BalanceError::NoReadyBackends`].
     pub affinity_wait: Duration,
 }
 

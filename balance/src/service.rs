@@ -51,6 +51,10 @@ use crate::table::{fresh_rng, Counters, Shared};
 ///
 /// # Notes for tower users
 ///
+/// `poll_ready` is always ready: a `Balance` applies no backpressure of its own, and
+/// "no backend" shows up in the response future (after the configured wait), not in
+/// `poll_ready`. Put a `ConcurrencyLimit` or `LoadShed` in front if you want those.
+///
 /// Each request calls a clone of the chosen backend's service, after that clone's own
 /// `poll_ready`; per-instance state in the backend service (a rate limit, say) is
 /// therefore per request. Any error the backend's service returns counts as a transport
@@ -189,6 +193,7 @@ impl<S, K> Balance<S, K> {
     }
 
     /// Waits until the routing table's version is at least `version` (tests, tooling).
+    /// Waits forever if the balancer never publishes that version: wrap it in a timeout.
     pub async fn wait_for_version(&self, version: u64) {
         let mut versions = self.shared.versions.subscribe();
         let _ = versions.wait_for(|v| *v >= version).await;
