@@ -18,12 +18,11 @@ use std::sync::Arc;
 use futures_util::stream::FuturesUnordered;
 use futures_util::{Stream, StreamExt};
 use steady_subset::prng::SplitMix64;
-use steady_subset::{Algorithm, Subsetting};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 
-use crate::assignment::{Assignment, AssignmentError};
+use crate::assignment::Assignment;
 use crate::config::BalanceConfig;
 use crate::endpoint::{Endpoint, Feedback};
 use crate::error::BoxError;
@@ -31,8 +30,16 @@ use crate::job::JobView;
 use crate::slices::SliceTable;
 use crate::table::{Counters, RoutingTable, Shared};
 
-/// A stream of assignments (or of the errors decoding them), newest last.
-pub(crate) type AssignmentSource = Pin<Box<dyn Stream<Item = Result<Assignment, AssignmentError>> + Send>>;
+mod affinity;
+mod assignments;
+mod health;
+mod order;
+
+use affinity::AffinityUse;
+use assignments::next_assignment;
+pub(crate) use assignments::AssignmentSource;
+use health::Health;
+use order::candidate_order;
 
 /// What a `Balance` handle asks of the control task.
 pub(crate) enum Command {
@@ -53,14 +60,6 @@ impl fmt::Debug for Command {
     }
 }
 
-/// When an affinity connection was last seen busy.
-struct AffinityUse {
-    /// The endpoint's request count at the last sweep.
-    requests: u64,
-    /// When it was last requested or seen serving.
-    active: Instant,
-}
-
 type Connecting<S> = Pin<Box<dyn Future<Output = (usize, u64, Result<S, BoxError>)> + Send>>;
 
 /// The connection to one wanted backend task.
@@ -76,17 +75,6 @@ enum SlotState<S> {
 struct Slot<T, S> {
     address: T,
     state: SlotState<S>,
-}
-
-/// A task that failed (a connection attempt, or a call), kept whether or not it is
-/// still wanted, so that a failing stand-in is not reopened at once when its slot goes.
-struct Health<T> {
-    address: T,
-    /// Consecutive failures: connection attempts that failed, or connections that
-    /// failed before serving any request. Drives the backoff.
-    failures: u32,
-    /// No new attempt before this.
-    retry_at: Instant,
 }
 
 pub(crate) struct Control<T, C, S, J> {
@@ -259,55 +247,6 @@ where
         primary
     }
 
-    /// Whether `task` (at `address`) is unusable: it failed, and is waiting out its
-    /// backoff or retrying, and has not connected since.
-    fn is_failed(&self, task: usize, address: &T, now: Instant) -> bool {
-        let Some(health) = self.health.get(&task).filter(|h| h.address == *address) else { return false };
-        match self.slots.get(&task).map(|s| &s.state) {
-            Some(SlotState::Ready(_)) => false,
-            Some(SlotState::Connecting { .. } | SlotState::Backoff { .. }) => true,
-            None => now < health.retry_at,
-        }
-    }
-
-    /// Records a failure of `task` and returns when to retry it. `served` says whether
-    /// its connection served a request before failing, which restarts the count.
-    fn record_failure(&mut self, task: usize, address: &T, served: bool) -> (u32, Instant) {
-        let now = Instant::now();
-        let health = self.health.entry(task).or_insert_with(|| Health {
-            address: address.clone(),
-            failures: 0,
-            retry_at: now,
-        });
-        if health.address != *address || served {
-            health.address = address.clone();
-            health.failures = 0;
-        }
-        health.failures += 1;
-        health.retry_at = now + self.config.backoff.delay(health.failures, &mut self.rng);
-        (health.failures, health.retry_at)
-    }
-
-    /// The affinity tasks still worth a connection: serving, and not in the subset.
-    fn affinity_wanted(&self, subset: &[usize]) -> Vec<usize> {
-        let now = Instant::now();
-        let mut tasks: Vec<usize> = self
-            .affinity
-            .keys()
-            .copied()
-            .filter(|t| {
-                !subset.contains(t)
-                    && self.view.serving_task(*t).is_some_and(|address| {
-                        // A failed task keeps its slot (and its retries) if it has one,
-                        // but is not reopened before its backoff ends.
-                        self.slots.contains_key(t) || !self.is_failed(*t, address, now)
-                    })
-            })
-            .collect();
-        tasks.sort_unstable();
-        tasks
-    }
-
     /// Brings connections in line with the wanted set, then publishes the table.
     async fn reconcile(&mut self) {
         // Forget failures of tasks no longer connected once they are long past.
@@ -360,121 +299,9 @@ where
                 self.config.subset_size = k;
             }
             Command::Assignments(source) => self.assignments = Some(source),
-            Command::Affinity(tasks) => {
-                let now = Instant::now();
-                self.refresh_affinity_activity(now);
-                let subset = self.shared.table.load().wanted.clone();
-                let requested: Vec<usize> = tasks
-                    .into_iter()
-                    .map(|t| t as usize)
-                    .filter(|t| !subset.contains(t) && self.view.serving_task(*t).is_some())
-                    .collect();
-                for &task in &requested {
-                    self.affinity.entry(task).or_insert(AffinityUse { requests: 0, active: now }).active =
-                        now;
-                }
-                // Over the bound: close the least recently active, sparing the ones
-                // just requested while others remain.
-                while self.affinity.len() > self.config.max_affinity {
-                    let victim = self
-                        .affinity
-                        .iter()
-                        .filter(|(t, _)| !requested.contains(t))
-                        .min_by_key(|(_, u)| u.active)
-                        .or_else(|| self.affinity.iter().min_by_key(|(_, u)| u.active))
-                        .map(|(t, _)| *t);
-                    match victim {
-                        Some(task) => self.affinity.remove(&task),
-                        None => break,
-                    };
-                }
-                if !self.affinity.is_empty() && self.next_sweep.is_none() {
-                    self.next_sweep = now.checked_add(self.sweep_period());
-                }
-            }
+            Command::Affinity(tasks) => self.on_affinity(tasks),
         }
         self.reconcile().await;
-    }
-
-    fn sweep_period(&self) -> std::time::Duration {
-        (self.config.affinity_idle / 2)
-            .clamp(std::time::Duration::from_millis(10), std::time::Duration::from_secs(3600))
-    }
-
-    /// Marks affinity connections that served requests since the last look as active now.
-    fn refresh_affinity_activity(&mut self, now: Instant) {
-        for (task, used) in &mut self.affinity {
-            if let Some(SlotState::Ready(endpoint)) = self.slots.get(task).map(|s| &s.state) {
-                let requests = endpoint.requests.load(Ordering::Relaxed);
-                if requests != used.requests || endpoint.in_flight.load(Ordering::Relaxed) > 0 {
-                    used.requests = requests;
-                    used.active = now;
-                }
-            }
-        }
-    }
-
-    /// Closes affinity connections that have been idle for the configured time.
-    async fn sweep_affinity(&mut self) {
-        let now = Instant::now();
-        if self.next_sweep.is_none_or(|at| at > now) {
-            return;
-        }
-        let idle = self.config.affinity_idle;
-        let mut closed = Vec::new();
-        for (task, used) in &mut self.affinity {
-            let busy = match self.slots.get(task).map(|s| &s.state) {
-                Some(SlotState::Ready(endpoint)) => {
-                    let requests = endpoint.requests.load(Ordering::Relaxed);
-                    let busy = requests != used.requests || endpoint.in_flight.load(Ordering::Relaxed) > 0;
-                    used.requests = requests;
-                    busy
-                }
-                _ => false,
-            };
-            if busy {
-                used.active = now;
-            } else if now.duration_since(used.active) >= idle {
-                closed.push(*task);
-            }
-        }
-        for task in &closed {
-            self.affinity.remove(task);
-            tracing::debug!(task, "affinity connection idle: closing");
-        }
-        self.next_sweep = if self.affinity.is_empty() { None } else { now.checked_add(self.sweep_period()) };
-        if !closed.is_empty() {
-            self.reconcile().await;
-        }
-    }
-
-    async fn on_assignment(&mut self, item: Option<Result<Assignment, AssignmentError>>) {
-        let c = &self.shared.counters;
-        let current = self.assignment.as_ref().map(Assignment::generation);
-        match item {
-            None => {
-                tracing::info!(generation = ?current, "assignment source ended: the last good assignment stays");
-                self.assignments = None;
-            }
-            Some(Err(error)) => {
-                Counters::add(&c.assignments_rejected, 1);
-                tracing::warn!(%error, generation = ?current, "invalid assignment rejected: the last good one stays");
-            }
-            Some(Ok(assignment)) if current.is_some_and(|g| assignment.generation() <= g) => {
-                Counters::add(&c.assignments_stale, 1);
-                tracing::debug!(generation = assignment.generation(), current = ?current, "stale assignment ignored");
-            }
-            Some(Ok(assignment)) => {
-                Counters::add(&c.assignments_accepted, 1);
-                tracing::info!(
-                    generation = assignment.generation(),
-                    slices = assignment.slices().len(),
-                    "assignment in force"
-                );
-                self.assignment = Some(assignment);
-                self.reconcile().await;
-            }
-        }
     }
 
     /// Starts a connection attempt; returns its id.
@@ -686,66 +513,9 @@ async fn next_view<T, J: Stream<Item = JobView<T>> + Unpin>(job: &mut Option<J>)
     }
 }
 
-/// The next item of the assignment source (pending forever once it is gone).
-async fn next_assignment(
-    source: &mut Option<AssignmentSource>,
-) -> Option<Result<Assignment, AssignmentError>> {
-    match source {
-        Some(source) => source.next().await,
-        None => std::future::pending().await,
-    }
-}
-
 async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
-    }
-}
-
-/// The frontend's order of backends: the algorithm's preference order when it has
-/// one; otherwise its subset of size `k` followed by the other backends in ascending
-/// order from the last member (a fixed, documented fallback for stand-ins).
-fn candidate_order(
-    algorithm: &Algorithm,
-    frontend: usize,
-    backends: usize,
-    k: usize,
-) -> Box<dyn Iterator<Item = usize> + Send> {
-    match algorithm.order(frontend, backends) {
-        Ok(Some(order)) => Box::new(order),
-        Ok(None) => {
-            let subset = algorithm.subset(frontend, backends, k).unwrap_or_default();
-            let members: HashSet<usize> = subset.iter().copied().collect();
-            let from = subset.last().map_or(0, |&b| b + 1);
-            let rest = (0..backends)
-                .map(move |i| (from + i) % backends.max(1))
-                .filter(move |b| !members.contains(b));
-            Box::new(subset.into_iter().chain(rest))
-        }
-        // Larger than MAX_BACKENDS: no subset can be computed (the caller keeps the
-        // subset it has).
-        Err(error) => {
-            tracing::error!(%error, "cannot compute the subset: keeping the current one");
-            Box::new(std::iter::empty())
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_fallback_order_starts_with_the_subset_and_covers_every_backend() {
-        let d = Algorithm::from_name("deterministic").unwrap();
-        let order: Vec<usize> = candidate_order(&d, 3, 30, 5).collect();
-        assert_eq!(&order[..5], &d.subset(3, 30, 5).unwrap()[..]);
-        let mut sorted = order.clone();
-        sorted.sort_unstable();
-        assert_eq!(sorted, (0..30).collect::<Vec<_>>());
-        let r = Algorithm::default();
-        let order: Vec<usize> = candidate_order(&r, 3, 30, 5).collect();
-        assert_eq!(&order[..5], &r.subset(3, 30, 5).unwrap()[..]);
     }
 }
