@@ -1,13 +1,11 @@
 //! [`BalanceLayer`]: a tower `Layer` that turns a connector into a [`Balance`].
 
-use std::fmt;
-
 use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
 use tower::{Layer, Service};
 
 use crate::config::BalanceConfig;
-use crate::error::BoxError;
+use crate::connector::{Address, Connector};
 use crate::job::JobView;
 use crate::service::Balance;
 
@@ -31,10 +29,9 @@ impl<T> BalanceLayer<T> {
 
 impl<T, C, S> Layer<C> for BalanceLayer<T>
 where
-    T: Clone + PartialEq + fmt::Debug + Send + Sync + 'static,
-    C: Service<T, Response = S> + Send + 'static,
-    C::Error: Into<BoxError>,
-    C::Future: Send + 'static,
+    T: Address,
+    // `Response = S` ties `S` to `C` (a generic parameter alone would not).
+    C: Connector<T, S> + Service<T, Response = S>,
     S: Send + Sync + 'static,
 {
     type Service = Balance<S>;

@@ -13,6 +13,7 @@ use tower::Service;
 
 use crate::assignment::{Assignment, AssignmentError};
 use crate::config::{BalanceConfig, NoReplicaPolicy};
+use crate::connector::{Address, Connector};
 use crate::control::{Command, Control};
 use crate::endpoint::InFlight;
 use crate::error::{BalanceError, BoxError};
@@ -109,10 +110,8 @@ where
     /// Outside a tokio runtime (as `tokio::spawn` does).
     pub fn new<T, C, J>(config: BalanceConfig, connector: C, job: J) -> Self
     where
-        T: Clone + PartialEq + fmt::Debug + Send + Sync + 'static,
-        C: Service<T, Response = S> + Send + 'static,
-        C::Error: Into<BoxError>,
-        C::Future: Send + 'static,
+        T: Address,
+        C: Connector<T, S>,
         J: Stream<Item = JobView<T>> + Send + 'static,
     {
         let shared = Arc::new(Shared::new(config.no_backend_wait));
@@ -134,10 +133,8 @@ where
     /// Outside a tokio runtime.
     pub fn from_addresses<T, C>(config: BalanceConfig, connector: C, addresses: Vec<T>) -> Self
     where
-        T: Clone + PartialEq + fmt::Debug + Send + Sync + 'static,
-        C: Service<T, Response = S> + Send + 'static,
-        C::Error: Into<BoxError>,
-        C::Future: Send + 'static,
+        T: Address,
+        C: Connector<T, S>,
     {
         Self::new(config, connector, futures_util::stream::iter([JobView::serving(addresses)]))
     }

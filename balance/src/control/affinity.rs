@@ -2,15 +2,13 @@
 //! keyed requests need, bounded in number (least recently active out first) and
 //! closed when idle.
 
-use std::fmt;
 use std::sync::atomic::Ordering;
 
 use futures_util::Stream;
 use tokio::time::Instant;
-use tower::Service;
 
 use super::{Control, SlotState};
-use crate::error::BoxError;
+use crate::connector::{Address, Connector};
 use crate::job::JobView;
 
 /// When an affinity connection was last seen busy.
@@ -23,10 +21,8 @@ pub(super) struct AffinityUse {
 
 impl<T, C, S, J> Control<T, C, S, J>
 where
-    T: Clone + PartialEq + fmt::Debug + Send + Sync + 'static,
-    C: Service<T, Response = S> + Send + 'static,
-    C::Error: Into<BoxError>,
-    C::Future: Send + 'static,
+    T: Address,
+    C: Connector<T, S>,
     S: Send + Sync + 'static,
     J: Stream<Item = JobView<T>> + Send + Unpin + 'static,
 {

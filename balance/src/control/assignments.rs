@@ -1,15 +1,13 @@
 //! Following the assignment source: newer generations replace, older or equal ones
 //! are ignored, invalid ones are rejected, and the last good one outlives the source.
 
-use std::fmt;
 use std::pin::Pin;
 
 use futures_util::{Stream, StreamExt};
-use tower::Service;
 
 use super::Control;
 use crate::assignment::{Assignment, AssignmentError};
-use crate::error::BoxError;
+use crate::connector::{Address, Connector};
 use crate::job::JobView;
 use crate::table::Counters;
 
@@ -18,10 +16,8 @@ pub(crate) type AssignmentSource = Pin<Box<dyn Stream<Item = Result<Assignment, 
 
 impl<T, C, S, J> Control<T, C, S, J>
 where
-    T: Clone + PartialEq + fmt::Debug + Send + Sync + 'static,
-    C: Service<T, Response = S> + Send + 'static,
-    C::Error: Into<BoxError>,
-    C::Future: Send + 'static,
+    T: Address,
+    C: Connector<T, S>,
     S: Send + Sync + 'static,
     J: Stream<Item = JobView<T>> + Send + Unpin + 'static,
 {

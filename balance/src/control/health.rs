@@ -1,13 +1,10 @@
 //! Failure history: which tasks failed, how often, and when to try them again.
 
-use std::fmt;
-
 use futures_util::Stream;
 use tokio::time::Instant;
-use tower::Service;
 
 use super::{Control, SlotState};
-use crate::error::BoxError;
+use crate::connector::{Address, Connector};
 use crate::job::JobView;
 
 /// A task that failed (a connection attempt, or a call), kept whether or not it is
@@ -23,10 +20,8 @@ pub(super) struct Health<T> {
 
 impl<T, C, S, J> Control<T, C, S, J>
 where
-    T: Clone + PartialEq + fmt::Debug + Send + Sync + 'static,
-    C: Service<T, Response = S> + Send + 'static,
-    C::Error: Into<BoxError>,
-    C::Future: Send + 'static,
+    T: Address,
+    C: Connector<T, S>,
     S: Send + Sync + 'static,
     J: Stream<Item = JobView<T>> + Send + Unpin + 'static,
 {

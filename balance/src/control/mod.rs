@@ -20,10 +20,11 @@ use futures_util::{Stream, StreamExt};
 use steady_subset::prng::SplitMix64;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tower::{Service, ServiceExt};
+use tower::ServiceExt;
 
 use crate::assignment::Assignment;
 use crate::config::BalanceConfig;
+use crate::connector::{Address, Connector};
 use crate::endpoint::{Endpoint, Feedback};
 use crate::error::BoxError;
 use crate::job::JobView;
@@ -106,10 +107,8 @@ pub(crate) struct Control<T, C, S, J> {
 
 impl<T, C, S, J> Control<T, C, S, J>
 where
-    T: Clone + PartialEq + fmt::Debug + Send + Sync + 'static,
-    C: Service<T, Response = S> + Send + 'static,
-    C::Error: Into<BoxError>,
-    C::Future: Send + 'static,
+    T: Address,
+    C: Connector<T, S>,
     S: Send + Sync + 'static,
     J: Stream<Item = JobView<T>> + Send + Unpin + 'static,
 {
