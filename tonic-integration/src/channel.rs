@@ -1,0 +1,180 @@
+//! [`SteadyChannel`]: a tonic channel that keeps connections to this frontend's subset
+//! of a backend job, balances over them, and routes keyed requests by assignment.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use futures_util::{FutureExt, Stream};
+use http::HeaderName;
+use steady_balance::{
+    Assignment, AssignmentError, Balance, BalanceConfig, BalanceError, BalanceStats, JobView, KeyExtractor,
+    SliceKey,
+};
+use tokio::sync::watch;
+use tokio_stream::wrappers::WatchStream;
+use tonic::body::Body;
+use tonic::transport::{Channel, Endpoint};
+use tower::{BoxError, Service};
+
+/// The metadata key a request's slice key is read from by default.
+pub const DEFAULT_KEY_HEADER: &str = "x-slice-key";
+
+/// A backend task's tonic `Endpoint`, compared by URI (so a task that moves to another
+/// address is noticed and reconnected).
+#[derive(Clone, Debug)]
+pub struct TaskEndpoint(pub Endpoint);
+
+impl PartialEq for TaskEndpoint {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.uri() == other.0.uri()
+    }
+}
+
+/// Reads a request's slice key: a [`SliceKey`] set in code as a request extension
+/// (`request.extensions_mut().insert(key)`) wins; otherwise the metadata entry named
+/// by the channel (default `x-slice-key`), hashed with [`SliceKey::of`].
+#[derive(Clone, Debug)]
+pub struct MetadataKey {
+    header: HeaderName,
+}
+
+impl KeyExtractor<http::Request<Body>> for MetadataKey {
+    #[inline]
+    fn slice_key(&self, req: &http::Request<Body>) -> Option<SliceKey> {
+        if let Some(key) = req.extensions().get::<SliceKey>() {
+            return Some(*key);
+        }
+        req.headers().get(&self.header).map(|v| SliceKey::of(v.as_bytes()))
+    }
+}
+
+/// A tonic channel over a frontend's subset of a backend job.
+///
+/// Generated clients take it directly (`EchoClient::new(channel)`). Clone it freely:
+/// clones share connections and routing. It fails fast: when no backend is ready
+/// within the configured wait, a call fails with `Unavailable` instead of hanging
+/// (tonic's own balanced channel waits forever with no endpoints).
+///
+/// ```no_run
+/// use steady_balance::BalanceConfig;
+/// use steady_tonic::SteadyChannel;
+/// use tonic::transport::Endpoint;
+///
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let backends: Vec<Endpoint> = (0..100)
+///     .map(|i| Endpoint::from_shared(format!("http://backend-{i}:50051")))
+///     .collect::<Result<_, _>>()?;
+/// // Frontend task 7 keeps 20 connections (its Rocksteadier subset).
+/// let channel = SteadyChannel::builder(BalanceConfig::new(7, 20)).from_endpoints(backends);
+/// // let client = MyServiceClient::new(channel);
+/// # let _ = channel;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct SteadyChannel {
+    balance: Balance<Channel, MetadataKey>,
+}
+
+impl fmt::Debug for SteadyChannel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SteadyChannel").field("subset", &self.balance.stats().subset).finish()
+    }
+}
+
+/// Configures a [`SteadyChannel`].
+#[derive(Debug, Clone)]
+pub struct SteadyChannelBuilder {
+    config: BalanceConfig,
+    key_header: HeaderName,
+}
+
+impl SteadyChannel {
+    /// A builder with the balancer's configuration (frontend index, k, ...).
+    pub fn builder(config: BalanceConfig) -> SteadyChannelBuilder {
+        SteadyChannelBuilder { config, key_header: HeaderName::from_static(DEFAULT_KEY_HEADER) }
+    }
+
+    /// Counters and membership (see [`BalanceStats`]).
+    pub fn stats(&self) -> BalanceStats {
+        self.balance.stats()
+    }
+
+    /// Changes `k` at run time.
+    pub fn set_subset_size(&self, k: usize) {
+        self.balance.set_subset_size(k);
+    }
+
+    /// Follows a source of assignments for keyed routing (e.g. [`crate::watch_assignments`]).
+    pub fn follow_assignments<A>(&self, source: A)
+    where
+        A: Stream<Item = Result<Assignment, AssignmentError>> + Send + 'static,
+    {
+        self.balance.follow_assignments(source);
+    }
+
+    /// The underlying balancer.
+    pub fn balance(&self) -> &Balance<Channel, MetadataKey> {
+        &self.balance
+    }
+}
+
+impl SteadyChannelBuilder {
+    /// Reads slice keys from this metadata entry instead of `x-slice-key`.
+    pub fn key_header(mut self, header: HeaderName) -> Self {
+        self.key_header = header;
+        self
+    }
+
+    /// A channel over a fixed job: task `i` at `endpoints[i]`.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime.
+    pub fn from_endpoints(self, endpoints: Vec<Endpoint>) -> SteadyChannel {
+        let (_, views) = watch::channel(JobView::serving(endpoints.into_iter().map(TaskEndpoint)));
+        self.from_job(views)
+    }
+
+    /// A channel following the job views published on `views` (resizes, drains).
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime.
+    pub fn from_job(self, views: watch::Receiver<JobView<TaskEndpoint>>) -> SteadyChannel {
+        let connect =
+            tower::service_fn(
+                |task: TaskEndpoint| async move { task.0.connect().await.map_err(BoxError::from) },
+            );
+        let balance = Balance::new(self.config, connect, WatchStream::new(views))
+            .with_key_extractor(MetadataKey { header: self.key_header });
+        SteadyChannel { balance }
+    }
+}
+
+/// Turns the balancer's own errors into the gRPC status a client should see.
+fn to_status(error: BoxError) -> BoxError {
+    match error.downcast::<BalanceError>() {
+        Ok(e) => Box::new(tonic::Status::unavailable(e.to_string())),
+        Err(other) => other,
+    }
+}
+
+/// The response future of a [`SteadyChannel`].
+pub type ResponseFuture = Pin<Box<dyn Future<Output = Result<http::Response<Body>, BoxError>> + Send>>;
+
+impl Service<http::Request<Body>> for SteadyChannel {
+    type Response = http::Response<Body>;
+    type Error = BoxError;
+    type Future = ResponseFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Service::<http::Request<Body>>::poll_ready(&mut self.balance, cx)
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        Box::pin(self.balance.call(req).map(|r| r.map_err(to_status)))
+    }
+}
