@@ -5,6 +5,8 @@
 //!   contract**: scripts diff it across versions.
 //! * `steady-lab quality ...` prints the quality metrics of one scenario for each algorithm.
 //! * `steady-lab grid ...` summarises utilisation and backend churn over the article's grid.
+//! * `steady-lab resize` resizes a job of real tonic servers under load (the article's
+//!   figure 5 on real connections).
 //! * `steady-lab figures --out DIR` draws the evaluation figures (SVG).
 //! * `steady-lab report --out FILE.md` measures every scenario family, draws the figures
 //!   next to the report and writes the markdown tables (`docs/` is made this way).
@@ -23,6 +25,7 @@ use steady_subset::Algorithm;
 
 mod grid;
 mod quality;
+mod resize;
 
 /// Evaluate steady's subsetting algorithms.
 #[derive(Debug, Parser)]
@@ -48,6 +51,9 @@ enum Command {
     /// Summarise utilisation and backend churn over the article's grid
     /// (k = 20, 1 <= M <= 256, 20 <= N <= 256, M*k > N).
     Grid(grid::GridArgs),
+    /// Resize a backend job of real tonic servers under load, Rocksteadier and
+    /// Deterministic side by side: connections, failures and latency per step, and an SVG.
+    Resize(resize::ResizeArgs),
     /// Draw the evaluation figures (SVG) into a directory.
     Figures {
         /// The directory to write the figures to (created if needed).
@@ -113,6 +119,7 @@ fn main() -> ExitCode {
         Command::Subsets { algorithm, scenario } => print_subsets(&mut out, &algorithm, scenario.scenario()),
         Command::Quality(args) => quality::run(&mut out, &args),
         Command::Grid(args) => grid::run(&mut out, &args),
+        Command::Resize(args) => resize::run(&mut out, &args),
         Command::Figures { out: dir, run } => run.measure().and_then(|results| {
             for f in figures::draw_all(&results, &dir)? {
                 writeln!(out, "{}", dir.join(&f.file).display())?;

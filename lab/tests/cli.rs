@@ -86,3 +86,33 @@ fn grid_summarises_every_algorithm() {
     // Rocksteadier's worst backend churn, growing and shrinking, is one connection.
     assert_eq!(&fields[4..6], ["1", "1"], "{row}");
 }
+
+#[test]
+fn resize_reports_each_step_for_both_algorithms_and_writes_the_svg() {
+    let svg = std::env::temp_dir().join(format!("steady-resize-{}.svg", std::process::id()));
+    let out = stdout(&lab(&[
+        "resize",
+        "--frontends",
+        "3",
+        "--subset-size",
+        "2",
+        "--steps",
+        "4,5,3",
+        "--step-ms",
+        "300",
+        "--svg",
+        svg.to_str().unwrap(),
+    ]));
+    let rows: Vec<Vec<&str>> =
+        out.lines().skip(1).filter(|l| !l.starts_with('#')).map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(rows.len(), 6, "{out}");
+    for (i, row) in rows.iter().enumerate() {
+        assert_eq!(row[0], ["rocksteadier", "deterministic"][i % 2]);
+        assert_eq!(row[1], ["4", "5", "3"][i / 2]);
+        // A planned resize loses no request.
+        assert_eq!(row[4], "0", "{out}");
+    }
+    let svg_text = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg_text.contains("<svg") && svg_text.contains("rocksteadier"));
+    let _ = std::fs::remove_file(svg);
+}
