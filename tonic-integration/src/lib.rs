@@ -9,6 +9,8 @@
 //! * [`Distributor`] and [`watch_assignments`]: the `AssignmentDistributor.Watch` RPC of
 //!   `proto/assignment.proto`, server and client. The client reconnects with backoff and
 //!   the balancer keeps the last good assignment meanwhile.
+//! * [`Slicelet`]: the server side: which slices a backend task holds, and a layer that
+//!   counts requests for keys it does not hold (misroutes).
 //!
 //! The protobuf code is generated at build time with a protoc that cargo installs
 //! (`protoc-bin-vendored`): a fresh machine needs nothing else.
@@ -18,12 +20,14 @@
 
 mod channel;
 mod convert;
+mod slicelet;
 mod watch;
 
 pub use channel::{
     MetadataKey, ResponseFuture, SteadyChannel, SteadyChannelBuilder, TaskEndpoint, DEFAULT_KEY_HEADER,
 };
 pub use convert::{from_proto, to_proto};
+pub use slicelet::{Slicelet, SliceletLayer, SliceletService};
 pub use watch::{watch_assignments, Distributor, WatchStream};
 
 /// Generated code of `proto/assignment.proto`.

@@ -275,3 +275,63 @@ async fn planned_removal_loses_no_request() {
     assert!(s.members.iter().all(|m| m.task != 1));
     assert_eq!(s.connections_closed, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slicelets_count_no_misroutes_when_clients_follow_the_assignment() {
+    use steady_tonic::Slicelet;
+    let distributor = Distributor::new();
+    let (distributor_addr, _stop_d) = serve(distributor.service()).await;
+    let assignment = Assignment::new(
+        1,
+        vec![
+            Slice { start: SliceKey(0), replicas: vec![0] },
+            Slice { start: SliceKey(1 << 63), replicas: vec![1] },
+        ],
+    )
+    .unwrap();
+    distributor.publish("echo", assignment);
+    // Two backends, each with a slicelet following the distributor.
+    let mut addrs = Vec::new();
+    let mut slicelets = Vec::new();
+    let mut stops = Vec::new();
+    for task in 0..2u32 {
+        let slicelet = Slicelet::new(task);
+        slicelet.follow(watch_assignments(endpoint(distributor_addr), "echo", Backoff::default()));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        addrs.push(listener.local_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        tokio::spawn(
+            Server::builder()
+                .layer(slicelet.layer())
+                .add_service(EchoServer::new(Backend { task, ..Backend::default() }))
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                    let _ = stopped.await;
+                }),
+        );
+        slicelets.push(slicelet);
+        stops.push(stop);
+    }
+    eventually("the slicelets' assignment", || slicelets.iter().all(|s| s.generation() == Some(1))).await;
+    assert_eq!(slicelets[0].held_slices(), [SliceKey(0)]);
+    let eps: Vec<Endpoint> = addrs.iter().map(|a| endpoint(*a)).collect();
+    // A client that follows the assignment: no misroutes.
+    let following = SteadyChannel::builder(BalanceConfig::new(0, 2)).from_endpoints(eps.clone());
+    following.follow_assignments(watch_assignments(endpoint(distributor_addr), "echo", Backoff::default()));
+    eventually("the client's assignment", || following.stats().assignment_generation == Some(1)).await;
+    let mut client = EchoClient::new(following);
+    for i in 0..100 {
+        echo(&mut client, Some(&format!("key-{i}")), b"x").await.unwrap();
+    }
+    let misrouted: u64 = slicelets.iter().map(Slicelet::misrouted).sum();
+    assert_eq!(misrouted, 0);
+    assert_eq!(slicelets.iter().map(Slicelet::keyed_requests).sum::<u64>(), 100);
+    // A client that ignores assignments balances keyed requests over its subset: about
+    // half land on the task that does not hold the key, and the slicelets see it.
+    let mut blind = EchoClient::new(SteadyChannel::builder(BalanceConfig::new(0, 2)).from_endpoints(eps));
+    for i in 0..100 {
+        echo(&mut blind, Some(&format!("key-{i}")), b"x").await.unwrap();
+    }
+    let misrouted: u64 = slicelets.iter().map(Slicelet::misrouted).sum();
+    assert!((20..=80).contains(&misrouted), "{misrouted} of 100 misrouted");
+    drop(stops);
+}
