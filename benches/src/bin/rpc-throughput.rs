@@ -3,6 +3,10 @@
 //!
 //! `cargo run --release -p steady-benches --bin rpc-throughput -- [--threads 1] [--seconds 1] [--runs 3]`
 //!
+//! For a quieter measurement, run the servers in a process of their own on another core:
+//! `taskset -c 1 rpc-throughput --serve` prints their addresses; then
+//! `taskset -c 0 rpc-throughput --threads 1 --connect ADDR,ADDR,ADDR,ADDR`.
+//!
 //! Four echo servers (64-byte payloads) run on a runtime of their own; the client
 //! runtime has `--threads` worker threads (1 gives steadier figures on a shared
 //! 2-core machine). For each client and concurrency (1, 16, 256) it runs `--runs`
@@ -69,10 +73,14 @@ struct Options {
     threads: usize,
     seconds: f64,
     runs: usize,
+    /// Only run the servers, printing their addresses, until killed.
+    serve: bool,
+    /// Use servers already running at these addresses (from `--serve`).
+    connect: Option<Vec<SocketAddr>>,
 }
 
 fn options() -> Options {
-    let mut o = Options { threads: 1, seconds: 1.0, runs: 3 };
+    let mut o = Options { threads: 1, seconds: 1.0, runs: 3, serve: false, connect: None };
     let args: Vec<String> = std::env::args().skip(1).collect();
     for pair in args.chunks(2) {
         let value = pair.get(1).map(String::as_str).unwrap_or("");
@@ -80,6 +88,17 @@ fn options() -> Options {
             "--threads" => o.threads = value.parse().expect("--threads N"),
             "--seconds" => o.seconds = value.parse().expect("--seconds S"),
             "--runs" => o.runs = value.parse().expect("--runs N"),
+            "--serve" => {
+                o.serve = true;
+                // A flag: re-read the next word as an option.
+                if !value.is_empty() {
+                    panic!("--serve takes no value; put it last");
+                }
+            }
+            "--connect" => {
+                o.connect =
+                    Some(value.split(',').map(|a| a.parse().expect("--connect ADDR,ADDR,...")).collect())
+            }
             other => panic!("unknown option {other}"),
         }
     }
@@ -150,7 +169,15 @@ fn pct(sorted: &[u32], p: f64) -> u32 {
 
 fn main() {
     let o = options();
-    let addrs = start_servers();
+    if o.serve {
+        let addrs = start_servers();
+        let list: Vec<String> = addrs.iter().map(ToString::to_string).collect();
+        println!("{}", list.join(","));
+        // Serve until killed (bounded: an hour at most).
+        std::thread::sleep(Duration::from_secs(3600));
+        return;
+    }
+    let addrs = o.connect.clone().unwrap_or_else(start_servers);
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(o.threads).enable_all().build().unwrap();
     rt.block_on(async move {
