@@ -3,6 +3,9 @@
 //!
 //! `cargo run --release -p steady-benches --bin rpc-throughput -- [--threads 1] [--seconds 1] [--runs 3]`
 //!
+//! `STEADY_LOAD=ewma` makes the steady channel balance by Peak EWMA latency instead of
+//! in-flight counts.
+//!
 //! For a quieter measurement, run the servers in a process of their own on another core:
 //! `taskset -c 1 rpc-throughput --serve` prints their addresses; then
 //! `taskset -c 0 rpc-throughput --threads 1 --connect ADDR,ADDR,ADDR,ADDR`.
@@ -183,7 +186,15 @@ fn main() {
     rt.block_on(async move {
         let endpoints: Vec<Endpoint> =
             addrs.iter().map(|a| Endpoint::from_shared(format!("http://{a}")).unwrap()).collect();
-        let steady = SteadyChannel::builder(BalanceConfig::new(0, 4)).from_endpoints(endpoints.clone());
+        // STEADY_LOAD=ewma: Peak EWMA instead of in-flight counts (an experiment switch).
+        let mut config = BalanceConfig::new(0, 4);
+        if std::env::var("STEADY_LOAD").as_deref() == Ok("ewma") {
+            config = config.with_load(steady_balance::Load::PeakEwma {
+                decay: Duration::from_secs(1),
+                default_rtt: Duration::from_millis(1),
+            });
+        }
+        let steady = SteadyChannel::builder(config).from_endpoints(endpoints.clone());
         let start = Instant::now();
         while steady.stats().members.len() < 4 && start.elapsed() < Duration::from_secs(10) {
             tokio::time::sleep(Duration::from_millis(5)).await;
