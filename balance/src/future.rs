@@ -62,16 +62,9 @@ where
     #[inline]
     pub(crate) fn ready(guard: InFlight<S>, req: Req) -> Self {
         let service = guard.endpoint().service.clone();
-        Self {
-            state: State::Readying {
-                service,
-                guard: Some(guard),
-                req: Some(req),
-                redispatches: 0,
-                deadline: None,
-            },
-            key: None,
-        }
+        let state =
+            State::Readying { service, guard: Some(guard), req: Some(req), redispatches: 0, deadline: None };
+        Self { state, key: None }
     }
 
     /// A request waiting for an endpoint.
@@ -84,6 +77,18 @@ where
     pub(crate) fn keyed(mut self, key: SliceKey) -> Self {
         self.key = Some(key);
         self
+    }
+}
+
+impl<S, Req> State<S, Req>
+where
+    S: Service<Req> + Clone,
+{
+    /// The request, counted in flight on `endpoint`, waiting for its readiness.
+    fn readying(endpoint: Arc<Endpoint<S>>, req: Option<Req>, redispatches: u8) -> Self {
+        let guard = InFlight::start(endpoint);
+        let service = guard.endpoint().service.clone();
+        State::Readying { service, guard: Some(guard), req, redispatches, deadline: None }
     }
 }
 
@@ -129,16 +134,8 @@ where
             match state.as_mut().project() {
                 StateProj::Waiting { wait, req } => {
                     let endpoint = ready!(wait.as_mut().poll(cx)).map_err(BoxError::from)?;
-                    let guard = InFlight::start(endpoint);
-                    let service = guard.endpoint().service.clone();
                     let req = req.take();
-                    state.set(State::Readying {
-                        service,
-                        guard: Some(guard),
-                        req,
-                        redispatches: 0,
-                        deadline: None,
-                    });
+                    state.set(State::readying(endpoint, req, 0));
                 }
                 StateProj::Readying { service, guard, req, redispatches, deadline } => {
                     let readiness = match service.poll_ready(cx) {
@@ -157,23 +154,14 @@ where
                             let redispatches = *redispatches + 1;
                             match another_endpoint(stuck.endpoint(), redispatches, key) {
                                 Some(endpoint) => {
-                                    let guard = InFlight::start(endpoint);
-                                    let service = guard.endpoint().service.clone();
                                     let req = req.take();
-                                    state.set(State::Readying {
-                                        service,
-                                        guard: Some(guard),
-                                        req,
-                                        redispatches,
-                                        deadline: None,
-                                    });
+                                    state.set(State::readying(endpoint, req, redispatches));
                                     continue;
                                 }
                                 None => {
                                     state.set(State::Done);
-                                    return Poll::Ready(Err(
-                                        BalanceError::NoReadyBackends { waited: wait }.into()
-                                    ));
+                                    let waited = BalanceError::NoReadyBackends { waited: wait };
+                                    return Poll::Ready(Err(waited.into()));
                                 }
                             }
                         }
@@ -186,16 +174,8 @@ where
                         let redispatches = *redispatches + 1;
                         match another_endpoint(failed.endpoint(), redispatches, key) {
                             Some(endpoint) => {
-                                let guard = InFlight::start(endpoint);
-                                let service = guard.endpoint().service.clone();
                                 let req = req.take();
-                                state.set(State::Readying {
-                                    service,
-                                    guard: Some(guard),
-                                    req,
-                                    redispatches,
-                                    deadline: None,
-                                });
+                                state.set(State::readying(endpoint, req, redispatches));
                                 continue;
                             }
                             None => {

@@ -20,12 +20,10 @@ use plotters::prelude::*;
 use steady_balance::{BalanceConfig, JobView};
 use steady_subset::Algorithm;
 use steady_tonic::echo::echo_client::EchoClient;
-use steady_tonic::echo::echo_server::{Echo, EchoServer};
-use steady_tonic::echo::{EchoReply, EchoRequest};
+use steady_tonic::echo::EchoRequest;
 use steady_tonic::{SteadyChannel, TaskEndpoint};
 use tokio::sync::watch;
-use tonic::transport::{Endpoint, Server};
-use tonic::{Request, Response, Status};
+use tonic::transport::Endpoint;
 
 use crate::LabResult;
 
@@ -50,17 +48,6 @@ pub struct ResizeArgs {
     /// Where to write the SVG.
     #[arg(long, default_value = "resize.svg")]
     svg: PathBuf,
-}
-
-/// An echo backend: answers at once with its task index.
-#[derive(Clone)]
-struct Backend(u32);
-
-#[tonic::async_trait]
-impl Echo for Backend {
-    async fn echo(&self, request: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
-        Ok(Response::new(EchoReply { payload: request.into_inner().payload, task: self.0 }))
-    }
 }
 
 /// What one fleet's requests recorded during a step.
@@ -89,25 +76,12 @@ struct StepResult {
     mean_per_backend: f64,
 }
 
-async fn start_backends(n: usize) -> Vec<(SocketAddr, tokio::sync::oneshot::Sender<()>)> {
+async fn start_backends(n: usize) -> std::io::Result<Vec<(SocketAddr, tokio::sync::oneshot::Sender<()>)>> {
     let mut out = Vec::new();
     for task in 0..n {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1");
-        let addr = listener.local_addr().expect("local address");
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(
-            Server::builder()
-                .add_service(EchoServer::new(Backend(task as u32)))
-                .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::TcpListenerStream::new(listener),
-                    async {
-                        let _ = stopped.await;
-                    },
-                ),
-        );
-        out.push((addr, stop));
+        out.push(steady_tonic::demo::serve_echo(task as u32).await?);
     }
-    out
+    Ok(out)
 }
 
 fn percentile(sorted: &[u32], p: f64) -> u32 {
@@ -125,7 +99,7 @@ pub fn run(out: &mut impl Write, args: &ResizeArgs) -> LabResult {
 
 async fn experiment(out: &mut impl Write, args: &ResizeArgs) -> LabResult {
     let most = args.steps.iter().copied().max().unwrap_or(1);
-    let servers = start_backends(most).await;
+    let servers = start_backends(most).await?;
     let endpoints: Vec<TaskEndpoint> = servers
         .iter()
         .map(|(addr, _)| Endpoint::from_shared(format!("http://{addr}")).map(TaskEndpoint))

@@ -20,6 +20,7 @@
 
 mod channel;
 mod convert;
+pub mod demo;
 mod slicelet;
 mod watch;
 

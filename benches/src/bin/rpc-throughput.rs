@@ -31,23 +31,11 @@ use std::time::{Duration, Instant};
 
 use steady_balance::BalanceConfig;
 use steady_tonic::echo::echo_client::EchoClient;
-use steady_tonic::echo::echo_server::{Echo, EchoServer};
-use steady_tonic::echo::{EchoReply, EchoRequest};
+use steady_tonic::echo::EchoRequest;
 use steady_tonic::SteadyChannel;
 use tonic::body::Body;
-use tonic::transport::{Channel, Endpoint, Server};
-use tonic::{Request, Response, Status};
+use tonic::transport::{Channel, Endpoint};
 use tower::{BoxError, Service, ServiceExt};
-
-#[derive(Clone)]
-struct Backend(u32);
-
-#[tonic::async_trait]
-impl Echo for Backend {
-    async fn echo(&self, request: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
-        Ok(Response::new(EchoReply { payload: request.into_inner().payload, task: self.0 }))
-    }
-}
 
 /// Four channels, picked in turn by a shared counter.
 #[derive(Clone)]
@@ -115,14 +103,11 @@ fn start_servers() -> Vec<SocketAddr> {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         rt.block_on(async move {
             let mut addrs = Vec::new();
+            let mut stops = Vec::new();
             for task in 0..4 {
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-                addrs.push(listener.local_addr().unwrap());
-                tokio::spawn(
-                    Server::builder()
-                        .add_service(EchoServer::new(Backend(task)))
-                        .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-                );
+                let (addr, stop) = steady_tonic::demo::serve_echo(task).await.expect("bind 127.0.0.1");
+                addrs.push(addr);
+                stops.push(stop);
             }
             tx.send(addrs).unwrap();
             // Serve until the process exits.

@@ -1,0 +1,43 @@
+//! A tiny echo backend for the demo, the benchmarks and tests: it answers every
+//! `Echo` call with the payload and its own task index.
+
+use std::net::SocketAddr;
+
+use tokio::sync::oneshot;
+use tonic::transport::Server;
+use tonic::{Request, Response, Status};
+
+use crate::echo::echo_server::{Echo, EchoServer};
+use crate::echo::{EchoReply, EchoRequest};
+
+/// Backend task `0`'s echo service.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EchoTask(pub u32);
+
+#[tonic::async_trait]
+impl Echo for EchoTask {
+    async fn echo(&self, request: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
+        Ok(Response::new(EchoReply { payload: request.into_inner().payload, task: self.0 }))
+    }
+}
+
+/// Serves [`EchoTask`] `task` on 127.0.0.1, on a port the OS chooses. The server stops
+/// when the returned sender is used or dropped.
+///
+/// # Errors
+///
+/// When the socket cannot be bound.
+pub async fn serve_echo(task: u32) -> std::io::Result<(SocketAddr, oneshot::Sender<()>)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let (stop, stopped) = oneshot::channel::<()>();
+    tokio::spawn(
+        Server::builder().add_service(EchoServer::new(EchoTask(task))).serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            async {
+                let _ = stopped.await;
+            },
+        ),
+    );
+    Ok((addr, stop))
+}
