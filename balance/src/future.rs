@@ -138,11 +138,23 @@ where
                     state.set(State::readying(endpoint, req, 0));
                 }
                 StateProj::Readying { service, guard, req, redispatches, deadline } => {
-                    let readiness = match service.poll_ready(cx) {
-                        Poll::Ready(readiness) => readiness,
+                    // The member the request leaves, and the error to return if no other
+                    // member can take it. Either way nothing was sent, so moving is safe.
+                    let (left, give_up): (InFlight<S>, BoxError) = match service.poll_ready(cx) {
+                        Poll::Ready(Ok(())) => {
+                            let call = service.call(req.take().expect("request taken once"));
+                            let guard = guard.take();
+                            state.set(State::Calling { call, guard });
+                            continue;
+                        }
+                        Poll::Ready(Err(e)) => {
+                            // The backend cannot take requests (its connection is gone).
+                            let failed = guard.take().expect("guard held until the call");
+                            failed.failed();
+                            (failed, e.into())
+                        }
                         Poll::Pending => {
-                            // Not ready: wait, but not forever. Past the deadline, move the
-                            // request to another member (nothing was sent) or give up.
+                            // Not ready: wait, but not forever.
                             let wait = guard
                                 .as_ref()
                                 .and_then(|g| g.endpoint().shared.upgrade())
@@ -151,42 +163,20 @@ where
                             let sleep = deadline.get_or_insert_with(|| Box::pin(tokio::time::sleep(wait)));
                             ready!(sleep.as_mut().poll(cx));
                             let stuck = guard.take().expect("guard held until the call");
-                            let redispatches = *redispatches + 1;
-                            match another_endpoint(stuck.endpoint(), redispatches, key) {
-                                Some(endpoint) => {
-                                    let req = req.take();
-                                    state.set(State::readying(endpoint, req, redispatches));
-                                    continue;
-                                }
-                                None => {
-                                    state.set(State::Done);
-                                    let waited = BalanceError::NoReadyBackends { waited: wait };
-                                    return Poll::Ready(Err(waited.into()));
-                                }
-                            }
+                            (stuck, BalanceError::NoReadyBackends { waited: wait }.into())
                         }
                     };
-                    if let Err(e) = readiness {
-                        // The backend cannot take requests (its connection is gone). The
-                        // request was not sent, so another member may take it safely.
-                        let failed = guard.take().expect("guard held until the call");
-                        failed.failed();
-                        let redispatches = *redispatches + 1;
-                        match another_endpoint(failed.endpoint(), redispatches, key) {
-                            Some(endpoint) => {
-                                let req = req.take();
-                                state.set(State::readying(endpoint, req, redispatches));
-                                continue;
-                            }
-                            None => {
-                                state.set(State::Done);
-                                return Poll::Ready(Err(e.into()));
-                            }
+                    let redispatches = *redispatches + 1;
+                    match another_endpoint(left.endpoint(), redispatches, key) {
+                        Some(endpoint) => {
+                            let req = req.take();
+                            state.set(State::readying(endpoint, req, redispatches));
+                        }
+                        None => {
+                            state.set(State::Done);
+                            return Poll::Ready(Err(give_up));
                         }
                     }
-                    let call = service.call(req.take().expect("request taken once"));
-                    let guard = guard.take();
-                    state.set(State::Calling { call, guard });
                 }
                 StateProj::Calling { call, guard } => {
                     let result = ready!(call.poll(cx));

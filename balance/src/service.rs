@@ -15,6 +15,7 @@ use crate::assignment::{Assignment, AssignmentError};
 use crate::config::{BalanceConfig, NoReplicaPolicy};
 use crate::connector::{Address, Connector};
 use crate::control::{Command, Control};
+use crate::endpoint::Endpoint;
 use crate::endpoint::InFlight;
 use crate::error::{BalanceError, BoxError};
 use crate::future::{ResponseFuture, Wait};
@@ -22,7 +23,7 @@ use crate::job::JobView;
 use crate::key::{KeyExtractor, NoKey};
 use crate::slice_key::SliceKey;
 use crate::stats::BalanceStats;
-use crate::table::{fresh_rng, Counters, Shared};
+use crate::table::{fresh_rng, Counters, RoutingTable, Shared};
 
 /// Balances requests over a frontend's subset of a backend job.
 ///
@@ -256,20 +257,12 @@ fn wait_for_replica<S: Send + Sync + 'static>(
     waits: Waits,
 ) -> Wait<S> {
     Box::pin(async move {
-        let mut versions = shared.versions.subscribe();
-        let mut rng = fresh_rng();
-        let found = tokio::time::timeout(waits.affinity, async {
-            loop {
-                if let Some(slices) = shared.table.load().slices.as_ref() {
-                    if let Some(endpoint) = slices.pick(slices.index(key), &mut rng) {
-                        return endpoint.clone();
-                    }
-                }
-                let _ = versions.changed().await;
-            }
+        let found = first_pick(&shared, waits.affinity, |table, rng| {
+            let slices = table.slices.as_ref()?;
+            slices.pick(slices.index(key), rng).cloned()
         })
         .await;
-        if let Ok(endpoint) = found {
+        if let Some(endpoint) = found {
             endpoint.keyed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return Ok(endpoint);
         }
@@ -290,22 +283,32 @@ fn wait_for_replica<S: Send + Sync + 'static>(
 /// The slow path: no ready member now. Waits for a table with one, up to `wait`.
 fn wait_for_endpoint<S: Send + Sync + 'static>(shared: Arc<Shared<S>>, wait: Duration) -> Wait<S> {
     Box::pin(async move {
-        let mut versions = shared.versions.subscribe();
-        let mut rng = fresh_rng();
-        let found = tokio::time::timeout(wait, async {
-            loop {
-                if let Some(endpoint) = shared.table.load().pick(&mut rng) {
-                    return endpoint.clone();
-                }
-                // The sender lives in `shared`, which this future holds: this only
-                // returns once a new table is published.
-                let _ = versions.changed().await;
-            }
-        })
-        .await;
-        found.map_err(|_| {
+        let found = first_pick(&shared, wait, |table, rng| table.pick(rng).cloned()).await;
+        found.ok_or_else(|| {
             Counters::add(&shared.counters.no_backend, 1);
             BalanceError::NoReadyBackends { waited: wait }
         })
     })
+}
+
+/// The first endpoint `pick` finds in the current table or in one published within
+/// `wait`; `None` when the wait runs out.
+async fn first_pick<S>(
+    shared: &Shared<S>,
+    wait: Duration,
+    mut pick: impl FnMut(&RoutingTable<S>, &mut SplitMix64) -> Option<Arc<Endpoint<S>>>,
+) -> Option<Arc<Endpoint<S>>> {
+    let mut versions = shared.versions.subscribe();
+    let mut rng = fresh_rng();
+    let search = async {
+        loop {
+            if let Some(endpoint) = pick(&shared.table.load(), &mut rng) {
+                return endpoint;
+            }
+            // The sender lives in `shared`, which the caller holds: this only returns
+            // once a new table is published.
+            let _ = versions.changed().await;
+        }
+    };
+    tokio::time::timeout(wait, search).await.ok()
 }
