@@ -62,7 +62,8 @@ pub struct BalanceConfig {
     pub load: Load,
     /// Reconnection delays after a failure.
     pub backoff: Backoff,
-    /// How long a connection attempt may take before it counts as failed (default 5 s).
+    /// How long a connection attempt may take before it counts as failed (default 5 s);
+    /// waiting for the connector to be ready counts against it too.
     pub connect_timeout: Duration,
     /// How long a request waits for a ready backend before failing with
     /// [`crate::BalanceError::NoReadyBackends`] (default 1 s).

@@ -102,7 +102,11 @@ where
     /// Starts a balancer: spawns its control task on the current tokio runtime.
     ///
     /// * `connector` makes a connection (the service `S`) to a task's address; a
-    ///   `tower::service_fn(|addr| async { ... })` will do.
+    ///   `tower::service_fn(|addr| async { ... })` will do. An attempt that errs, takes
+    ///   longer than the connect timeout (readiness included) or panics counts as a
+    ///   failed connection: its backend backs off and a stand-in serves. The control
+    ///   task waits for the connector's readiness, so a connector that is slow to be
+    ///   ready delays the other connection attempts.
     /// * `job` yields views of the backend job; each replaces the previous one. When the
     ///   stream ends, the last view stays in force.
     ///

@@ -1,6 +1,6 @@
 //! The balancer's behaviour against mock connections, on tokio's paused clock.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,32 +15,52 @@ use tower_test::mock;
 type Conn = mock::Mock<u32, usize>;
 type Handle = mock::Handle<u32, usize>;
 
+/// How the harness's connector misbehaves for a task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// The attempt fails with an error.
+    Refuse,
+    /// The connector panics while connecting.
+    Panic,
+    /// The attempt never finishes.
+    Hang,
+}
+
 /// A connector that makes a tower-test mock per connection and hands its handle (with
-/// the task index) to the test; tasks listed in `refuse` fail to connect.
+/// the task index) to the test; tasks listed in `faults` misbehave as listed.
 struct Harness {
     views: watch::Sender<JobView<usize>>,
     handles: mpsc::UnboundedReceiver<(usize, Handle)>,
-    refuse: Arc<Mutex<HashSet<usize>>>,
+    faults: Arc<Mutex<HashMap<usize, Fault>>>,
     connects: Arc<Mutex<Vec<usize>>>,
     balance: Balance<Conn>,
 }
 
 fn harness(config: BalanceConfig, size: usize) -> Harness {
-    harness_refusing(config, size, &[])
+    harness_with(config, size, &[])
 }
 
 fn harness_refusing(config: BalanceConfig, size: usize, refused: &[usize]) -> Harness {
+    let faults: Vec<(usize, Fault)> = refused.iter().map(|&t| (t, Fault::Refuse)).collect();
+    harness_with(config, size, &faults)
+}
+
+fn harness_with(config: BalanceConfig, size: usize, faults: &[(usize, Fault)]) -> Harness {
     let (views, rx) = watch::channel(JobView::serving(0..size));
     let (tx, handles) = mpsc::unbounded_channel();
-    let refuse: Arc<Mutex<HashSet<usize>>> = Arc::new(Mutex::new(refused.iter().copied().collect()));
+    let faults: Arc<Mutex<HashMap<usize, Fault>>> = Arc::new(Mutex::new(faults.iter().copied().collect()));
     let connects: Arc<Mutex<Vec<usize>>> = Arc::default();
-    let (r, c) = (refuse.clone(), connects.clone());
+    let (f, c) = (faults.clone(), connects.clone());
     let connector = service_fn(move |task: usize| {
-        let (tx, r, c) = (tx.clone(), r.clone(), c.clone());
+        let (tx, f, c) = (tx.clone(), f.clone(), c.clone());
         async move {
             c.lock().unwrap().push(task);
-            if r.lock().unwrap().contains(&task) {
-                return Err::<Conn, BoxError>("connection refused".into());
+            let fault = f.lock().unwrap().get(&task).copied();
+            match fault {
+                Some(Fault::Refuse) => return Err::<Conn, BoxError>("connection refused".into()),
+                Some(Fault::Panic) => panic!("connector bug while connecting to task {task}"),
+                Some(Fault::Hang) => std::future::pending::<()>().await,
+                None => {}
             }
             let (service, handle) = mock::pair::<u32, usize>();
             let _ = tx.send((task, handle));
@@ -48,7 +68,7 @@ fn harness_refusing(config: BalanceConfig, size: usize, refused: &[usize]) -> Ha
         }
     });
     let balance = Balance::new(config, connector, WatchStream::new(rx));
-    Harness { views, handles, refuse, connects, balance }
+    Harness { views, handles, faults, connects, balance }
 }
 
 /// Lets the control task and the mocks run.
@@ -166,7 +186,7 @@ async fn a_refused_member_is_retried_with_backoff_while_the_next_in_order_stands
     settle().await;
     assert_eq!(attempts(&h), first + 1, "backoff doubles");
     // Let it in: the next attempt (at 2 s) succeeds and the stand-in leaves.
-    h.refuse.lock().unwrap().clear();
+    h.faults.lock().unwrap().clear();
     tokio::time::advance(Duration::from_millis(501)).await;
     settle().await;
     let s = h.balance.stats();
@@ -420,4 +440,85 @@ async fn a_backend_that_stays_not_ready_loses_the_request_to_another_member() {
         c.await.unwrap().unwrap();
     }
     assert!(tokio::time::timeout(Duration::from_millis(1), a.next_request()).await.is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_connector_that_panics_costs_its_backend_a_retry_and_a_stand_in_serves() {
+    let backoff = Backoff { base: Duration::from_secs(1), max: Duration::from_secs(8), jitter: 0.0 };
+    let order = subset(4, 20, 4);
+    let bad = order[0];
+    let h = harness_with(BalanceConfig::new(4, 3).with_backoff(backoff), 20, &[(bad, Fault::Panic)]);
+    settle().await;
+    let s = h.balance.stats();
+    assert_eq!(s.connect_failures, 1, "the panic counts as a failed attempt");
+    assert_eq!(s.subset, order, "the next in order stands in");
+    let ready: HashSet<usize> = s.members.iter().map(|m| m.task).collect();
+    assert_eq!(ready, order[1..].iter().copied().collect());
+    // The control task lives on: once the connector behaves, the retry connects the
+    // member and the stand-in leaves.
+    h.faults.lock().unwrap().clear();
+    tokio::time::advance(Duration::from_millis(1001)).await;
+    settle().await;
+    let s = h.balance.stats();
+    assert_eq!(s.subset, order[..3]);
+    assert!(s.members.iter().any(|m| m.task == bad));
+    assert_eq!(s.connections_open, 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_connection_attempt_that_never_finishes_times_out_and_a_stand_in_serves() {
+    let order = subset(4, 20, 4);
+    let stuck = order[1];
+    let config = BalanceConfig::new(4, 3).with_connect_timeout(Duration::from_secs(2));
+    let h = harness_with(config, 20, &[(stuck, Fault::Hang)]);
+    settle().await;
+    assert_eq!(h.balance.stats().members.len(), 2);
+    tokio::time::advance(Duration::from_millis(1990)).await;
+    settle().await;
+    assert_eq!(h.balance.stats().connect_failures, 0, "still within the connect timeout");
+    tokio::time::advance(Duration::from_millis(20)).await;
+    settle().await;
+    let s = h.balance.stats();
+    assert_eq!(s.connect_failures, 1);
+    assert_eq!(s.subset, order);
+    let ready: HashSet<usize> = s.members.iter().map(|m| m.task).collect();
+    assert_eq!(ready, [order[0], order[2], order[3]].into_iter().collect());
+}
+
+/// A connector whose readiness never comes.
+struct NeverReady;
+
+impl tower::Service<usize> for NeverReady {
+    type Response = Conn;
+    type Error = BoxError;
+    type Future = std::future::Ready<Result<Conn, BoxError>>;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), BoxError>> {
+        std::task::Poll::Pending
+    }
+
+    fn call(&mut self, _: usize) -> Self::Future {
+        unreachable!("never ready, so never called")
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_connector_that_never_becomes_ready_does_not_stall_the_balancer() {
+    let (views, rx) = watch::channel(JobView::serving(0..10));
+    let wait = Duration::from_millis(500);
+    let config =
+        BalanceConfig::new(0, 2).with_connect_timeout(Duration::from_secs(1)).with_no_backend_wait(wait);
+    let balance = Balance::new(config, NeverReady, WatchStream::new(rx));
+    // Each attempt gives up after the connect timeout (one at a time: the control task
+    // waits for the connector's readiness).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(balance.stats().connect_failures >= 1, "{:?}", balance.stats());
+    // The control task still follows the job: the new view's subset is wanted.
+    views.send_replace(JobView::serving(0..3));
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let s = balance.stats();
+    assert_eq!(s.subset[..2], subset(0, 3, 2)[..], "{s:?}");
+    // And requests fail fast rather than hang.
+    let err = balance.oneshot(1).await.unwrap_err();
+    assert_eq!(err.downcast_ref::<BalanceError>(), Some(&BalanceError::NoReadyBackends { waited: wait }));
 }

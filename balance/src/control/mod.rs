@@ -11,12 +11,13 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use futures_util::stream::FuturesUnordered;
-use futures_util::{Stream, StreamExt};
+use futures_util::{FutureExt, Stream, StreamExt};
 use steady_subset::prng::SplitMix64;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -59,6 +60,16 @@ impl fmt::Debug for Command {
             Self::Affinity(tasks) => write!(f, "Affinity({tasks:?})"),
         }
     }
+}
+
+/// A connector's panic as a connection error (its message, when it has one).
+fn connector_panicked(payload: Box<dyn std::any::Any + Send>) -> BoxError {
+    let message = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".to_string());
+    format!("the connector panicked: {message}").into()
 }
 
 type Connecting<S> = Pin<Box<dyn Future<Output = (usize, u64, Result<S, BoxError>)> + Send>>;
@@ -304,21 +315,34 @@ where
     }
 
     /// Starts a connection attempt; returns its id.
+    ///
+    /// The attempt fails, and its backend backs off, when the connector is not ready
+    /// within the connect timeout, when connecting takes longer than that, when the
+    /// connector returns an error, and when it panics: a faulty connector costs its
+    /// backend a retry, never the control task. (A connector that is not ready still
+    /// holds the control task up to the connect timeout per attempt.)
     async fn connect(&mut self, task: usize, address: T) -> u64 {
         self.next_id += 1;
         let attempt = self.next_id;
         tracing::debug!(task, ?address, attempt, "connecting");
-        let call = match self.connector.ready().await {
-            Ok(connector) => Ok(connector.call(address)),
-            Err(e) => Err(e.into()),
-        };
         let timeout = self.config.connect_timeout;
+        let ready = AssertUnwindSafe(self.connector.ready()).catch_unwind();
+        let call = match tokio::time::timeout(timeout, ready).await {
+            Ok(Ok(Ok(connector))) => std::panic::catch_unwind(AssertUnwindSafe(|| connector.call(address)))
+                .map_err(connector_panicked),
+            Ok(Ok(Err(e))) => Err(e.into()),
+            Ok(Err(panic)) => Err(connector_panicked(panic)),
+            Err(_) => Err(format!("the connector was not ready within {timeout:?}").into()),
+        };
         self.connecting.push(Box::pin(async move {
             let result = match call {
-                Ok(future) => match tokio::time::timeout(timeout, future).await {
-                    Ok(result) => result.map_err(Into::into),
-                    Err(_) => Err(format!("connection attempt timed out after {timeout:?}").into()),
-                },
+                Ok(future) => {
+                    match tokio::time::timeout(timeout, AssertUnwindSafe(future).catch_unwind()).await {
+                        Ok(Ok(result)) => result.map_err(Into::into),
+                        Ok(Err(panic)) => Err(connector_panicked(panic)),
+                        Err(_) => Err(format!("connection attempt timed out after {timeout:?}").into()),
+                    }
+                }
                 Err(e) => Err(e),
             };
             (task, attempt, result)
