@@ -1,25 +1,32 @@
 //! Unary RPC throughput and latency over loopback: the steady channel against plain
 //! tonic channels, side by side in one run.
 //!
-//! `cargo run --release -p steady-benches --bin rpc-throughput -- [--threads 1] [--seconds 1] [--runs 3]`
+//! `cargo run --release -p steady-benches --bin rpc-throughput -- [--threads 1] [--seconds 1]
+//! [--runs 3] [--concurrency 1,16,256] [--clients rr4,steady,balance_list,single]`
+//!
+//! Four echo servers (64-byte payloads) run on a runtime of their own; the client
+//! runtime has `--threads` worker threads (1 gives steadier figures on a shared
+//! 2-core machine). Clients:
+//! * `rr4` — 4 plain `Channel`s picked by an atomic round-robin counter (the floor);
+//! * `steady` — a `SteadyChannel` over the 4 servers (k = 4);
+//! * `balance_list` — tonic's `Channel::balance_list` over the same 4;
+//! * `single` — one plain `Channel` to one server.
+//!
+//! For each concurrency, every client first warms up for a quarter round; then come
+//! `--runs` rounds of `--seconds` each. Within a round every client runs once, in an
+//! order rotated from round to round, so that the machine's drift (this machine's
+//! throughput moves by tens of percent over minutes) hits all clients alike. Per
+//! client it prints the median throughput, p50/p99 latency of its median round, the
+//! median over rounds of its throughput ratio to `rr4` and to `balance_list` in the
+//! same round, and the CPU time the process spent per request.
 //!
 //! `STEADY_LOAD=ewma` makes the steady channel balance by Peak EWMA latency instead of
 //! in-flight counts.
 //!
 //! For a quieter measurement, run the servers in a process of their own on another core:
 //! `taskset -c 1 rpc-throughput --serve` prints their addresses; then
-//! `taskset -c 0 rpc-throughput --threads 1 --connect ADDR,ADDR,ADDR,ADDR`.
-//!
-//! Four echo servers (64-byte payloads) run on a runtime of their own; the client
-//! runtime has `--threads` worker threads (1 gives steadier figures on a shared
-//! 2-core machine). For each client and concurrency (1, 16, 256) it runs `--runs`
-//! rounds of `--seconds` each and prints the median throughput and the p50/p99
-//! latency of the median round, with the ratio to the 4-channel round-robin floor.
-//! Clients:
-//! * `steady` — a `SteadyChannel` over the 4 servers (k = 4);
-//! * `rr4` — 4 plain `Channel`s picked by an atomic round-robin counter (the floor);
-//! * `balance_list` — tonic's `Channel::balance_list` over the same 4;
-//! * `single` — one plain `Channel` to one server.
+//! `taskset -c 0 rpc-throughput --threads 1 --connect ADDR,ADDR,ADDR,ADDR`. The CPU
+//! column is then the client's own cost per request.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -68,10 +75,22 @@ struct Options {
     serve: bool,
     /// Use servers already running at these addresses (from `--serve`).
     connect: Option<Vec<SocketAddr>>,
+    /// The concurrency levels to measure.
+    concurrency: Vec<usize>,
+    /// The clients to run (ratios need `rr4` and `balance_list` among them).
+    clients: Vec<String>,
 }
 
 fn options() -> Options {
-    let mut o = Options { threads: 1, seconds: 1.0, runs: 3, serve: false, connect: None };
+    let mut o = Options {
+        threads: 1,
+        seconds: 1.0,
+        runs: 3,
+        serve: false,
+        connect: None,
+        concurrency: vec![1, 16, 256],
+        clients: CLIENTS.iter().map(ToString::to_string).collect(),
+    };
     let args: Vec<String> = std::env::args().skip(1).collect();
     for pair in args.chunks(2) {
         let value = pair.get(1).map(String::as_str).unwrap_or("");
@@ -86,12 +105,22 @@ fn options() -> Options {
                     panic!("--serve takes no value; put it last");
                 }
             }
+            "--clients" => o.clients = value.split(',').map(ToString::to_string).collect(),
+            "--concurrency" => {
+                o.concurrency = value.split(',').map(|c| c.parse().expect("--concurrency N,N,...")).collect()
+            }
             "--connect" => {
                 o.connect =
                     Some(value.split(',').map(|a| a.parse().expect("--connect ADDR,ADDR,...")).collect())
             }
             other => panic!("unknown option {other}"),
         }
+    }
+    if let Some(unknown) = o.clients.iter().find(|c| !CLIENTS.contains(&c.as_str())) {
+        panic!("unknown client {unknown}; the clients are {CLIENTS:?}");
+    }
+    if o.runs == 0 {
+        panic!("--runs must be at least 1");
     }
     o
 }
@@ -117,8 +146,34 @@ fn start_servers() -> Vec<SocketAddr> {
     rx.recv().unwrap()
 }
 
-/// One round: `concurrency` loops for `seconds`; returns (requests per second, latencies µs).
-async fn round<T>(client: EchoClient<T>, concurrency: usize, seconds: f64) -> (f64, Vec<u32>)
+/// Nanoseconds this process's threads have run on a CPU (Linux: the sum of
+/// `/proc/self/task/*/schedstat`); `None` elsewhere.
+fn cpu_ns() -> Option<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(total)
+}
+
+/// What one round measured.
+#[derive(Clone)]
+struct Round {
+    /// Requests per second.
+    rate: f64,
+    /// Every request's latency in µs, sorted.
+    latencies: Vec<u32>,
+    /// CPU time this process spent per request, in µs (with `--connect`, the client's
+    /// own cost; otherwise clients and servers together).
+    cpu_us: Option<f64>,
+}
+
+/// The clients, in the order a round runs them (rotated from round to round).
+const CLIENTS: [&str; 4] = ["rr4", "steady", "balance_list", "single"];
+
+/// One round: `concurrency` loops for `seconds`.
+async fn round<T>(client: EchoClient<T>, concurrency: usize, seconds: f64) -> Round
 where
     T: tonic::client::GrpcService<Body> + Clone + Send + 'static,
     T::Future: Send,
@@ -128,6 +183,7 @@ where
 {
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     let start = Instant::now();
+    let cpu_start = cpu_ns();
     let tasks: Vec<_> = (0..concurrency)
         .map(|_| {
             let mut client = client.clone();
@@ -147,8 +203,14 @@ where
         all.extend(t.await.unwrap());
     }
     let rate = all.len() as f64 / start.elapsed().as_secs_f64();
+    let cpu_us = cpu_start.zip(cpu_ns()).map(|(a, b)| (b - a) as f64 / 1e3 / all.len().max(1) as f64);
     all.sort_unstable();
-    (rate, all)
+    Round { rate, latencies: all, cpu_us }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
 }
 
 fn pct(sorted: &[u32], p: f64) -> u32 {
@@ -192,41 +254,63 @@ fn main() {
         let balanced = Channel::balance_list(endpoints.clone().into_iter());
         let single = endpoints[0].connect().await.expect("connect");
         println!(
-            "# client runtime threads: {}, {} s per round, median of {} rounds",
+            "# client runtime threads: {}, {} s per round, {} interleaved rounds per client",
             o.threads, o.seconds, o.runs
         );
         println!(
-            "{:<14} {:>5} {:>11} {:>8} {:>8} {:>9}",
-            "client", "conc", "req/s", "p50 µs", "p99 µs", "vs rr4"
+            "{:<14} {:>5} {:>11} {:>8} {:>8} {:>9} {:>9} {:>9}",
+            "client", "conc", "req/s", "p50 µs", "p99 µs", "vs rr4", "vs bl", "cpu µs/r"
         );
-        for concurrency in [1usize, 16, 256] {
-            let mut floor = 0.0;
-            for name in ["rr4", "steady", "balance_list", "single"] {
-                let mut rounds = Vec::new();
-                for _ in 0..o.runs {
-                    let r = match name {
-                        "steady" => round(EchoClient::new(steady.clone()), concurrency, o.seconds).await,
-                        "rr4" => round(EchoClient::new(rr.clone()), concurrency, o.seconds).await,
-                        "balance_list" => {
-                            round(EchoClient::new(balanced.clone()), concurrency, o.seconds).await
-                        }
-                        _ => round(EchoClient::new(single.clone()), concurrency, o.seconds).await,
-                    };
-                    rounds.push(r);
+        let clients: Vec<&str> = o.clients.iter().map(String::as_str).collect();
+        let position = |name: &str| clients.iter().position(|c| *c == name);
+        for &concurrency in &o.concurrency {
+            let run = |name: &str, seconds: f64| {
+                let (steady, rr, balanced, single) =
+                    (steady.clone(), rr.clone(), balanced.clone(), single.clone());
+                let name = name.to_string();
+                async move {
+                    match name.as_str() {
+                        "steady" => round(EchoClient::new(steady), concurrency, seconds).await,
+                        "rr4" => round(EchoClient::new(rr), concurrency, seconds).await,
+                        "balance_list" => round(EchoClient::new(balanced), concurrency, seconds).await,
+                        _ => round(EchoClient::new(single), concurrency, seconds).await,
+                    }
                 }
-                rounds.sort_by(|a, b| a.0.total_cmp(&b.0));
-                let (rate, latencies) = &rounds[rounds.len() / 2];
-                if name == "rr4" {
-                    floor = *rate;
+            };
+            // Warm every client up at this concurrency (h2 windows, allocator, caches).
+            for name in &clients {
+                run(name, o.seconds / 4.0).await;
+            }
+            // Round r runs the clients in an order rotated by r, so that drift in the
+            // machine's speed hits every client alike; ratios are taken within a round.
+            let mut rounds: Vec<Vec<Round>> = vec![Vec::new(); clients.len()];
+            for r in 0..o.runs {
+                for i in 0..clients.len() {
+                    let c = (i + r) % clients.len();
+                    rounds[c].push(run(clients[c], o.seconds).await);
                 }
+            }
+            for (c, name) in clients.iter().enumerate() {
+                let ratio_to = |base: Option<usize>| {
+                    base.map_or("-".to_string(), |base| {
+                        let ratios = (0..o.runs).map(|r| rounds[c][r].rate / rounds[base][r].rate);
+                        format!("{:.2}x", median(ratios.collect()))
+                    })
+                };
+                let cpu = rounds[c].iter().map(|r| r.cpu_us).collect::<Option<Vec<f64>>>().map(median);
+                let mut own: Vec<&Round> = rounds[c].iter().collect();
+                own.sort_by(|a, b| a.rate.total_cmp(&b.rate));
+                let Round { rate, latencies, .. } = own[own.len() / 2];
                 println!(
-                    "{:<14} {:>5} {:>11.0} {:>8} {:>8} {:>8.2}x",
+                    "{:<14} {:>5} {:>11.0} {:>8} {:>8} {:>9} {:>9} {:>9}",
                     name,
                     concurrency,
                     rate,
                     pct(latencies, 0.5),
                     pct(latencies, 0.99),
-                    rate / floor
+                    ratio_to(position("rr4")),
+                    ratio_to(position("balance_list")),
+                    cpu.map_or("-".to_string(), |c| format!("{c:.2}"))
                 );
             }
         }
