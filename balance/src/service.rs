@@ -105,10 +105,12 @@ where
     ///
     /// * `connector` makes a connection (the service `S`) to a task's address; a
     ///   `tower::service_fn(|addr| async { ... })` will do. An attempt that errs, takes
-    ///   longer than the connect timeout (readiness included) or panics counts as a
-    ///   failed connection: its backend backs off and a stand-in serves. The control
-    ///   task waits for the connector's readiness, so a connector that is slow to be
-    ///   ready delays the other connection attempts.
+    ///   longer than the connect timeout (readiness included) or panics (with
+    ///   `panic = "unwind"`, the default) counts as a failed connection: its backend
+    ///   backs off and a stand-in serves. The control task awaits the connector's
+    ///   readiness inline, up to the connect timeout per attempt, and does nothing
+    ///   else meanwhile: a connector that is slow to be ready (or limits concurrent
+    ///   connects) delays membership changes and fails the attempts it holds up.
     /// * `job` yields views of the backend job; each replaces the previous one. When the
     ///   stream ends, the last view stays in force.
     ///

@@ -317,17 +317,23 @@ where
     /// Starts a connection attempt; returns its id.
     ///
     /// The attempt fails, and its backend backs off, when the connector is not ready
-    /// within the connect timeout, when connecting takes longer than that, when the
-    /// connector returns an error, and when it panics: a faulty connector costs its
-    /// backend a retry, never the control task. (A connector that is not ready still
-    /// holds the control task up to the connect timeout per attempt.)
+    /// and connected within the connect timeout (one budget for both), when it
+    /// returns an error, and when it panics (with `panic = "unwind"`): a faulty
+    /// connector costs its backend a retry, never the control task.
+    ///
+    /// Readiness is awaited here, inline: while the connector is not ready the control
+    /// task handles nothing else, for up to the connect timeout per attempt. A
+    /// connector whose readiness waits for earlier attempts to finish (a concurrency
+    /// limit) therefore fails the attempts beyond its limit after that timeout; they
+    /// back off and retry.
     async fn connect(&mut self, task: usize, address: T) -> u64 {
         self.next_id += 1;
         let attempt = self.next_id;
         tracing::debug!(task, ?address, attempt, "connecting");
         let timeout = self.config.connect_timeout;
+        let deadline = Instant::now() + timeout;
         let ready = AssertUnwindSafe(self.connector.ready()).catch_unwind();
-        let call = match tokio::time::timeout(timeout, ready).await {
+        let call = match tokio::time::timeout_at(deadline, ready).await {
             Ok(Ok(Ok(connector))) => std::panic::catch_unwind(AssertUnwindSafe(|| connector.call(address)))
                 .map_err(connector_panicked),
             Ok(Ok(Err(e))) => Err(e.into()),
@@ -337,7 +343,7 @@ where
         self.connecting.push(Box::pin(async move {
             let result = match call {
                 Ok(future) => {
-                    match tokio::time::timeout(timeout, AssertUnwindSafe(future).catch_unwind()).await {
+                    match tokio::time::timeout_at(deadline, AssertUnwindSafe(future).catch_unwind()).await {
                         Ok(Ok(result)) => result.map_err(Into::into),
                         Ok(Err(panic)) => Err(connector_panicked(panic)),
                         Err(_) => Err(format!("connection attempt timed out after {timeout:?}").into()),

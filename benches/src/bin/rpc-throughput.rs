@@ -119,8 +119,8 @@ fn options() -> Options {
     if let Some(unknown) = o.clients.iter().find(|c| !CLIENTS.contains(&c.as_str())) {
         panic!("unknown client {unknown}; the clients are {CLIENTS:?}");
     }
-    if o.runs == 0 {
-        panic!("--runs must be at least 1");
+    if o.runs == 0 || o.concurrency.contains(&0) || o.seconds.is_nan() || o.seconds <= 0.0 {
+        panic!("--runs, --concurrency and --seconds must be positive");
     }
     o
 }
@@ -146,8 +146,9 @@ fn start_servers() -> Vec<SocketAddr> {
     rx.recv().unwrap()
 }
 
-/// Nanoseconds this process's threads have run on a CPU (Linux: the sum of
-/// `/proc/self/task/*/schedstat`); `None` elsewhere.
+/// Nanoseconds this process's live threads have run on a CPU (Linux: the sum of
+/// `/proc/self/task/*/schedstat`); `None` elsewhere. Threads that exit are not
+/// counted (the runtimes' worker threads live for the whole run).
 fn cpu_ns() -> Option<u64> {
     let mut total = 0;
     for task in std::fs::read_dir("/proc/self/task").ok()? {
@@ -203,7 +204,8 @@ where
         all.extend(t.await.unwrap());
     }
     let rate = all.len() as f64 / start.elapsed().as_secs_f64();
-    let cpu_us = cpu_start.zip(cpu_ns()).map(|(a, b)| (b - a) as f64 / 1e3 / all.len().max(1) as f64);
+    let cpu_us =
+        cpu_start.zip(cpu_ns()).map(|(a, b)| b.saturating_sub(a) as f64 / 1e3 / all.len().max(1) as f64);
     all.sort_unstable();
     Round { rate, latencies: all, cpu_us }
 }
