@@ -107,10 +107,9 @@ where
     ///   `tower::service_fn(|addr| async { ... })` will do. An attempt that errs, takes
     ///   longer than the connect timeout (readiness included) or panics (with
     ///   `panic = "unwind"`, the default) counts as a failed connection: its backend
-    ///   backs off and a stand-in serves. The control task awaits the connector's
-    ///   readiness inline, up to the connect timeout per attempt, and does nothing
-    ///   else meanwhile: a connector that is slow to be ready (or limits concurrent
-    ///   connects) delays membership changes and fails the attempts it holds up.
+    ///   backs off and a stand-in serves. Attempts wait for the connector's readiness
+    ///   in a queue, so a connector that limits concurrent connects
+    ///   (`ConcurrencyLimit`) works, and one that is never ready holds up nothing else.
     /// * `job` yields views of the backend job; each replaces the previous one. When the
     ///   stream ends, the last view stays in force.
     ///

@@ -511,13 +511,12 @@ async fn a_connector_that_never_becomes_ready_does_not_stall_the_balancer() {
     let config =
         BalanceConfig::new(0, 2).with_connect_timeout(Duration::from_secs(1)).with_no_backend_wait(wait);
     let balance = Balance::new(config, NeverReady, WatchStream::new(rx));
-    // Each attempt gives up after the connect timeout (one at a time: the control task
-    // waits for the connector's readiness).
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    assert!(balance.stats().connect_failures >= 1, "{:?}", balance.stats());
-    // The control task still follows the job: the new view's subset is wanted.
+    // Both attempts wait for readiness side by side and give up at the connect timeout.
+    tokio::time::sleep(Duration::from_millis(1010)).await;
+    assert_eq!(balance.stats().connect_failures, 2, "{:?}", balance.stats());
+    // The control task is never held up: it follows a new view at once.
     views.send_replace(JobView::serving(0..3));
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(1)).await;
     let s = balance.stats();
     assert_eq!(s.subset[..2], subset(0, 3, 2)[..], "{s:?}");
     // And requests fail fast rather than hang.
@@ -595,4 +594,22 @@ async fn readiness_and_connecting_share_one_connect_timeout() {
     tokio::time::sleep(ms(700)).await;
     let s = balance.stats();
     assert_eq!((s.connections_opened, s.connect_failures), (1, 0), "{s:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_connector_limited_to_one_connect_at_a_time_connects_the_whole_subset() {
+    // Each connect takes 100 ms and the connector takes one at a time: its readiness
+    // waits for the previous connect to finish.
+    let connect = service_fn(|_task: usize| async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        Ok::<Conn, BoxError>(mock::pair::<u32, usize>().0)
+    });
+    let connector = tower::limit::ConcurrencyLimit::new(connect, 1);
+    let (_views, rx) = watch::channel(JobView::serving(0..10));
+    let config = BalanceConfig::new(0, 4).with_connect_timeout(Duration::from_secs(1));
+    let balance = Balance::new(config, connector, WatchStream::new(rx));
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let s = balance.stats();
+    assert_eq!((s.connections_opened, s.connect_failures), (4, 0), "{s:?}");
+    assert_eq!(s.members.len(), 4);
 }

@@ -10,18 +10,15 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
-use std::future::Future;
-use std::panic::AssertUnwindSafe;
-use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use futures_util::stream::FuturesUnordered;
-use futures_util::{FutureExt, Stream, StreamExt};
+use std::future::poll_fn;
+
+use futures_util::{Stream, StreamExt};
 use steady_subset::prng::SplitMix64;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tower::ServiceExt;
 
 use crate::assignment::Assignment;
 use crate::config::BalanceConfig;
@@ -34,12 +31,14 @@ use crate::table::{Counters, RoutingTable, Shared};
 
 mod affinity;
 mod assignments;
+mod attempts;
 mod health;
 mod order;
 
 use affinity::AffinityUse;
 use assignments::next_assignment;
 pub(crate) use assignments::AssignmentSource;
+use attempts::Attempts;
 use health::Health;
 use order::candidate_order;
 
@@ -62,18 +61,6 @@ impl fmt::Debug for Command {
     }
 }
 
-/// A connector's panic as a connection error (its message, when it has one).
-fn connector_panicked(payload: Box<dyn std::any::Any + Send>) -> BoxError {
-    let message = payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "no message".to_string());
-    format!("the connector panicked: {message}").into()
-}
-
-type Connecting<S> = Pin<Box<dyn Future<Output = (usize, u64, Result<S, BoxError>)> + Send>>;
-
 /// The connection to one wanted backend task.
 enum SlotState<S> {
     /// A connection attempt is under way (identified by `attempt`).
@@ -91,7 +78,7 @@ struct Slot<T, S> {
 
 pub(crate) struct Control<T, C, S, J> {
     config: BalanceConfig,
-    connector: C,
+    attempts: Attempts<T, C, S>,
     job: Option<J>,
     view: JobView<T>,
     commands: mpsc::UnboundedReceiver<Command>,
@@ -101,7 +88,6 @@ pub(crate) struct Control<T, C, S, J> {
     slots: BTreeMap<usize, Slot<T, S>>,
     /// Out of rotation, waiting for requests in flight to finish, by connection id.
     draining: HashMap<u64, Arc<Endpoint<S>>>,
-    connecting: FuturesUnordered<Connecting<S>>,
     next_id: u64,
     rng: SplitMix64,
     version: u64,
@@ -133,8 +119,8 @@ where
         let (feedback_tx, feedback) = mpsc::unbounded_channel();
         let rng = SplitMix64::new(config.frontend as u64 ^ 0xC0_FFEE);
         Self {
+            attempts: Attempts::new(connector, config.connect_timeout),
             config,
-            connector,
             job: Some(job),
             view: JobView::default(),
             commands,
@@ -143,7 +129,6 @@ where
             shared,
             slots: BTreeMap::new(),
             draining: HashMap::new(),
-            connecting: FuturesUnordered::new(),
             next_id: 0,
             rng,
             version: 0,
@@ -169,7 +154,7 @@ where
                     self.on_assignment(item).await;
                 }
                 Some(feedback) = self.feedback.recv() => self.on_feedback(feedback).await,
-                Some((task, attempt, result)) = self.connecting.next(), if !self.connecting.is_empty() => {
+                (task, attempt, result) = poll_fn(|cx| self.attempts.poll_outcome(cx)), if !self.attempts.is_idle() => {
                     self.on_connected(task, attempt, result).await;
                 }
                 view = next_view(&mut self.job), if self.job.is_some() => match view {
@@ -292,7 +277,7 @@ where
                 // A kept subset (for a view no subset can be computed for) may name
                 // tasks that no longer serve: skip them.
                 let Some(address) = self.view.serving_task(task).cloned() else { continue };
-                let attempt = self.connect(task, address.clone()).await;
+                let attempt = self.connect(task, address.clone());
                 self.slots.insert(task, Slot { address, state: SlotState::Connecting { attempt } });
                 if affinity.contains(&task) {
                     Counters::add(&self.shared.counters.affinity_opened, 1);
@@ -314,45 +299,13 @@ where
         self.reconcile().await;
     }
 
-    /// Starts a connection attempt; returns its id.
-    ///
-    /// The attempt fails, and its backend backs off, when the connector is not ready
-    /// and connected within the connect timeout (one budget for both), when it
-    /// returns an error, and when it panics (with `panic = "unwind"`): a faulty
-    /// connector costs its backend a retry, never the control task.
-    ///
-    /// Readiness is awaited here, inline: while the connector is not ready the control
-    /// task handles nothing else, for up to the connect timeout per attempt. A
-    /// connector whose readiness waits for earlier attempts to finish (a concurrency
-    /// limit) therefore fails the attempts beyond its limit after that timeout; they
-    /// back off and retry.
-    async fn connect(&mut self, task: usize, address: T) -> u64 {
+    /// Starts a connection attempt; returns its id. It comes to an outcome (see
+    /// [`attempts`]) within the connect timeout, without holding up the control task.
+    fn connect(&mut self, task: usize, address: T) -> u64 {
         self.next_id += 1;
         let attempt = self.next_id;
         tracing::debug!(task, ?address, attempt, "connecting");
-        let timeout = self.config.connect_timeout;
-        let deadline = Instant::now() + timeout;
-        let ready = AssertUnwindSafe(self.connector.ready()).catch_unwind();
-        let call = match tokio::time::timeout_at(deadline, ready).await {
-            Ok(Ok(Ok(connector))) => std::panic::catch_unwind(AssertUnwindSafe(|| connector.call(address)))
-                .map_err(connector_panicked),
-            Ok(Ok(Err(e))) => Err(e.into()),
-            Ok(Err(panic)) => Err(connector_panicked(panic)),
-            Err(_) => Err(format!("the connector was not ready within {timeout:?}").into()),
-        };
-        self.connecting.push(Box::pin(async move {
-            let result = match call {
-                Ok(future) => {
-                    match tokio::time::timeout_at(deadline, AssertUnwindSafe(future).catch_unwind()).await {
-                        Ok(Ok(result)) => result.map_err(Into::into),
-                        Ok(Err(panic)) => Err(connector_panicked(panic)),
-                        Err(_) => Err(format!("connection attempt timed out after {timeout:?}").into()),
-                    }
-                }
-                Err(e) => Err(e),
-            };
-            (task, attempt, result)
-        }));
+        self.attempts.start(task, attempt, address);
         attempt
     }
 
@@ -434,7 +387,7 @@ where
             .map(|(task, s)| (*task, s.address.clone()))
             .collect();
         for (task, address) in due {
-            let attempt = self.connect(task, address).await;
+            let attempt = self.connect(task, address);
             if let Some(slot) = self.slots.get_mut(&task) {
                 slot.state = SlotState::Connecting { attempt };
             }
