@@ -63,7 +63,9 @@ pub struct BalanceConfig {
     /// Reconnection delays after a failure.
     pub backoff: Backoff,
     /// How long a connection attempt may take before it counts as failed (default 5 s);
-    /// waiting for the connector to be ready counts against it too.
+    /// waiting for the connector to be ready counts against it too. With a connector
+    /// that connects one at a time, make it longer than `k` connects take, or the last
+    /// attempts of a fresh subset fail (and back off) while they wait their turn.
     pub connect_timeout: Duration,
     /// How long a request waits for a ready backend before failing with
     /// [`crate::BalanceError::NoReadyBackends`] (default 1 s).

@@ -613,3 +613,32 @@ async fn a_connector_limited_to_one_connect_at_a_time_connects_the_whole_subset(
     assert_eq!((s.connections_opened, s.connect_failures), (4, 0), "{s:?}");
     assert_eq!(s.members.len(), 4);
 }
+
+#[tokio::test(start_paused = true)]
+async fn attempts_queued_for_tasks_that_left_the_subset_take_no_connector_time() {
+    // One connect at a time, 150 ms each, 1 s budget: the first subset's 4 attempts
+    // queue, then those 4 tasks start draining and 4 others are wanted.
+    let connect = service_fn(|_task: usize| async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        Ok::<Conn, BoxError>(mock::pair::<u32, usize>().0)
+    });
+    let connector = tower::limit::ConcurrencyLimit::new(connect, 1);
+    let (views, rx) = watch::channel(JobView::serving(0..10));
+    let config = BalanceConfig::new(0, 4).with_connect_timeout(Duration::from_secs(1));
+    let balance = Balance::new(config, connector, WatchStream::new(rx));
+    let before = subset(0, 10, 4);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let drained = before.iter().fold(JobView::serving(0..10), |v, &t| v.with_state(t, TaskState::Draining));
+    views.send_replace(drained);
+    // The one attempt already connecting finishes at 150 ms; the 3 stale ones are
+    // skipped, so the new 4 connect by 750 ms, within their budget (they would fail if
+    // the stale ones took 450 ms of connector time first).
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let s = balance.stats();
+    assert!(s.subset.iter().all(|t| !before.contains(t)), "{s:?}");
+    let mut ready: Vec<usize> = s.members.iter().map(|m| m.task).collect();
+    ready.sort_unstable();
+    let mut want = s.subset.clone();
+    want.sort_unstable();
+    assert_eq!((ready, s.connect_failures), (want, 0), "{s:?}");
+}

@@ -5,7 +5,8 @@
 //! ready, then connects, and either way its outcome arrives within the connect timeout
 //! (one budget for readiness and connecting). A connector that errs, never becomes
 //! ready, hangs or panics (with `panic = "unwind"`) fails that attempt, and its
-//! backend backs off like after any failed connection.
+//! backend backs off like after any failed connection. An attempt whose task left the
+//! subset while it waited is dropped before it reaches the connector.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -75,9 +76,20 @@ where
     }
 
     /// Starts the waiting attempts the connector is ready for, fails those out of
-    /// time, and returns the next outcome.
-    pub(super) fn poll_outcome(&mut self, cx: &mut Context<'_>) -> Poll<Outcome<S>> {
-        while let Some(deadline) = self.waiting.front().map(|w| w.deadline) {
+    /// time, and returns the next outcome. Waiting attempts that `current(task,
+    /// attempt)` says are stale (their task left the subset, or a newer attempt
+    /// replaced them) are dropped without an outcome, so they take no connector time.
+    pub(super) fn poll_outcome(
+        &mut self,
+        cx: &mut Context<'_>,
+        current: impl Fn(usize, u64) -> bool,
+    ) -> Poll<Outcome<S>> {
+        while let Some(front) = self.waiting.front() {
+            if !current(front.task, front.attempt) {
+                self.waiting.pop_front();
+                continue;
+            }
+            let deadline = front.deadline;
             if deadline <= Instant::now() {
                 let timeout = self.timeout;
                 self.fail_front(format!("the connector was not ready within {timeout:?}").into());

@@ -13,9 +13,8 @@ use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use std::future::poll_fn;
-
 use futures_util::{Stream, StreamExt};
+use std::future::poll_fn;
 use steady_subset::prng::SplitMix64;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -74,6 +73,12 @@ enum SlotState<S> {
 struct Slot<T, S> {
     address: T,
     state: SlotState<S>,
+}
+
+/// Whether `task`'s slot still waits for connection attempt `attempt` (the task has
+/// not left the subset, and no newer attempt replaced this one).
+fn awaits<T, S>(slots: &BTreeMap<usize, Slot<T, S>>, task: usize, attempt: u64) -> bool {
+    slots.get(&task).is_some_and(|s| matches!(s.state, SlotState::Connecting { attempt: a } if a == attempt))
 }
 
 pub(crate) struct Control<T, C, S, J> {
@@ -154,7 +159,9 @@ where
                     self.on_assignment(item).await;
                 }
                 Some(feedback) = self.feedback.recv() => self.on_feedback(feedback).await,
-                (task, attempt, result) = poll_fn(|cx| self.attempts.poll_outcome(cx)), if !self.attempts.is_idle() => {
+                (task, attempt, result) = poll_fn(|cx| {
+                    self.attempts.poll_outcome(cx, |task, attempt| awaits(&self.slots, task, attempt))
+                }), if !self.attempts.is_idle() => {
                     self.on_connected(task, attempt, result).await;
                 }
                 view = next_view(&mut self.job), if self.job.is_some() => match view {
@@ -310,11 +317,11 @@ where
     }
 
     async fn on_connected(&mut self, task: usize, attempt: u64, result: Result<S, BoxError>) {
-        let Some(slot) = self.slots.get(&task) else { return };
-        if !matches!(slot.state, SlotState::Connecting { attempt: a } if a == attempt) {
+        if !awaits(&self.slots, task, attempt) {
             // A stale attempt (the task left and came back): drop its connection.
             return;
         }
+        let Some(slot) = self.slots.get(&task) else { return };
         let address = slot.address.clone();
         let state = match result {
             Ok(service) => {
