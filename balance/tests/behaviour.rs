@@ -596,15 +596,23 @@ async fn readiness_and_connecting_share_one_connect_timeout() {
     assert_eq!((s.connections_opened, s.connect_failures), (1, 0), "{s:?}");
 }
 
+/// A connector that connects one task at a time (`ConcurrencyLimit` of 1), each
+/// connect taking `takes`.
+fn one_at_a_time(
+    takes: Duration,
+) -> impl tower::Service<usize, Response = Conn, Error = BoxError, Future: Send> + Send + 'static {
+    let connect = service_fn(move |_task: usize| async move {
+        tokio::time::sleep(takes).await;
+        Ok::<Conn, BoxError>(mock::pair::<u32, usize>().0)
+    });
+    tower::limit::ConcurrencyLimit::new(connect, 1)
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_connector_limited_to_one_connect_at_a_time_connects_the_whole_subset() {
     // Each connect takes 100 ms and the connector takes one at a time: its readiness
     // waits for the previous connect to finish.
-    let connect = service_fn(|_task: usize| async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        Ok::<Conn, BoxError>(mock::pair::<u32, usize>().0)
-    });
-    let connector = tower::limit::ConcurrencyLimit::new(connect, 1);
+    let connector = one_at_a_time(Duration::from_millis(100));
     let (_views, rx) = watch::channel(JobView::serving(0..10));
     let config = BalanceConfig::new(0, 4).with_connect_timeout(Duration::from_secs(1));
     let balance = Balance::new(config, connector, WatchStream::new(rx));
@@ -618,11 +626,7 @@ async fn a_connector_limited_to_one_connect_at_a_time_connects_the_whole_subset(
 async fn attempts_queued_for_tasks_that_left_the_subset_take_no_connector_time() {
     // One connect at a time, 150 ms each, 1 s budget: the first subset's 4 attempts
     // queue, then those 4 tasks start draining and 4 others are wanted.
-    let connect = service_fn(|_task: usize| async {
-        tokio::time::sleep(Duration::from_millis(150)).await;
-        Ok::<Conn, BoxError>(mock::pair::<u32, usize>().0)
-    });
-    let connector = tower::limit::ConcurrencyLimit::new(connect, 1);
+    let connector = one_at_a_time(Duration::from_millis(150));
     let (views, rx) = watch::channel(JobView::serving(0..10));
     let config = BalanceConfig::new(0, 4).with_connect_timeout(Duration::from_secs(1));
     let balance = Balance::new(config, connector, WatchStream::new(rx));
