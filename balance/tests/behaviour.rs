@@ -5,7 +5,7 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use steady_balance::{Backoff, Balance, BalanceConfig, BalanceError, JobView, Load, TaskState};
+use steady_balance::{Backoff, Balance, BalanceConfig, BalanceError, BalanceStats, JobView, Load, TaskState};
 use steady_subset::{Algorithm, Subsetting};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::WatchStream;
@@ -76,6 +76,11 @@ async fn settle() {
     for _ in 0..50 {
         tokio::task::yield_now().await;
     }
+}
+
+/// The tasks of the routing table's members.
+fn ready(s: &BalanceStats) -> HashSet<usize> {
+    s.members.iter().map(|m| m.task).collect()
 }
 
 fn subset(m: usize, n: usize, k: usize) -> Vec<usize> {
@@ -454,8 +459,7 @@ async fn a_connector_that_panics_costs_its_backend_a_retry_and_a_stand_in_serves
     let s = h.balance.stats();
     assert_eq!(s.connect_failures, 1, "the panic counts as a failed attempt");
     assert_eq!(s.subset, order, "the next in order stands in");
-    let ready: HashSet<usize> = s.members.iter().map(|m| m.task).collect();
-    assert_eq!(ready, order[1..].iter().copied().collect());
+    assert_eq!(ready(&s), order[1..].iter().copied().collect());
     // The control task lives on: once the connector behaves, the retry connects the
     // member and the stand-in leaves.
     h.faults.lock().unwrap().clear();
@@ -483,8 +487,7 @@ async fn a_connection_attempt_that_never_finishes_times_out_and_a_stand_in_serve
     let s = h.balance.stats();
     assert_eq!(s.connect_failures, 1);
     assert_eq!(s.subset, order);
-    let ready: HashSet<usize> = s.members.iter().map(|m| m.task).collect();
-    assert_eq!(ready, [order[0], order[2], order[3]].into_iter().collect());
+    assert_eq!(ready(&s), [order[0], order[2], order[3]].into_iter().collect());
 }
 
 /// A connector whose readiness never comes.
@@ -640,9 +643,5 @@ async fn attempts_queued_for_tasks_that_left_the_subset_take_no_connector_time()
     tokio::time::sleep(Duration::from_millis(800)).await;
     let s = balance.stats();
     assert!(s.subset.iter().all(|t| !before.contains(t)), "{s:?}");
-    let mut ready: Vec<usize> = s.members.iter().map(|m| m.task).collect();
-    ready.sort_unstable();
-    let mut want = s.subset.clone();
-    want.sort_unstable();
-    assert_eq!((ready, s.connect_failures), (want, 0), "{s:?}");
+    assert_eq!((ready(&s), s.connect_failures), (s.subset.iter().copied().collect(), 0), "{s:?}");
 }

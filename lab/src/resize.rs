@@ -84,13 +84,6 @@ async fn start_backends(n: usize) -> std::io::Result<Vec<(SocketAddr, tokio::syn
     Ok(out)
 }
 
-fn percentile(sorted: &[u32], p: f64) -> u32 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
 /// Runs the experiment.
 pub fn run(out: &mut impl Write, args: &ResizeArgs) -> LabResult {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
@@ -179,8 +172,8 @@ async fn experiment(out: &mut impl Write, args: &ResizeArgs) -> LabResult {
                 opened: now.0 - before[f].0,
                 closed: now.1 - before[f].1,
                 failures: log.failures,
-                p50_us: percentile(&lat, 0.5),
-                p99_us: percentile(&lat, 0.99),
+                p50_us: steady_tonic::demo::percentile(&lat, 0.5),
+                p99_us: steady_tonic::demo::percentile(&lat, 0.99),
                 max_per_backend: live.iter().copied().max().unwrap_or(0),
                 mean_per_backend: live.iter().sum::<usize>() as f64 / size.max(1) as f64,
             };

@@ -1,5 +1,6 @@
 //! A tiny echo backend for the demo, the benchmarks and tests: it answers every
-//! `Echo` call with the payload and its own task index.
+//! `Echo` call with the payload and its own task index. Also the latency percentile
+//! the demo and the throughput benchmark report.
 
 use std::net::SocketAddr;
 
@@ -40,4 +41,27 @@ pub async fn serve_echo(task: u32) -> std::io::Result<(SocketAddr, oneshot::Send
         ),
     );
     Ok((addr, stop))
+}
+
+/// The sample at quantile `p` (0.0 to 1.0, nearest rank) of `sorted` samples, such as
+/// request latencies in µs; 0 when there are none.
+pub fn percentile(sorted: &[u32], p: f64) -> u32 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p.clamp(0.0, 1.0)).round() as usize]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percentile;
+
+    #[test]
+    fn percentile_takes_the_nearest_rank() {
+        let samples: Vec<u32> = (1..=101).collect();
+        assert_eq!(percentile(&samples, 0.5), 51);
+        assert_eq!(percentile(&samples, 0.99), 100);
+        assert_eq!(percentile(&samples, 1.0), 101);
+        assert_eq!(percentile(&[], 0.5), 0);
+    }
 }

@@ -75,10 +75,12 @@ struct Slot<T, S> {
     state: SlotState<S>,
 }
 
-/// Whether `task`'s slot still waits for connection attempt `attempt` (the task has
-/// not left the subset, and no newer attempt replaced this one).
-fn awaits<T, S>(slots: &BTreeMap<usize, Slot<T, S>>, task: usize, attempt: u64) -> bool {
-    slots.get(&task).is_some_and(|s| matches!(s.state, SlotState::Connecting { attempt: a } if a == attempt))
+impl<T, S> Slot<T, S> {
+    /// Whether the slot waits for connection attempt `attempt` (no newer attempt
+    /// replaced it).
+    fn awaits(&self, attempt: u64) -> bool {
+        matches!(self.state, SlotState::Connecting { attempt: a } if a == attempt)
+    }
 }
 
 pub(crate) struct Control<T, C, S, J> {
@@ -160,7 +162,7 @@ where
                 }
                 Some(feedback) = self.feedback.recv() => self.on_feedback(feedback).await,
                 (task, attempt, result) = poll_fn(|cx| {
-                    self.attempts.poll_outcome(cx, |task, attempt| awaits(&self.slots, task, attempt))
+                    self.attempts.poll_outcome(cx, |task, attempt| self.slots.get(&task).is_some_and(|s| s.awaits(attempt)))
                 }), if !self.attempts.is_idle() => {
                     self.on_connected(task, attempt, result).await;
                 }
@@ -317,11 +319,11 @@ where
     }
 
     async fn on_connected(&mut self, task: usize, attempt: u64, result: Result<S, BoxError>) {
-        if !awaits(&self.slots, task, attempt) {
-            // A stale attempt (the task left and came back): drop its connection.
+        let Some(slot) = self.slots.get(&task).filter(|s| s.awaits(attempt)) else {
+            // A stale attempt (the task left, or a newer attempt replaced it): drop its
+            // connection.
             return;
-        }
-        let Some(slot) = self.slots.get(&task) else { return };
+        };
         let address = slot.address.clone();
         let state = match result {
             Ok(service) => {

@@ -37,6 +37,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use steady_balance::BalanceConfig;
+use steady_tonic::demo::percentile;
 use steady_tonic::echo::echo_client::EchoClient;
 use steady_tonic::echo::EchoRequest;
 use steady_tonic::SteadyChannel;
@@ -215,10 +216,6 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
-fn pct(sorted: &[u32], p: f64) -> u32 {
-    sorted.get(((sorted.len().max(1) - 1) as f64 * p).round() as usize).copied().unwrap_or(0)
-}
-
 fn main() {
     let o = options();
     if o.serve {
@@ -308,8 +305,8 @@ fn main() {
                     name,
                     concurrency,
                     rate,
-                    pct(latencies, 0.5),
-                    pct(latencies, 0.99),
+                    percentile(latencies, 0.5),
+                    percentile(latencies, 0.99),
                     ratio_to(position("rr4")),
                     ratio_to(position("balance_list")),
                     cpu.map_or("-".to_string(), |c| format!("{c:.2}"))
