@@ -87,7 +87,21 @@ pub struct BalanceConfig {
     pub affinity_wait: Duration,
 }
 
+/// The request side's share of the configuration: how long requests wait, and what a
+/// keyed request does without a replica. Kept once, in the state both sides share.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Waits {
+    pub(crate) no_backend: Duration,
+    pub(crate) affinity: Duration,
+    pub(crate) no_replica: NoReplicaPolicy,
+}
+
 impl BalanceConfig {
+    /// The request side's waits.
+    pub(crate) fn waits(&self) -> Waits {
+        Waits { no_backend: self.no_backend_wait, affinity: self.affinity_wait, no_replica: self.no_replica }
+    }
+
     /// Frontend `frontend` keeping `subset_size` connections, with the defaults.
     pub fn new(frontend: usize, subset_size: usize) -> Self {
         Self {

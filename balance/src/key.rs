@@ -1,6 +1,6 @@
 //! Finding a request's slice key.
 
-use crate::slice_key::SliceKey;
+use steady_slice::SliceKey;
 
 /// Reads the slice key of a request, if it has one.
 ///

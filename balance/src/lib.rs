@@ -50,36 +50,38 @@
 //! # }
 //! ```
 
-#![deny(unsafe_code)]
-#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
 
-mod assignment;
 mod backoff;
-mod codec;
 mod config;
 mod connector;
 mod control;
-mod endpoint;
 mod error;
-mod future;
 mod job;
 mod key;
 mod layer;
+mod route;
 mod service;
-mod slice_key;
-mod slices;
 mod stats;
-mod table;
 
-pub use assignment::{Assignment, AssignmentError, Slice, MAX_REPLICAS, MAX_SLICES, MAX_TASK};
+// The slice model lives in `steady-slice`; re-exported so that `steady_balance::Assignment`
+// and friends keep working (deprecated paths are kept for one release; prefer
+// `steady_slice`).
+pub use steady_slice::{
+    Assignment, AssignmentError, DecodeError, Slice, SliceKey, MAX_REPLICAS, MAX_SLICES, MAX_TASK,
+};
+
+// An assignment may name any backend index the subsetting handles, and no more.
+const _: () = assert!(MAX_TASK as usize == steady_subset::MAX_BACKENDS - 1);
+
 pub use backoff::Backoff;
 pub use config::{BalanceConfig, Load, NoReplicaPolicy};
 pub use connector::{Address, Connector};
 pub use error::{BalanceError, BoxError};
-pub use future::ResponseFuture;
 pub use job::{JobView, Task, TaskState};
 pub use key::{KeyExtractor, NoKey};
 pub use layer::BalanceLayer;
+pub use route::future::ResponseFuture;
 pub use service::Balance;
-pub use slice_key::SliceKey;
 pub use stats::{BalanceStats, MemberStats};

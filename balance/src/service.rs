@@ -6,24 +6,23 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
+use steady_slice::{Assignment, SliceKey};
 use steady_subset::prng::SplitMix64;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::WatchStream;
 use tower::Service;
 
-use crate::assignment::{Assignment, AssignmentError};
 use crate::config::{BalanceConfig, NoReplicaPolicy};
 use crate::connector::{Address, Connector};
 use crate::control::{Command, Control};
-use crate::endpoint::Endpoint;
-use crate::endpoint::InFlight;
 use crate::error::{BalanceError, BoxError};
-use crate::future::{ResponseFuture, Wait};
 use crate::job::JobView;
 use crate::key::{KeyExtractor, NoKey};
-use crate::slice_key::SliceKey;
+use crate::route::endpoint::{Endpoint, InFlight};
+use crate::route::future::{ResponseFuture, Wait};
+use crate::route::pick::fresh_rng;
+use crate::route::table::{Counters, RoutingTable, Shared};
 use crate::stats::BalanceStats;
-use crate::table::{fresh_rng, Counters, RoutingTable, Shared};
 
 /// Balances requests over a frontend's subset of a backend job.
 ///
@@ -66,17 +65,8 @@ use crate::table::{fresh_rng, Counters, RoutingTable, Shared};
 pub struct Balance<S, K = NoKey> {
     shared: Arc<Shared<S>>,
     commands: mpsc::UnboundedSender<Command>,
-    waits: Waits,
     keys: K,
     rng: SplitMix64,
-}
-
-/// The request side's share of the configuration.
-#[derive(Debug, Clone, Copy)]
-struct Waits {
-    no_backend: Duration,
-    affinity: Duration,
-    no_replica: NoReplicaPolicy,
 }
 
 impl<S, K: Clone> Clone for Balance<S, K> {
@@ -84,7 +74,6 @@ impl<S, K: Clone> Clone for Balance<S, K> {
         Self {
             shared: self.shared.clone(),
             commands: self.commands.clone(),
-            waits: self.waits,
             keys: self.keys.clone(),
             rng: fresh_rng(),
         }
@@ -122,16 +111,11 @@ where
         C: Connector<T, S>,
         J: Stream<Item = JobView<T>> + Send + 'static,
     {
-        let shared = Arc::new(Shared::new(config.no_backend_wait));
+        let shared = Arc::new(Shared::new(config.waits()));
         let (commands, command_rx) = mpsc::unbounded_channel();
-        let waits = Waits {
-            no_backend: config.no_backend_wait,
-            affinity: config.affinity_wait,
-            no_replica: config.no_replica,
-        };
         let control = Control::new(config, connector, Box::pin(job), command_rx, shared.clone());
         tokio::spawn(control.run());
-        Self { shared, commands, waits, keys: NoKey, rng: fresh_rng() }
+        Self { shared, commands, keys: NoKey, rng: fresh_rng() }
     }
 
     /// A balancer over a fixed list of addresses: task `i` at `addresses[i]`, all serving.
@@ -153,23 +137,27 @@ impl<S, K> Balance<S, K> {
     /// `Fn(&Req) -> Option<SliceKey>` will do). Requests without a key, and every request
     /// before the first assignment arrives, are balanced over the subset.
     pub fn with_key_extractor<K2>(self, keys: K2) -> Balance<S, K2> {
-        Balance { shared: self.shared, commands: self.commands, waits: self.waits, keys, rng: self.rng }
+        Balance { shared: self.shared, commands: self.commands, keys, rng: self.rng }
     }
 
     /// Follows a source of assignments (replacing any previous source). A newer
     /// generation replaces the assignment in force; an older or equal one is ignored
-    /// and counted; an error is logged, counted and changes nothing. When the source
-    /// ends or fails, the last good assignment stays in force.
-    pub fn follow_assignments<A>(&self, source: A)
+    /// and counted; an error (a [`steady_slice::AssignmentError`] from validation, a
+    /// [`steady_slice::DecodeError`] from the wire, or the source's own) is logged,
+    /// counted and changes nothing. When the source ends or fails, the last good
+    /// assignment stays in force.
+    pub fn follow_assignments<A, E>(&self, source: A)
     where
-        A: Stream<Item = Result<Assignment, AssignmentError>> + Send + 'static,
+        A: Stream<Item = Result<Assignment, E>> + Send + 'static,
+        E: Into<BoxError>,
     {
+        let source = source.map(|item| item.map_err(Into::into));
         let _ = self.commands.send(Command::Assignments(Box::pin(source)));
     }
 
     /// Follows assignments published on a watch channel (see [`Balance::follow_assignments`]).
     pub fn follow_assignment_watch(&self, assignments: watch::Receiver<Assignment>) {
-        self.follow_assignments(WatchStream::new(assignments).map(Ok));
+        self.follow_assignments(WatchStream::new(assignments).map(Ok::<_, BoxError>));
     }
 
     /// The backend task a request with `key` would be sent to now (`None` when no
@@ -243,14 +231,12 @@ where
             if let Some(endpoint) = slices.pick(slice, &mut self.rng) {
                 return ResponseFuture::ready(InFlight::start(endpoint.clone()).keyed(), req).keyed(key);
             }
-            let wait = wait_for_replica(self.shared.clone(), key, self.waits);
+            let wait = wait_for_replica(self.shared.clone(), key);
             return ResponseFuture::waiting(wait, req).keyed(key);
         }
         match table.pick(&mut self.rng) {
             Some(endpoint) => ResponseFuture::ready(InFlight::start(endpoint.clone()), req),
-            None => {
-                ResponseFuture::waiting(wait_for_endpoint(self.shared.clone(), self.waits.no_backend), req)
-            }
+            None => ResponseFuture::waiting(wait_for_endpoint(self.shared.clone()), req),
         }
     }
 }
@@ -258,12 +244,9 @@ where
 /// The keyed slow path: none of the slice's chosen replicas is connected (the control
 /// task has been asked to connect them). Waits for one up to the affinity wait; then
 /// follows the policy: the subset (counted as a fallback), or `NoReplica`.
-fn wait_for_replica<S: Send + Sync + 'static>(
-    shared: Arc<Shared<S>>,
-    key: SliceKey,
-    waits: Waits,
-) -> Wait<S> {
+fn wait_for_replica<S: Send + Sync + 'static>(shared: Arc<Shared<S>>, key: SliceKey) -> Wait<S> {
     Box::pin(async move {
+        let waits = shared.waits;
         let found = first_pick(&shared, waits.affinity, |table, rng| {
             let slices = table.slices.as_ref()?;
             slices.pick(slices.index(key), rng).cloned()
@@ -276,7 +259,7 @@ fn wait_for_replica<S: Send + Sync + 'static>(
         match waits.no_replica {
             NoReplicaPolicy::FallBackToSubset => {
                 Counters::add(&shared.counters.keyed_fallbacks, 1);
-                wait_for_endpoint(shared, waits.no_backend).await
+                wait_for_endpoint(shared).await
             }
             NoReplicaPolicy::Fail => {
                 Counters::add(&shared.counters.no_replica, 1);
@@ -287,9 +270,11 @@ fn wait_for_replica<S: Send + Sync + 'static>(
     })
 }
 
-/// The slow path: no ready member now. Waits for a table with one, up to `wait`.
-fn wait_for_endpoint<S: Send + Sync + 'static>(shared: Arc<Shared<S>>, wait: Duration) -> Wait<S> {
+/// The slow path: no ready member now. Waits for a table with one, up to the
+/// configured `no_backend_wait`.
+fn wait_for_endpoint<S: Send + Sync + 'static>(shared: Arc<Shared<S>>) -> Wait<S> {
     Box::pin(async move {
+        let wait = shared.waits.no_backend;
         let found = first_pick(&shared, wait, |table, rng| table.pick(rng).cloned()).await;
         found.ok_or_else(|| {
             Counters::add(&shared.counters.no_backend, 1);

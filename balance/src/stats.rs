@@ -2,7 +2,7 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::table::Shared;
+use crate::route::table::Shared;
 
 /// One member of the routing table.
 #[derive(Debug, Clone, PartialEq, Eq)]

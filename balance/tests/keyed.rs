@@ -93,24 +93,24 @@ async fn before_any_assignment_keyed_requests_use_the_subset() {
 #[tokio::test(start_paused = true)]
 async fn newer_generations_replace_older_and_invalid_ones_change_nothing() {
     let (b, _, _job) = balancer(BalanceConfig::new(0, 1), 10);
-    let (tx, rx) = mpsc::unbounded_channel::<Result<Assignment, AssignmentError>>();
+    let (tx, rx) = mpsc::unbounded_channel::<Result<Assignment, BoxError>>();
     b.follow_assignments(UnboundedReceiverStream::new(rx));
     let key = Some(SliceKey(42));
-    tx.send(Assignment::single(5, vec![4])).unwrap();
+    tx.send(Assignment::single(5, vec![4]).map_err(BoxError::from)).unwrap();
     settle().await;
     assert_eq!(send(&b, key).await.unwrap(), 4);
     // Older and equal generations are ignored.
-    tx.send(Assignment::single(4, vec![5])).unwrap();
-    tx.send(Assignment::single(5, vec![6])).unwrap();
+    tx.send(Assignment::single(4, vec![5]).map_err(BoxError::from)).unwrap();
+    tx.send(Assignment::single(5, vec![6]).map_err(BoxError::from)).unwrap();
     // An invalid one is rejected.
-    tx.send(Assignment::new(9, vec![slice(1, &[6])])).unwrap();
-    tx.send(Assignment::decode(b"garbage")).unwrap();
+    tx.send(Assignment::new(9, vec![slice(1, &[6])]).map_err(BoxError::from)).unwrap();
+    tx.send(Assignment::decode(b"garbage").map_err(BoxError::from)).unwrap();
     settle().await;
     assert_eq!(send(&b, key).await.unwrap(), 4);
     let s = b.stats();
     assert_eq!((s.assignment_generation, s.assignments_stale, s.assignments_rejected), (Some(5), 2, 2));
     // A newer valid one takes over.
-    tx.send(Assignment::single(6, vec![6])).unwrap();
+    tx.send(Assignment::single(6, vec![6]).map_err(BoxError::from)).unwrap();
     settle().await;
     assert_eq!(send(&b, key).await.unwrap(), 6);
     // The source going away keeps the last good assignment in force.
@@ -132,7 +132,7 @@ async fn affinity_connections_are_bounded_and_closed_when_idle() {
         vec![slice(0, &[outside[0]]), slice(1 << 62, &[outside[1]]), slice(1 << 63, &[outside[2]])],
     )
     .unwrap();
-    b.follow_assignments(futures_util::stream::iter([Ok(a)]));
+    b.follow_assignments(futures_util::stream::iter([Ok::<_, AssignmentError>(a)]));
     settle().await;
     for (key, want) in [(0u64, outside[0]), (1 << 62, outside[1]), (1 << 63, outside[2])] {
         assert_eq!(send(&b, Some(SliceKey(key))).await.unwrap(), want as usize);
@@ -203,7 +203,7 @@ async fn a_hot_slice_spreads_over_its_twenty_replicas_across_two_hundred_fronten
     for m in 0..200 {
         let config = BalanceConfig::new(m, 2).with_fan_out(3).with_affinity(3, Duration::from_secs(60));
         let (b, _, _job) = balancer(config, 40);
-        b.follow_assignments(futures_util::stream::iter([Ok(assignment.clone())]));
+        b.follow_assignments(futures_util::stream::iter([Ok::<_, AssignmentError>(assignment.clone())]));
         settle().await;
         // Warm the affinity connections, then count.
         for _ in 0..3 {

@@ -4,6 +4,10 @@
 
 use libfuzzer_sys::fuzz_target;
 
+// The same check `slice/tests/decode.rs` runs on fixed seeds.
+#[path = "../../slice/tests/support/decode_check.rs"]
+mod decode_check;
+
 fuzz_target!(|data: &[u8]| {
-    steady_tests::check_assignment_bytes(data);
+    decode_check::check_assignment_bytes(data);
 });

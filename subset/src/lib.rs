@@ -66,8 +66,8 @@
 //! ring. Random, Consistent and the deterministic family touch every backend: `O(N)`
 //! (or `O(N log N)` to sort) per call.
 
-#![deny(unsafe_code)]
-#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
 
 mod algorithm;
 mod consistent;
@@ -88,7 +88,9 @@ pub use deterministic::{Deterministic, DeterministicBalanced};
 pub use error::SubsetError;
 pub use random::Random;
 pub use ringsteady::{Ringsteady, RingsteadyOrder};
-pub use rocksteadier::{Rocksteadier, RocksteadierOrder, ARTICLE_ROW_PERMUTATION};
+pub use rocksteadier::{
+    Rocksteadier, RocksteadierOrder, ARTICLE_ROW_PERMUTATION, DEFAULT_LOT_SIZE, MAX_LOT_SIZE,
+};
 pub use round_robin::RoundRobin;
 
 /// The largest backend job any algorithm accepts: 2^24 = 16,777,216 tasks.

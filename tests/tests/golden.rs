@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use steady_subset::hash::{hash_pair, mix64};
 use steady_subset::prng::{shuffle, SplitMix64};
 use steady_subset::{Algorithm, Subsetting};
+use steady_tests::golden_file::check_golden_file;
 
 /// (frontend m, backends N, size k): small and large, k below, at and above N,
 /// lot boundaries, the article's examples.
@@ -108,60 +109,9 @@ fn primitives_file() -> String {
     out
 }
 
-/// Compares `expected` (computed now) with the checked-in file, line by line.
+/// Compares `computed` with the golden file `name` (see [`check_golden_file`]).
 fn check(name: &str, computed: String) {
-    let path = golden_path(name);
-    if std::env::var_os("STEADY_BLESS").is_some() {
-        std::fs::write(&path, &computed).unwrap();
-        return;
-    }
-    let recorded = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (create it with STEADY_BLESS=1)", path.display()));
-    let recorded: Vec<&str> = recorded.lines().collect();
-    let computed: Vec<&str> = computed.lines().collect();
-    for (line, (want, got)) in recorded.iter().zip(&computed).enumerate() {
-        assert_eq!(got, want, "{name} line {}: the frozen contract changed", line + 1);
-    }
-    assert_eq!(computed.len(), recorded.len(), "{name}: vectors added or removed");
-}
-
-/// Slice keys of a few byte strings (0 to 200 bytes: XXH3 has a code path per size
-/// range) and one assignment's wire encoding.
-fn slicing_file() -> String {
-    use steady_balance::{Assignment, Slice, SliceKey};
-    let mut out = String::from("# steady-balance golden slice keys and wire format (frozen contract).\n");
-    let texts: Vec<String> = vec![
-        String::new(),
-        "a".into(),
-        "abc".into(),
-        "user:42".into(),
-        "0123456789abcdef".into(),
-        "x".repeat(17),
-        "y".repeat(64),
-        "z".repeat(129),
-        "w".repeat(200),
-        "ünïcödé ключ".into(),
-    ];
-    for t in &texts {
-        writeln!(out, "slice_key {:?}: {:#018x}", t, SliceKey::of(t).get()).unwrap();
-    }
-    let a = Assignment::new(
-        9,
-        vec![
-            Slice { start: SliceKey(0), replicas: vec![3, 1] },
-            Slice { start: SliceKey(1 << 40), replicas: vec![7] },
-            Slice { start: SliceKey(u64::MAX), replicas: vec![0, 2, 4] },
-        ],
-    )
-    .unwrap();
-    let hex: String = a.encode().iter().map(|b| format!("{b:02x}")).collect();
-    writeln!(out, "assignment v1: {hex}").unwrap();
-    out
-}
-
-#[test]
-fn slice_keys_and_the_assignment_wire_format_match_the_golden_vectors() {
-    check("slicing.txt", slicing_file());
+    check_golden_file(&golden_path(name), &computed);
 }
 
 #[test]

@@ -4,14 +4,12 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
-use futures_util::{FutureExt, Stream};
+use futures_util::Stream;
 use http::HeaderName;
-use steady_balance::{
-    Assignment, AssignmentError, Balance, BalanceConfig, BalanceError, BalanceStats, JobView, KeyExtractor,
-    SliceKey,
-};
+use steady_balance::{Balance, BalanceConfig, BalanceError, BalanceStats, JobView, KeyExtractor};
+use steady_slice::{Assignment, SliceKey};
 use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
 use tonic::body::Body;
@@ -107,10 +105,12 @@ impl SteadyChannel {
         self.balance.set_subset_size(k);
     }
 
-    /// Follows a source of assignments for keyed routing (e.g. [`crate::watch_assignments`]).
-    pub fn follow_assignments<A>(&self, source: A)
+    /// Follows a source of assignments for keyed routing (e.g. [`crate::watch_assignments`]);
+    /// see [`Balance::follow_assignments`].
+    pub fn follow_assignments<A, E>(&self, source: A)
     where
-        A: Stream<Item = Result<Assignment, AssignmentError>> + Send + 'static,
+        A: Stream<Item = Result<Assignment, E>> + Send + 'static,
+        E: Into<BoxError>,
     {
         self.balance.follow_assignments(source);
     }
@@ -162,8 +162,27 @@ fn to_status(error: BoxError) -> BoxError {
     }
 }
 
-/// The response future of a [`SteadyChannel`].
-pub type ResponseFuture = Pin<Box<dyn Future<Output = Result<http::Response<Body>, BoxError>> + Send>>;
+/// The response future of a [`SteadyChannel`]: the balancer's, with its own errors
+/// turned into `Unavailable` statuses. Named, so a call allocates no box of its own.
+pub struct ResponseFuture {
+    inner: steady_balance::ResponseFuture<Channel, http::Request<Body>>,
+}
+
+impl fmt::Debug for ResponseFuture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+impl Future for ResponseFuture {
+    type Output = Result<http::Response<Body>, BoxError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // `steady_balance::ResponseFuture<Channel, _>` is `Unpin` (the channel's future
+        // is), so it is polled in place.
+        Poll::Ready(ready!(Pin::new(&mut self.inner).poll(cx)).map_err(to_status))
+    }
+}
 
 impl Service<http::Request<Body>> for SteadyChannel {
     type Response = http::Response<Body>;
@@ -175,6 +194,6 @@ impl Service<http::Request<Body>> for SteadyChannel {
     }
 
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
-        Box::pin(self.balance.call(req).map(|r| r.map_err(to_status)))
+        ResponseFuture { inner: self.balance.call(req) }
     }
 }

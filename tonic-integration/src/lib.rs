@@ -1,35 +1,43 @@
-//! steady for tonic: a balanced, slice-aware channel, and assignment distribution over
-//! gRPC.
+//! steady for tonic, the client side: a balanced, slice-aware channel, and the client of
+//! assignment distribution over gRPC.
 //!
 //! * [`SteadyChannel`]: a channel that generated tonic clients take directly. It keeps
 //!   connections to this frontend's subset of a backend job (Rocksteadier by default),
 //!   balances over them, routes requests with a slice key (metadata `x-slice-key`, or a
-//!   [`steady_balance::SliceKey`] request extension) to their assigned backends, and
+//!   [`steady_slice::SliceKey`] request extension) to their assigned backends, and
 //!   fails with `Unavailable` instead of hanging when no backend is ready.
-//! * [`Distributor`] and [`watch_assignments`]: the `AssignmentDistributor.Watch` RPC of
-//!   `proto/assignment.proto`, server and client. The client reconnects with backoff and
-//!   the balancer keeps the last good assignment meanwhile.
-//! * [`Slicelet`]: the server side: which slices a backend task holds, and a layer that
-//!   counts requests for keys it does not hold (misroutes).
+//! * [`watch_assignments`]: the client of the `AssignmentDistributor.Watch` RPC of
+//!   `proto/assignment.proto` ([`proto`]); it reconnects with backoff, and the channel
+//!   keeps the last good assignment meanwhile. The message converts to and from
+//!   [`steady_slice::Assignment`] with `From`/`TryFrom`.
 //!
-//! The protobuf code is generated at build time with a protoc that cargo installs
-//! (`protoc-bin-vendored`): a fresh machine needs nothing else.
+//! The server side (the `Distributor`, the `Slicelet`) is in `steady-slicer`.
+//!
+//! # Dependencies
+//!
+//! `steady-balance`, `steady-slice`, tonic, prost and tokio. What a client links must
+//! stay small: this crate never depends on the server side (`steady-slicer`), the
+//! assigner, or an etcd client. The protobuf code is generated at build time with a
+//! protoc that cargo installs (`protoc-bin-vendored`): a fresh machine needs nothing else.
+//!
+//! The `demo` feature (off by default, not a stable API) adds [`demo`]: the echo
+//! backend and latency percentile that the lab and the benchmarks share.
 
-#![deny(unsafe_code)]
-#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
 
 mod channel;
 mod convert;
+#[cfg(feature = "demo")]
 pub mod demo;
-mod slicelet;
 mod watch;
 
 pub use channel::{
     MetadataKey, ResponseFuture, SteadyChannel, SteadyChannelBuilder, TaskEndpoint, DEFAULT_KEY_HEADER,
 };
+#[allow(deprecated)]
 pub use convert::{from_proto, to_proto};
-pub use slicelet::{Slicelet, SliceletLayer, SliceletService};
-pub use watch::{watch_assignments, Distributor, WatchStream};
+pub use watch::watch_assignments;
 
 /// Generated code of `proto/assignment.proto`.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
@@ -38,7 +46,7 @@ pub mod proto {
 }
 
 /// Generated code of `proto/echo.proto`: a tiny service for tests, benchmarks and the
-/// demo, whose reply names the backend task that served it.
+/// demo, whose reply names the backend task that served it. Not a stable API.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod echo {
     tonic::include_proto!("steady.echo.v1");

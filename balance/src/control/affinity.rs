@@ -2,133 +2,147 @@
 //! keyed requests need, bounded in number (least recently active out first) and
 //! closed when idle.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
-use futures_util::Stream;
 use tokio::time::Instant;
 
-use super::{Control, SlotState};
-use crate::connector::{Address, Connector};
+use super::slots::Slots;
+use crate::connector::Address;
 use crate::job::JobView;
 
 /// When an affinity connection was last seen busy.
-pub(super) struct AffinityUse {
-    /// The endpoint's request count at the last sweep.
-    pub(super) requests: u64,
+struct AffinityUse {
+    /// The endpoint's request count at the last look.
+    requests: u64,
     /// When it was last requested or seen serving.
-    pub(super) active: Instant,
+    active: Instant,
 }
 
-impl<T, C, S, J> Control<T, C, S, J>
-where
-    T: Address,
-    C: Connector<T, S>,
-    S: Send + Sync + 'static,
-    J: Stream<Item = JobView<T>> + Send + Unpin + 'static,
-{
+/// The affinity tasks this frontend keeps connections to, and their activity.
+pub(super) struct AffinitySet {
+    uses: HashMap<usize, AffinityUse>,
+    /// When to look for idle connections next; `None` while there are none.
+    next_sweep: Option<Instant>,
+    max: usize,
+    idle: Duration,
+}
+
+impl AffinitySet {
+    /// At most `max` connections, each closed after `idle` without a request.
+    pub(super) fn new(max: usize, idle: Duration) -> Self {
+        Self { uses: HashMap::new(), next_sweep: None, max, idle }
+    }
+
+    pub(super) fn contains(&self, task: usize) -> bool {
+        self.uses.contains_key(&task)
+    }
+
+    /// When the next sweep for idle connections is due.
+    pub(super) fn next_sweep(&self) -> Option<Instant> {
+        self.next_sweep
+    }
+
     /// The affinity tasks still worth a connection: serving, and not in the subset.
-    pub(super) fn affinity_wanted(&self, subset: &[usize]) -> Vec<usize> {
-        let now = Instant::now();
+    /// A failed task keeps its slot (and its retries) if it has one, but is not
+    /// reopened before its backoff ends.
+    pub(super) fn wanted<T: Address, S>(
+        &self,
+        subset: &[usize],
+        view: &JobView<T>,
+        slots: &Slots<T, S>,
+        now: Instant,
+    ) -> Vec<usize> {
         let mut tasks: Vec<usize> = self
-            .affinity
+            .uses
             .keys()
             .copied()
             .filter(|t| {
                 !subset.contains(t)
-                    && self.view.serving_task(*t).is_some_and(|address| {
-                        // A failed task keeps its slot (and its retries) if it has one,
-                        // but is not reopened before its backoff ends.
-                        self.slots.contains_key(t) || !self.is_failed(*t, address, now)
-                    })
+                    && view
+                        .serving_task(*t)
+                        .is_some_and(|address| slots.contains(*t) || !slots.is_failed(*t, address, now))
             })
             .collect();
         tasks.sort_unstable();
         tasks
     }
 
-    /// A keyed request needs `tasks`: keep affinity connections to the ones outside
-    /// the subset, within the bound.
-    pub(super) fn on_affinity(&mut self, tasks: Vec<u32>) {
-        let now = Instant::now();
-        self.refresh_affinity_activity(now);
-        let subset = self.shared.table.load().wanted.clone();
+    /// A keyed request needs `tasks`: keep affinity connections to the serving ones
+    /// outside `subset`, within the bound. Over the bound, the least recently active
+    /// go first, sparing the ones just requested while others remain.
+    pub(super) fn request<T: Address, S>(
+        &mut self,
+        tasks: Vec<u32>,
+        subset: &[usize],
+        view: &JobView<T>,
+        slots: &Slots<T, S>,
+        now: Instant,
+    ) {
+        self.refresh(slots, now);
         let requested: Vec<usize> = tasks
             .into_iter()
             .map(|t| t as usize)
-            .filter(|t| !subset.contains(t) && self.view.serving_task(*t).is_some())
+            .filter(|t| !subset.contains(t) && view.serving_task(*t).is_some())
             .collect();
         for &task in &requested {
-            self.affinity.entry(task).or_insert(AffinityUse { requests: 0, active: now }).active = now;
+            self.uses.entry(task).or_insert(AffinityUse { requests: 0, active: now }).active = now;
         }
-        // Over the bound: close the least recently active, sparing the ones
-        // just requested while others remain.
-        while self.affinity.len() > self.config.max_affinity {
+        while self.uses.len() > self.max {
             let victim = self
-                .affinity
+                .uses
                 .iter()
                 .filter(|(t, _)| !requested.contains(t))
                 .min_by_key(|(_, u)| u.active)
-                .or_else(|| self.affinity.iter().min_by_key(|(_, u)| u.active))
+                .or_else(|| self.uses.iter().min_by_key(|(_, u)| u.active))
                 .map(|(t, _)| *t);
             match victim {
-                Some(task) => self.affinity.remove(&task),
+                Some(task) => self.uses.remove(&task),
                 None => break,
             };
         }
-        if !self.affinity.is_empty() && self.next_sweep.is_none() {
+        if !self.uses.is_empty() && self.next_sweep.is_none() {
             self.next_sweep = now.checked_add(self.sweep_period());
         }
     }
 
-    pub(super) fn sweep_period(&self) -> std::time::Duration {
-        (self.config.affinity_idle / 2)
-            .clamp(std::time::Duration::from_millis(10), std::time::Duration::from_secs(3600))
+    /// Forgets the connections idle for the configured time, if a sweep is due;
+    /// returns whether it forgot any (the caller then closes them).
+    pub(super) fn sweep<T: Address, S>(&mut self, slots: &Slots<T, S>, now: Instant) -> bool {
+        if self.next_sweep.is_none_or(|at| at > now) {
+            return false;
+        }
+        self.refresh(slots, now);
+        let idle = self.idle;
+        let before = self.uses.len();
+        self.uses.retain(|task, used| {
+            let keep = now.duration_since(used.active) < idle;
+            if !keep {
+                tracing::debug!(task, "affinity connection idle: closing");
+            }
+            keep
+        });
+        self.next_sweep = if self.uses.is_empty() { None } else { now.checked_add(self.sweep_period()) };
+        self.uses.len() != before
     }
 
-    /// Marks affinity connections that served requests since the last look as active now.
-    pub(super) fn refresh_affinity_activity(&mut self, now: Instant) {
-        for (task, used) in &mut self.affinity {
-            if let Some(SlotState::Ready(endpoint)) = self.slots.get(task).map(|s| &s.state) {
+    /// Half the idle timeout, within 10 ms and an hour.
+    fn sweep_period(&self) -> Duration {
+        (self.idle / 2).clamp(Duration::from_millis(10), Duration::from_secs(3600))
+    }
+
+    /// Marks the connections that served requests since the last look, or have some in
+    /// flight, as active now.
+    fn refresh<T: Address, S>(&mut self, slots: &Slots<T, S>, now: Instant) {
+        for (task, used) in &mut self.uses {
+            if let Some(endpoint) = slots.endpoint(*task) {
                 let requests = endpoint.requests.load(Ordering::Relaxed);
                 if requests != used.requests || endpoint.in_flight.load(Ordering::Relaxed) > 0 {
                     used.requests = requests;
                     used.active = now;
                 }
             }
-        }
-    }
-
-    /// Closes affinity connections that have been idle for the configured time.
-    pub(super) async fn sweep_affinity(&mut self) {
-        let now = Instant::now();
-        if self.next_sweep.is_none_or(|at| at > now) {
-            return;
-        }
-        let idle = self.config.affinity_idle;
-        let mut closed = Vec::new();
-        for (task, used) in &mut self.affinity {
-            let busy = match self.slots.get(task).map(|s| &s.state) {
-                Some(SlotState::Ready(endpoint)) => {
-                    let requests = endpoint.requests.load(Ordering::Relaxed);
-                    let busy = requests != used.requests || endpoint.in_flight.load(Ordering::Relaxed) > 0;
-                    used.requests = requests;
-                    busy
-                }
-                _ => false,
-            };
-            if busy {
-                used.active = now;
-            } else if now.duration_since(used.active) >= idle {
-                closed.push(*task);
-            }
-        }
-        for task in &closed {
-            self.affinity.remove(task);
-            tracing::debug!(task, "affinity connection idle: closing");
-        }
-        self.next_sweep = if self.affinity.is_empty() { None } else { now.checked_add(self.sweep_period()) };
-        if !closed.is_empty() {
-            self.reconcile().await;
         }
     }
 }

@@ -4,59 +4,79 @@
 use std::pin::Pin;
 
 use futures_util::{Stream, StreamExt};
+use steady_slice::Assignment;
 
-use super::Control;
-use crate::assignment::{Assignment, AssignmentError};
-use crate::connector::{Address, Connector};
-use crate::job::JobView;
-use crate::table::Counters;
+use crate::error::BoxError;
+use crate::route::table::Counters;
 
-/// A stream of assignments (or of the errors decoding them), newest last.
-pub(crate) type AssignmentSource = Pin<Box<dyn Stream<Item = Result<Assignment, AssignmentError>> + Send>>;
+/// A stream of assignments (or of the errors reading them), newest last.
+pub(crate) type AssignmentSource = Pin<Box<dyn Stream<Item = Result<Assignment, BoxError>> + Send>>;
 
-impl<T, C, S, J> Control<T, C, S, J>
-where
-    T: Address,
-    C: Connector<T, S>,
-    S: Send + Sync + 'static,
-    J: Stream<Item = JobView<T>> + Send + Unpin + 'static,
-{
-    pub(super) async fn on_assignment(&mut self, item: Option<Result<Assignment, AssignmentError>>) {
-        let c = &self.shared.counters;
-        let current = self.assignment.as_ref().map(Assignment::generation);
+/// The source followed, and the assignment in force.
+pub(super) struct Assignments {
+    source: Option<AssignmentSource>,
+    current: Option<Assignment>,
+}
+
+impl Assignments {
+    pub(super) fn new() -> Self {
+        Self { source: None, current: None }
+    }
+
+    /// The assignment in force; `None` before the first.
+    pub(super) fn current(&self) -> Option<&Assignment> {
+        self.current.as_ref()
+    }
+
+    /// Follows `source` instead of the one followed until now (the assignment in force
+    /// stays until the new source sends a newer one).
+    pub(super) fn follow(&mut self, source: AssignmentSource) {
+        self.source = Some(source);
+    }
+
+    /// Whether a source is followed.
+    pub(super) fn is_following(&self) -> bool {
+        self.source.is_some()
+    }
+
+    /// The next item of the source (pending forever when there is none).
+    pub(super) async fn next(&mut self) -> Option<Result<Assignment, BoxError>> {
+        match &mut self.source {
+            Some(source) => source.next().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Takes the source's next item (`None`: it ended); returns whether the assignment
+    /// in force changed.
+    pub(super) fn accept(&mut self, item: Option<Result<Assignment, BoxError>>, counters: &Counters) -> bool {
+        let current = self.current.as_ref().map(Assignment::generation);
         match item {
             None => {
                 tracing::info!(generation = ?current, "assignment source ended: the last good assignment stays");
-                self.assignments = None;
+                self.source = None;
+                false
             }
             Some(Err(error)) => {
-                Counters::add(&c.assignments_rejected, 1);
+                Counters::add(&counters.assignments_rejected, 1);
                 tracing::warn!(%error, generation = ?current, "invalid assignment rejected: the last good one stays");
+                false
             }
             Some(Ok(assignment)) if current.is_some_and(|g| assignment.generation() <= g) => {
-                Counters::add(&c.assignments_stale, 1);
+                Counters::add(&counters.assignments_stale, 1);
                 tracing::debug!(generation = assignment.generation(), current = ?current, "stale assignment ignored");
+                false
             }
             Some(Ok(assignment)) => {
-                Counters::add(&c.assignments_accepted, 1);
+                Counters::add(&counters.assignments_accepted, 1);
                 tracing::info!(
                     generation = assignment.generation(),
                     slices = assignment.slices().len(),
                     "assignment in force"
                 );
-                self.assignment = Some(assignment);
-                self.reconcile().await;
+                self.current = Some(assignment);
+                true
             }
         }
-    }
-}
-
-/// The next item of the assignment source (pending forever once it is gone).
-pub(super) async fn next_assignment(
-    source: &mut Option<AssignmentSource>,
-) -> Option<Result<Assignment, AssignmentError>> {
-    match source {
-        Some(source) => source.next().await,
-        None => std::future::pending().await,
     }
 }

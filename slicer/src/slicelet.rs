@@ -1,4 +1,4 @@
-//! [`Slicelet`]: the server side of keyed routing (Slicer's Slicelet idea): which
+//! [`Slicelet`]: the backend task's side of keyed routing (Slicer's Slicelet idea): which
 //! slices this backend task holds, and how many requests arrived for keys it does
 //! not hold (misroutes).
 
@@ -9,10 +9,9 @@ use std::task::{Context, Poll};
 use arc_swap::ArcSwapOption;
 use futures_util::{Stream, StreamExt};
 use http::HeaderName;
-use steady_balance::{Assignment, AssignmentError, SliceKey};
+use steady_slice::{Assignment, SliceKey};
+use steady_tonic::DEFAULT_KEY_HEADER;
 use tower::{Layer, Service};
-
-use crate::channel::DEFAULT_KEY_HEADER;
 
 #[derive(Debug, Default)]
 struct State {
@@ -24,7 +23,7 @@ struct State {
 /// What one backend task knows of the assignment, and its misroute counter.
 ///
 /// Clone it freely; clones share state. Feed it assignments with
-/// [`Slicelet::follow`] (e.g. from [`crate::watch_assignments`]) or
+/// [`Slicelet::follow`] (e.g. from `steady_tonic::watch_assignments`) or
 /// [`Slicelet::set_assignment`]; put [`Slicelet::layer`] on the tonic server to count
 /// every keyed request it receives.
 #[derive(Debug, Clone)]
@@ -49,10 +48,12 @@ impl Slicelet {
         true
     }
 
-    /// Follows an assignment source on a task of its own (invalid items are skipped).
-    pub fn follow<A>(&self, source: A) -> tokio::task::JoinHandle<()>
+    /// Follows an assignment source on a task of its own (invalid items are logged and
+    /// skipped; e.g. `steady_tonic::watch_assignments`).
+    pub fn follow<A, E>(&self, source: A) -> tokio::task::JoinHandle<()>
     where
-        A: Stream<Item = Result<Assignment, AssignmentError>> + Send + 'static,
+        A: Stream<Item = Result<Assignment, E>> + Send + 'static,
+        E: std::fmt::Display,
     {
         let me = self.clone();
         tokio::spawn(async move {
@@ -111,17 +112,27 @@ impl Slicelet {
     }
 
     /// A tower layer for the server that records every request's slice key (metadata
-    /// `x-slice-key`, hashed as the client hashes it).
+    /// `x-slice-key` unless [`SliceletLayer::key_header`] names another, hashed as the
+    /// client hashes it).
     pub fn layer(&self) -> SliceletLayer {
         SliceletLayer { slicelet: self.clone(), header: HeaderName::from_static(DEFAULT_KEY_HEADER) }
     }
 }
 
-/// See [`Slicelet::layer`].
+/// Records the slice key of every request on a [`Slicelet`] (see [`Slicelet::layer`]).
 #[derive(Debug, Clone)]
 pub struct SliceletLayer {
     slicelet: Slicelet,
     header: HeaderName,
+}
+
+impl SliceletLayer {
+    /// Reads slice keys from this metadata entry instead of `x-slice-key`: set it to what
+    /// the clients' `SteadyChannelBuilder::key_header` names.
+    pub fn key_header(mut self, header: HeaderName) -> Self {
+        self.header = header;
+        self
+    }
 }
 
 impl<S> Layer<S> for SliceletLayer {

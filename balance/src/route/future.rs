@@ -8,12 +8,12 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
+use steady_slice::SliceKey;
 use tokio::time::Sleep;
 use tower::Service;
 
-use crate::endpoint::{Endpoint, InFlight};
+use super::endpoint::{Endpoint, InFlight};
 use crate::error::{BalanceError, BoxError};
-use crate::slice_key::SliceKey;
 
 /// The slow path's wait for a ready endpoint.
 pub(crate) type Wait<S> = Pin<Box<dyn Future<Output = Result<Arc<Endpoint<S>>, BalanceError>> + Send>>;
@@ -106,17 +106,7 @@ fn another_endpoint<S>(
     if redispatches > MAX_REDISPATCHES {
         return None;
     }
-    let shared = failed.shared.upgrade()?;
-    let table = shared.table.load();
-    let mut rng = crate::table::fresh_rng();
-    match (key, table.slices.as_ref()) {
-        (Some(key), Some(slices)) => {
-            let others: Vec<Arc<Endpoint<S>>> =
-                slices.ready(slices.index(key)).iter().filter(|e| e.id != failed.id).cloned().collect();
-            crate::table::p2c(&others, &mut rng).cloned()
-        }
-        (Some(_), None) | (None, _) => table.pick_other(failed.id, &mut rng),
-    }
+    failed.rotation.upgrade()?.another(failed, key)
 }
 
 impl<S, Req> Future for ResponseFuture<S, Req>
@@ -157,8 +147,8 @@ where
                             // Not ready: wait, but not forever.
                             let wait = guard
                                 .as_ref()
-                                .and_then(|g| g.endpoint().shared.upgrade())
-                                .map(|s| s.no_backend_wait);
+                                .and_then(|g| g.endpoint().rotation.upgrade())
+                                .map(|r| r.waits().no_backend);
                             let wait = wait.unwrap_or(Duration::ZERO);
                             let sleep = deadline.get_or_insert_with(|| Box::pin(tokio::time::sleep(wait)));
                             ready!(sleep.as_mut().poll(cx));

@@ -1,7 +1,7 @@
 //! Assignments: the codec, JSON, and key lookup, over random valid and invalid inputs.
 
 use proptest::prelude::*;
-use steady_balance::{Assignment, AssignmentError, Slice, SliceKey, MAX_TASK};
+use steady_slice::{Assignment, AssignmentError, Slice, SliceKey, MAX_TASK};
 
 /// Valid assignments: 1..200 slices, the first at 0, starts strictly increasing,
 /// 1..6 distinct replicas each.
@@ -28,14 +28,69 @@ fn linear_lookup(a: &Assignment, key: SliceKey) -> Vec<usize> {
     (0..s.len()).filter(|&i| s[i].start <= key && s.get(i + 1).is_none_or(|next| key < next.start)).collect()
 }
 
+/// Per key, the sorted owners in `a`, for the keys in `probes`.
+fn owners_at(a: &Assignment, key: SliceKey) -> Vec<u32> {
+    let mut r = a.slice_for(key).replicas.clone();
+    r.sort_unstable();
+    r
+}
+
+/// Assignments on a small key space (starts below 64) with replicas drawn from 4
+/// tasks, so that two random ones share boundaries and owners often.
+fn small_assignment() -> impl Strategy<Value = Assignment> {
+    (
+        prop::collection::btree_set(1u64..64, 0..8),
+        prop::collection::vec(prop::collection::btree_set(0u32..4, 1..3), 8),
+    )
+        .prop_map(|(starts, replicas)| {
+            let starts: Vec<u64> = std::iter::once(0).chain(starts).collect();
+            let slices = starts
+                .iter()
+                .zip(replicas)
+                .map(|(&start, r)| Slice { start: SliceKey(start), replicas: r.into_iter().rev().collect() })
+                .collect();
+            Assignment::new(1, slices).expect("valid by construction")
+        })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
+    fn the_diff_holds_exactly_the_keys_whose_owners_change(a in small_assignment(), b in small_assignment()) {
+        let diff = a.diff(&b);
+        // Keys 0..=64 and the top of the key space, where the last slices run.
+        for key in (0..=64).chain([u64::MAX]).map(SliceKey) {
+            let changed = diff.changed().iter().any(|r| r.contains(key));
+            prop_assert_eq!(changed, owners_at(&a, key) != owners_at(&b, key), "key {}", key);
+        }
+        let covered: f64 = diff.changed().iter().map(|r| r.fraction()).sum();
+        prop_assert!((diff.key_churn() - covered).abs() < 1e-12);
+        // Ranges are sorted and merged: no two touch.
+        for w in diff.changed().windows(2) {
+            prop_assert!(w[0].end().is_some_and(|e| e < w[1].start()));
+        }
+        let back = b.diff(&a);
+        prop_assert_eq!(back.changed(), diff.changed());
+    }
+
+    #[test]
+    fn a_tasks_ranges_are_the_keys_that_name_it(a in small_assignment(), task in 0u32..4) {
+        let ranges: Vec<_> = a.slices_of(task).collect();
+        for key in (0..=64).chain([u64::MAX]).map(SliceKey) {
+            let held = ranges.iter().any(|r| r.contains(key));
+            prop_assert_eq!(held, a.slice_for(key).replicas.contains(&task));
+        }
+    }
+
+    #[test]
     fn decoding_an_encoding_gives_the_assignment_back(a in any_assignment()) {
         prop_assert_eq!(Assignment::decode(&a.encode()), Ok(a.clone()));
-        let json = serde_json::to_string(&a).unwrap();
-        prop_assert_eq!(serde_json::from_str::<Assignment>(&json).unwrap(), a);
+        #[cfg(feature = "serde")]
+        {
+            let json = serde_json::to_string(&a).unwrap();
+            prop_assert_eq!(serde_json::from_str::<Assignment>(&json).unwrap(), a);
+        }
     }
 
     #[test]
@@ -71,6 +126,7 @@ proptest! {
     }
 }
 
+#[cfg(feature = "serde")]
 #[test]
 fn invalid_json_is_rejected_with_the_first_problem() {
     let cases = [
@@ -87,5 +143,9 @@ fn invalid_json_is_rejected_with_the_first_problem() {
     let ok: Assignment =
         serde_json::from_str(r#"{"generation":2,"slices":[{"start":0,"replicas":[1,2]}]}"#).unwrap();
     assert_eq!(ok, Assignment::single(2, vec![1, 2]).unwrap());
+}
+
+#[test]
+fn a_slice_without_replicas_is_named() {
     assert_eq!(Assignment::single(1, vec![]), Err(AssignmentError::NoReplicas { slice: 0 }));
 }

@@ -2,14 +2,17 @@
 
 use std::fmt;
 
-use crate::slice_key::SliceKey;
+use crate::key::SliceKey;
+use crate::range::KeyRange;
 
 /// The most slices one assignment may have (Slicer uses tens of thousands).
 pub const MAX_SLICES: usize = 1 << 20;
 /// The most replicas one slice may have.
 pub const MAX_REPLICAS: usize = 1024;
-/// The largest task index an assignment may name (`steady_subset::MAX_BACKENDS - 1`).
-pub const MAX_TASK: u32 = (steady_subset::MAX_BACKENDS - 1) as u32;
+/// The largest task index an assignment may name: `2^24 - 1`, the largest backend index
+/// steady's subsetting handles (`steady_subset::MAX_BACKENDS - 1`; the balancer checks
+/// at compile time that the two agree).
+pub const MAX_TASK: u32 = (1 << 24) - 1;
 
 /// One slice: the keys from `start` up to the next slice's start (or the end of the key
 /// space), served by `replicas` (backend task indices, in no particular order).
@@ -27,8 +30,8 @@ pub struct Slice {
 /// Valid by construction: the first slice starts at 0, starts strictly increase (so
 /// every key falls in exactly one slice: no gaps, no overlaps), every slice has between
 /// 1 and [`MAX_REPLICAS`] distinct replicas no larger than [`MAX_TASK`], and there are at most
-/// [`MAX_SLICES`] slices. A newer generation replaces an older one; see
-/// [`crate::BalanceConfig`] and the balancer's assignment source.
+/// [`MAX_SLICES`] slices. A newer generation replaces an older one wherever assignments
+/// are followed (the balancer, the slicelet, the distributor).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(try_from = "RawAssignment"))]
@@ -104,13 +107,6 @@ pub enum AssignmentError {
         /// The task index.
         task: u32,
     },
-    /// The encoded form is malformed (see [`Assignment::decode`]).
-    Malformed {
-        /// The byte offset where decoding stopped.
-        offset: usize,
-        /// What was wrong there.
-        reason: &'static str,
-    },
 }
 
 impl fmt::Display for AssignmentError {
@@ -129,9 +125,6 @@ impl fmt::Display for AssignmentError {
             Self::DuplicateReplica { slice, task } => write!(f, "slice {slice} lists task {task} twice"),
             Self::TaskOutOfRange { slice, task } => {
                 write!(f, "slice {slice} names task {task} (limit {MAX_TASK})")
-            }
-            Self::Malformed { offset, reason } => {
-                write!(f, "malformed assignment at byte {offset}: {reason}")
             }
         }
     }
@@ -213,6 +206,24 @@ impl Assignment {
     pub fn slice_for(&self, key: SliceKey) -> &Slice {
         &self.slices[self.slice_index(key)]
     }
+
+    /// The keys of slice `i`: from its start up to the next slice's start.
+    ///
+    /// # Panics
+    ///
+    /// When `i` is not below `self.slices().len()`.
+    pub fn range(&self, i: usize) -> KeyRange {
+        KeyRange::new(self.slices[i].start, self.slices.get(i + 1).map(|next| next.start))
+    }
+
+    /// The key ranges `task` serves, in key order: one per slice that names it among its
+    /// replicas (adjacent slices give adjacent ranges; they are not merged). A slicelet
+    /// uses it to know what it holds; `O(slices)`.
+    pub fn slices_of(&self, task: u32) -> impl Iterator<Item = KeyRange> + '_ {
+        (0..self.slices.len())
+            .filter(move |&i| self.slices[i].replicas.contains(&task))
+            .map(|i| self.range(i))
+    }
 }
 
 #[cfg(test)]
@@ -261,5 +272,19 @@ mod tests {
         assert_eq!(a.slice_index(SliceKey(u64::MAX - 1)), 1);
         assert_eq!(a.slice_index(SliceKey(u64::MAX)), 2);
         assert_eq!(a.slice_for(SliceKey(150)).replicas, [2]);
+    }
+
+    #[test]
+    fn a_task_serves_the_ranges_of_the_slices_that_name_it() {
+        let a = Assignment::new(1, vec![slice(0, &[1, 2]), slice(100, &[2]), slice(200, &[1])]).unwrap();
+        let of = |task| a.slices_of(task).collect::<Vec<_>>();
+        assert_eq!(
+            of(1),
+            [KeyRange::new(SliceKey(0), Some(SliceKey(100))), KeyRange::new(SliceKey(200), None)]
+        );
+        assert_eq!(of(2), [KeyRange::new(SliceKey(0), Some(SliceKey(100))), a.range(1)]);
+        assert!(of(3).is_empty());
+        let covered: f64 = (0..3).map(|i| a.range(i).fraction()).sum();
+        assert_eq!(covered, 1.0);
     }
 }

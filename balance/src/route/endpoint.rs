@@ -8,10 +8,25 @@ use std::time::Duration;
 // tokio's clock: the same as std's, except that tests can pause and advance it.
 use tokio::time::Instant;
 
+use steady_slice::SliceKey;
 use tokio::sync::mpsc;
 
-use crate::config::Load;
-use crate::table::Shared;
+use crate::config::{Load, Waits};
+
+/// The balancer an endpoint belongs to, as a request on it sees it: where the request
+/// goes when this endpoint cannot take it, and how long it may wait.
+///
+/// Implemented by the state the request side shares with the control task
+/// (`table::Shared`); an endpoint holds it weakly (the table holds the endpoints, so a
+/// strong reference would be a cycle), and only the slow path calls it.
+pub(crate) trait Rotation<S>: Send + Sync {
+    /// Another ready member than `failed`, for a request `failed` could not take: for
+    /// a keyed request (`key`), another ready replica of its slice.
+    fn another(&self, failed: &Endpoint<S>, key: Option<SliceKey>) -> Option<Arc<Endpoint<S>>>;
+
+    /// The configured waits.
+    fn waits(&self) -> Waits;
+}
 
 /// What requests tell the control task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,9 +58,8 @@ pub(crate) struct Endpoint<S> {
     broken: AtomicBool,
     ewma: Option<PeakEwma>,
     feedback: mpsc::UnboundedSender<Feedback>,
-    /// The balancer, to pick another endpoint when this one cannot take a request
-    /// (weak: the table holds endpoints, so a strong reference would be a cycle).
-    pub(crate) shared: Weak<Shared<S>>,
+    /// The balancer, to pick another endpoint when this one cannot take a request.
+    pub(crate) rotation: Weak<dyn Rotation<S>>,
 }
 
 impl<S> Endpoint<S> {
@@ -55,7 +69,7 @@ impl<S> Endpoint<S> {
         service: S,
         load: Load,
         feedback: mpsc::UnboundedSender<Feedback>,
-        shared: Weak<Shared<S>>,
+        rotation: Weak<dyn Rotation<S>>,
     ) -> Self {
         let ewma = match load {
             Load::InFlight => None,
@@ -73,8 +87,15 @@ impl<S> Endpoint<S> {
             broken: AtomicBool::new(false),
             ewma,
             feedback,
-            shared,
+            rotation,
         }
+    }
+
+    /// An endpoint of no balancer, for unit tests: feedback goes nowhere.
+    #[cfg(test)]
+    pub(crate) fn detached(task: usize, id: u64, service: S) -> Self {
+        let (feedback, _) = mpsc::unbounded_channel();
+        Self::new(task, id, service, Load::InFlight, feedback, nowhere())
     }
 
     /// The load estimate: lower is better; infinite once a call has failed.
@@ -208,6 +229,21 @@ impl PeakEwma {
     }
 }
 
+/// A rotation that does not exist (for endpoints of no balancer, in unit tests).
+#[cfg(test)]
+pub(crate) fn nowhere<S>() -> Weak<dyn Rotation<S>> {
+    struct Nowhere;
+    impl<S> Rotation<S> for Nowhere {
+        fn another(&self, _: &Endpoint<S>, _: Option<SliceKey>) -> Option<Arc<Endpoint<S>>> {
+            None
+        }
+        fn waits(&self) -> Waits {
+            unreachable!("never upgraded")
+        }
+    }
+    Weak::<Nowhere>::new()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,7 +251,7 @@ mod tests {
     #[test]
     fn in_flight_counts_until_dropped_and_a_draining_endpoint_reports_idle() {
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let ep = Arc::new(Endpoint::new(3, 9, (), Load::InFlight, tx, Weak::new()));
+        let ep = Arc::new(Endpoint::new(3, 9, (), Load::InFlight, tx, nowhere()));
         let a = InFlight::start(ep.clone());
         let b = InFlight::start(ep.clone());
         assert_eq!(ep.load(), 2.0);

@@ -5,12 +5,12 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use steady_slice::{Assignment, SliceKey};
 use steady_subset::prng::SplitMix64;
 use steady_subset::{Ringsteady, Subsetting};
 
-use crate::assignment::Assignment;
-use crate::endpoint::Endpoint;
-use crate::slice_key::SliceKey;
+use super::endpoint::Endpoint;
+use super::pick::p2c;
 
 /// The replicas of slice `i` this frontend uses: all of them when there are at most
 /// `fan_out`, otherwise its own Ringsteady subset of the replica list (so that many
@@ -138,7 +138,7 @@ impl<S> SliceTable<S> {
     /// Power of two choices among slice `i`'s ready replicas.
     #[inline]
     pub(crate) fn pick(&self, i: usize, rng: &mut SplitMix64) -> Option<&Arc<Endpoint<S>>> {
-        crate::table::p2c(self.ready(i), rng)
+        p2c(self.ready(i), rng)
     }
 }
 
@@ -165,7 +165,7 @@ mod tests {
 
     #[test]
     fn radix_lookup_agrees_with_a_binary_search_of_every_start() {
-        use crate::assignment::Slice;
+        use steady_slice::Slice;
         let mut rng = SplitMix64::new(3);
         for slices in [1usize, 2, 3, 17, 1000] {
             for clustered in [false, true] {

@@ -1,0 +1,94 @@
+//! Publishing the routing table: built from the control task's pieces, swapped in
+//! whole, and only when something it is built from changed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use steady_slice::Assignment;
+
+use crate::route::endpoint::Endpoint;
+use crate::route::slices::SliceTable;
+use crate::route::table::{RoutingTable, Shared};
+
+/// The control task's side of the shared state: the table's version, and what the last
+/// published table was built from.
+pub(super) struct Publisher<S> {
+    shared: Arc<Shared<S>>,
+    version: u64,
+    /// What the last published table was built from, to skip needless publications.
+    published: Vec<u64>,
+}
+
+/// What one table is built from.
+pub(super) struct TableInputs<'a, S> {
+    /// The wanted subset, in preference order.
+    pub(super) subset: Vec<usize>,
+    /// Every connection in rotation (subset and affinity), by task.
+    pub(super) connected: HashMap<usize, Arc<Endpoint<S>>>,
+    pub(super) assignment: Option<&'a Assignment>,
+    pub(super) frontend: usize,
+    pub(super) fan_out: usize,
+}
+
+impl<S> Publisher<S> {
+    pub(super) fn new(shared: Arc<Shared<S>>) -> Self {
+        Self { shared, version: 0, published: Vec::new() }
+    }
+
+    /// The state shared with the request side.
+    pub(super) fn shared(&self) -> &Arc<Shared<S>> {
+        &self.shared
+    }
+
+    /// Publishes the ready members of the subset, the affinity connections and the
+    /// slice table, if anything they are built from changed.
+    pub(super) fn publish(&mut self, inputs: TableInputs<'_, S>) {
+        let TableInputs { subset, connected, assignment, frontend, fan_out } = inputs;
+        let members: Vec<Arc<Endpoint<S>>> =
+            subset.iter().filter_map(|t| connected.get(t).cloned()).collect();
+        // What the table depends on: the subset, its ready members, every connection,
+        // and the assignment's generation.
+        let mut signature: Vec<u64> = subset.iter().map(|&t| t as u64).collect();
+        signature.push(u64::MAX);
+        signature.extend(members.iter().map(|e| e.id));
+        signature.push(u64::MAX);
+        let mut ids: Vec<u64> = connected.values().map(|e| e.id).collect();
+        ids.sort_unstable();
+        signature.extend(ids);
+        signature.push(assignment.map_or(u64::MAX, Assignment::generation));
+        if signature == self.published {
+            return;
+        }
+        self.published = signature;
+        let slices = assignment.map(|a| SliceTable::build(a, frontend, fan_out, &connected));
+        let mut affinity: Vec<Arc<Endpoint<S>>> =
+            connected.iter().filter(|(t, _)| !subset.contains(t)).map(|(_, e)| e.clone()).collect();
+        affinity.sort_unstable_by_key(|e| e.task);
+        self.version += 1;
+        tracing::info!(
+            version = self.version,
+            ready = members.len(),
+            wanted = subset.len(),
+            affinity = affinity.len(),
+            generation = ?slices.as_ref().map(|s| s.generation),
+            subset = ?subset,
+            "routing table updated"
+        );
+        self.shared.publish(RoutingTable {
+            version: self.version,
+            members,
+            wanted: subset,
+            affinity,
+            slices,
+        });
+    }
+}
+
+impl<S> Drop for Publisher<S> {
+    fn drop(&mut self) {
+        // The control task is the only owner of the slot connections; requests still
+        // in flight keep theirs until they finish. An empty table lets requests that
+        // outlive the task fail fast instead of using connections nobody tends.
+        self.shared.publish(RoutingTable::empty(self.version + 1));
+    }
+}

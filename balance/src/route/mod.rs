@@ -1,0 +1,19 @@
+//! The request side: what a request reads and does, without locks or waiting for the
+//! control task.
+//!
+//! The pieces, from the leaves up (each module imports only the ones before it):
+//! * [`pick`]: power of two choices with its tie band, and the per-thread generator.
+//! * [`endpoint`]: one connection, its load and counters, and the in-flight guard a
+//!   request holds.
+//! * [`slices`]: the keyed half of the table: per slice of the assignment in force, the
+//!   replicas this frontend uses and which are ready.
+//! * [`table`]: the immutable routing table the control task publishes, and the state
+//!   the request side shares with it ([`table::Shared`]).
+//! * [`future`]: the response future: the slow path's wait, the chosen backend's
+//!   readiness, and a move to another member for a request that was never sent.
+
+pub(crate) mod endpoint;
+pub(crate) mod future;
+pub(crate) mod pick;
+pub(crate) mod slices;
+pub(crate) mod table;

@@ -1,0 +1,121 @@
+//! The immutable routing table the control task publishes and requests read, and the
+//! state the two sides share.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use steady_slice::SliceKey;
+use steady_subset::prng::SplitMix64;
+use tokio::sync::watch;
+
+use super::endpoint::{Endpoint, Rotation};
+use super::pick::{fresh_rng, p2c, p2c_other};
+use super::slices::SliceTable;
+use crate::config::Waits;
+
+/// What requests route over: the ready members of the subset in preference order, the
+/// affinity connections, and the assignment in force.
+///
+/// Built by the control task and swapped in whole; a request reads whichever table is
+/// current when it starts and never waits for the control task.
+#[derive(Debug)]
+pub(crate) struct RoutingTable<S> {
+    /// Bumped on every publication.
+    pub(crate) version: u64,
+    /// Connected, healthy members, in the frontend's preference order.
+    pub(crate) members: Vec<Arc<Endpoint<S>>>,
+    /// The subset the control task wants (members and stand-ins, ready or not).
+    pub(crate) wanted: Vec<usize>,
+    /// Connections outside the subset (affinity connections for keyed requests).
+    pub(crate) affinity: Vec<Arc<Endpoint<S>>>,
+    /// The assignment in force, as this frontend routes it; `None` before the first.
+    pub(crate) slices: Option<SliceTable<S>>,
+}
+
+impl<S> RoutingTable<S> {
+    /// The table of a balancer with nothing connected, at `version`.
+    pub(crate) fn empty(version: u64) -> Self {
+        Self { version, members: Vec::new(), wanted: Vec::new(), affinity: Vec::new(), slices: None }
+    }
+
+    /// Power of two choices over the subset's ready members.
+    #[inline]
+    pub(crate) fn pick(&self, rng: &mut SplitMix64) -> Option<&Arc<Endpoint<S>>> {
+        p2c(&self.members, rng)
+    }
+}
+
+/// Counters that outlive connections.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) opened: AtomicU64,
+    pub(crate) closed: AtomicU64,
+    pub(crate) connect_failures: AtomicU64,
+    pub(crate) ejections: AtomicU64,
+    pub(crate) no_backend: AtomicU64,
+    pub(crate) assignments_accepted: AtomicU64,
+    pub(crate) assignments_stale: AtomicU64,
+    pub(crate) assignments_rejected: AtomicU64,
+    pub(crate) keyed_fallbacks: AtomicU64,
+    pub(crate) no_replica: AtomicU64,
+    pub(crate) affinity_opened: AtomicU64,
+    /// Requests and failures of connections already closed (live ones count on their endpoint).
+    pub(crate) closed_requests: AtomicU64,
+    pub(crate) closed_failures: AtomicU64,
+    pub(crate) closed_keyed: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// What the request side and the control task share.
+#[derive(Debug)]
+pub(crate) struct Shared<S> {
+    pub(crate) table: ArcSwap<RoutingTable<S>>,
+    /// The current table's version, for requests waiting for a ready backend.
+    pub(crate) versions: watch::Sender<u64>,
+    pub(crate) counters: Counters,
+    /// Connections open, including draining ones (maintained by the control task).
+    pub(crate) open: AtomicU64,
+    /// How long requests wait, and what keyed ones do without a replica: the one copy
+    /// the request side reads.
+    pub(crate) waits: Waits,
+}
+
+impl<S> Shared<S> {
+    pub(crate) fn new(waits: Waits) -> Self {
+        Self {
+            waits,
+            table: ArcSwap::from_pointee(RoutingTable::empty(0)),
+            versions: watch::Sender::new(0),
+            counters: Counters::default(),
+            open: AtomicU64::new(0),
+        }
+    }
+
+    /// Swaps in a new table and wakes requests waiting for one.
+    pub(crate) fn publish(&self, table: RoutingTable<S>) {
+        let version = table.version;
+        self.table.store(Arc::new(table));
+        self.versions.send_replace(version);
+    }
+}
+
+impl<S: Send + Sync> Rotation<S> for Shared<S> {
+    fn another(&self, failed: &Endpoint<S>, key: Option<SliceKey>) -> Option<Arc<Endpoint<S>>> {
+        let table = self.table.load();
+        let mut rng = fresh_rng();
+        match (key, table.slices.as_ref()) {
+            (Some(key), Some(slices)) => p2c_other(slices.ready(slices.index(key)), failed.id, &mut rng),
+            (Some(_), None) | (None, _) => p2c_other(&table.members, failed.id, &mut rng),
+        }
+    }
+
+    fn waits(&self) -> Waits {
+        self.waits
+    }
+}

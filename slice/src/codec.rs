@@ -1,0 +1,298 @@
+//! The binary wire format of an [`Assignment`] (frozen).
+//!
+//! Version 1, all integers little-endian:
+//!
+//! ```text
+//! magic        4 bytes   "STAS"
+//! version      u8        1
+//! generation   u64
+//! slice count  u32
+//! per slice:
+//!   start      u64
+//!   replicas   u16       count, then that many u32 task indices
+//! ```
+//!
+//! Decoding checks every length against the bytes left before allocating, rejects
+//! trailing bytes, and then validates the assignment as [`Assignment::new`] does, so
+//! any input gives either a valid assignment or a typed error, never a panic. The two
+//! kinds of error stay apart: [`DecodeError::Malformed`] for bytes that are not the
+//! format (with the offset and the cause), [`DecodeError::Invalid`] for well-formed
+//! bytes that carry an invalid assignment.
+
+use std::fmt;
+
+use crate::assignment::{Assignment, AssignmentError, Slice, MAX_REPLICAS, MAX_SLICES};
+use crate::key::SliceKey;
+
+const MAGIC: &[u8; 4] = b"STAS";
+const VERSION: u8 = 1;
+
+/// Why bytes could not be decoded as an assignment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// The bytes are not the wire format.
+    Malformed {
+        /// The byte offset where decoding stopped.
+        offset: usize,
+        /// What was wrong there.
+        cause: Malformed,
+    },
+    /// The bytes are well formed, but the assignment they carry is invalid.
+    Invalid(AssignmentError),
+}
+
+/// What was wrong with malformed bytes (see [`DecodeError::Malformed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Malformed {
+    /// The first four bytes are not `STAS`.
+    BadMagic,
+    /// A version this library does not read.
+    UnsupportedVersion(u8),
+    /// The bytes end inside a field.
+    Truncated,
+    /// More slices than [`MAX_SLICES`].
+    TooManySlices(u32),
+    /// A slice count larger than the bytes that follow could hold.
+    SliceCountBeyondInput(u32),
+    /// A slice with more replicas than [`MAX_REPLICAS`].
+    TooManyReplicas(u16),
+    /// Bytes after the last slice.
+    TrailingBytes,
+}
+
+impl fmt::Display for Malformed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::BadMagic => write!(f, "not an assignment (bad magic)"),
+            Self::UnsupportedVersion(v) => {
+                write!(f, "unsupported version {v} (this library reads {VERSION})")
+            }
+            Self::Truncated => write!(f, "truncated"),
+            Self::TooManySlices(n) => write!(f, "{n} slices (limit {MAX_SLICES})"),
+            Self::SliceCountBeyondInput(n) => {
+                write!(f, "{n} slices announced, more than the bytes that follow hold")
+            }
+            Self::TooManyReplicas(n) => write!(f, "a slice with {n} replicas (limit {MAX_REPLICAS})"),
+            Self::TrailingBytes => write!(f, "trailing bytes"),
+        }
+    }
+}
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Malformed { offset, cause } => write!(f, "malformed assignment at byte {offset}: {cause}"),
+            Self::Invalid(e) => write!(f, "invalid assignment: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for DecodeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Invalid(e) => Some(e),
+            Self::Malformed { .. } => None,
+        }
+    }
+}
+
+impl From<AssignmentError> for DecodeError {
+    fn from(e: AssignmentError) -> Self {
+        Self::Invalid(e)
+    }
+}
+
+impl Assignment {
+    /// The assignment in the version-1 wire format.
+    pub fn encode(&self) -> Vec<u8> {
+        let size = 17 + self.slices().iter().map(|s| 10 + 4 * s.replicas.len()).sum::<usize>();
+        let mut out = Vec::with_capacity(size);
+        out.extend_from_slice(MAGIC);
+        out.push(VERSION);
+        out.extend_from_slice(&self.generation().to_le_bytes());
+        out.extend_from_slice(&(self.slices().len() as u32).to_le_bytes());
+        for slice in self.slices() {
+            out.extend_from_slice(&slice.start.get().to_le_bytes());
+            out.extend_from_slice(&(slice.replicas.len() as u16).to_le_bytes());
+            for task in &slice.replicas {
+                out.extend_from_slice(&task.to_le_bytes());
+            }
+        }
+        out
+    }
+
+    /// Reads an assignment in the version-1 wire format.
+    ///
+    /// # Errors
+    ///
+    /// [`DecodeError::Malformed`] for a bad magic or version, truncated or trailing
+    /// bytes, or counts above the limits (at the offset of the field);
+    /// [`DecodeError::Invalid`] with whatever [`Assignment::new`] finds in well-formed
+    /// bytes.
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader { bytes, at: 0 };
+        if r.take(4)? != MAGIC {
+            return Err(r.malformed_at(0, Malformed::BadMagic));
+        }
+        let version = r.u8()?;
+        if version != VERSION {
+            return Err(r.malformed_at(4, Malformed::UnsupportedVersion(version)));
+        }
+        let generation = r.u64()?;
+        let count = r.u32()?;
+        let count_at = r.at - 4;
+        if count as usize > MAX_SLICES {
+            return Err(r.malformed_at(count_at, Malformed::TooManySlices(count)));
+        }
+        // Each slice takes at least 10 bytes: do not trust the count further than that.
+        if count as usize > r.left() / 10 {
+            return Err(r.malformed_at(count_at, Malformed::SliceCountBeyondInput(count)));
+        }
+        let mut slices = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            let start = SliceKey(r.u64()?);
+            let n = r.u16()?;
+            if n as usize > MAX_REPLICAS {
+                return Err(r.malformed_at(r.at - 2, Malformed::TooManyReplicas(n)));
+            }
+            let n = n as usize;
+            let mut replicas = Vec::with_capacity(n.min(r.left() / 4));
+            for _ in 0..n {
+                replicas.push(r.u32()?);
+            }
+            slices.push(Slice { start, replicas });
+        }
+        if r.left() != 0 {
+            return Err(r.malformed_at(r.at, Malformed::TrailingBytes));
+        }
+        Ok(Assignment::new(generation, slices)?)
+    }
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn malformed_at(&self, offset: usize, cause: Malformed) -> DecodeError {
+        DecodeError::Malformed { offset, cause }
+    }
+
+    fn left(&self) -> usize {
+        self.bytes.len() - self.at
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.left() < n {
+            return Err(self.malformed_at(self.at, Malformed::Truncated));
+        }
+        let out = &self.bytes[self.at..self.at + n];
+        self.at += n;
+        Ok(out)
+    }
+
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u16(&mut self) -> Result<u16, DecodeError> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
+    }
+
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+    }
+
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wire_format_is_frozen() {
+        let a = Assignment::new(
+            7,
+            vec![
+                Slice { start: SliceKey(0), replicas: vec![1, 2] },
+                Slice { start: SliceKey(1 << 63), replicas: vec![3] },
+            ],
+        )
+        .unwrap();
+        let golden: Vec<u8> = [
+            &b"STAS"[..],
+            &[1],
+            &7u64.to_le_bytes(),
+            &2u32.to_le_bytes(),
+            &0u64.to_le_bytes(),
+            &2u16.to_le_bytes(),
+            &1u32.to_le_bytes(),
+            &2u32.to_le_bytes(),
+            &(1u64 << 63).to_le_bytes(),
+            &1u16.to_le_bytes(),
+            &3u32.to_le_bytes(),
+        ]
+        .concat();
+        assert_eq!(a.encode(), golden);
+        assert_eq!(Assignment::decode(&golden).unwrap(), a);
+    }
+
+    #[test]
+    fn malformed_bytes_are_typed_errors_naming_the_field() {
+        // magic 0..4, version 4, generation 5..13, count 13..17, start 17..25,
+        // replica count 25..27, replica 27..31.
+        let good = Assignment::single(1, vec![4]).unwrap().encode();
+        assert_eq!(good.len(), 31);
+        let malformed = |offset, cause| Err(DecodeError::Malformed { offset, cause });
+        for cut in 0..good.len() {
+            let expected = match cut {
+                0..=3 => malformed(0, Malformed::Truncated),
+                4 => malformed(4, Malformed::Truncated),
+                5..=12 => malformed(5, Malformed::Truncated),
+                13..=16 => malformed(13, Malformed::Truncated),
+                // One slice needs at least 10 more bytes than there are.
+                17..=26 => malformed(13, Malformed::SliceCountBeyondInput(1)),
+                _ => malformed(27, Malformed::Truncated),
+            };
+            assert_eq!(Assignment::decode(&good[..cut]), expected, "cut at {cut}");
+        }
+        let mut trailing = good.clone();
+        trailing.push(0);
+        assert_eq!(Assignment::decode(&trailing), malformed(31, Malformed::TrailingBytes));
+        let mut bad_magic = good.clone();
+        bad_magic[0] = b'X';
+        assert_eq!(Assignment::decode(&bad_magic), malformed(0, Malformed::BadMagic));
+        let mut bad_version = good.clone();
+        bad_version[4] = 2;
+        assert_eq!(Assignment::decode(&bad_version), malformed(4, Malformed::UnsupportedVersion(2)));
+        let mut many_replicas = good.clone();
+        many_replicas[25..27].copy_from_slice(&(MAX_REPLICAS as u16 + 1).to_le_bytes());
+        assert_eq!(
+            Assignment::decode(&many_replicas),
+            malformed(25, Malformed::TooManyReplicas(MAX_REPLICAS as u16 + 1))
+        );
+        // A huge slice count with few bytes behind it is refused before allocating.
+        let header = &good[..13];
+        let huge = [header, &u32::MAX.to_le_bytes()].concat();
+        assert_eq!(Assignment::decode(&huge), malformed(13, Malformed::TooManySlices(u32::MAX)));
+        let short = [header, &1000u32.to_le_bytes(), &[0; 30]].concat();
+        assert_eq!(Assignment::decode(&short), malformed(13, Malformed::SliceCountBeyondInput(1000)));
+    }
+
+    #[test]
+    fn well_formed_bytes_of_an_invalid_assignment_are_a_validation_error() {
+        let mut bytes = Assignment::single(1, vec![4]).unwrap().encode();
+        // Slice 0 starting at 5 instead of 0.
+        bytes[17] = 5;
+        let error = Assignment::decode(&bytes).unwrap_err();
+        assert_eq!(error, DecodeError::Invalid(AssignmentError::FirstStartNotZero { start: SliceKey(5) }));
+        assert!(std::error::Error::source(&error).is_some());
+        assert_eq!(error.to_string(), "invalid assignment: first slice starts at 0x0000000000000005, not 0");
+    }
+}

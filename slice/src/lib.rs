@@ -1,0 +1,62 @@
+//! Slicer's data model, as steady uses it: where a key falls, and which backend tasks
+//! serve it.
+//!
+//! * [`SliceKey`]: a request key hashed into the 64-bit key space (XXH3-64, seed 0: the
+//!   same value in any language).
+//! * [`Assignment`]: one *generation* of the key space's division into slices, each a
+//!   start key and the backend tasks (replicas) that serve it. A slice runs from its
+//!   start up to the next slice's start, the first starts at 0: every key is in exactly
+//!   one slice. Built only through validation ([`Assignment::new`]), so an `Assignment`
+//!   value is always valid; [`AssignmentError`] names the first problem of one that is not.
+//! * The frozen binary wire format ([`Assignment::encode`], [`Assignment::decode`]);
+//!   decoding errors are [`DecodeError`]s that name the byte offset and the cause,
+//!   apart from the validation errors of well-formed bytes. With the `serde` feature,
+//!   JSON: `{"generation": 7, "slices": [{"start": 0, "replicas": [1, 2]}, ...]}`,
+//!   validated on the way in.
+//! * [`KeyRange`]s: the keys of a slice ([`Assignment::range`]) or of a task
+//!   ([`Assignment::slices_of`]), and [`AssignmentDiff`]: which key ranges change owners
+//!   between two assignments, and the fraction of the key space they cover (the *key
+//!   churn* assigners are measured by).
+//!
+//! # Dependencies
+//!
+//! std and `xxhash-rust` (the key hash), plus `serde` when its feature is on. This crate
+//! is what the balancer, the tonic channel, the assigner and the control plane share, so
+//! it must never depend on any of them, nor on an async runtime, tonic or an etcd client.
+//!
+//! # Frozen contracts
+//!
+//! The key hash and the wire format are read by every client and server of a fleet,
+//! whatever version each runs: golden vectors in `tests/golden/slicing.txt` pin them.
+//!
+//! # Example
+//!
+//! ```
+//! use steady_slice::{Assignment, Slice, SliceKey};
+//!
+//! // Two slices: keys below 2^63 on tasks 1 and 2, the rest on task 3.
+//! let a = Assignment::new(7, vec![
+//!     Slice { start: SliceKey::MIN, replicas: vec![1, 2] },
+//!     Slice { start: SliceKey(1 << 63), replicas: vec![3] },
+//! ])?;
+//! let key = SliceKey::of("user:42");
+//! assert!(!a.slice_for(key).replicas.is_empty());
+//! assert_eq!(a.slices_of(3).map(|r| r.fraction()).sum::<f64>(), 0.5);
+//! assert_eq!(Assignment::decode(&a.encode()), Ok(a));
+//! # Ok::<(), steady_slice::AssignmentError>(())
+//! ```
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
+
+mod assignment;
+mod codec;
+mod diff;
+mod key;
+mod range;
+
+pub use assignment::{Assignment, AssignmentError, Slice, MAX_REPLICAS, MAX_SLICES, MAX_TASK};
+pub use codec::{DecodeError, Malformed};
+pub use diff::AssignmentDiff;
+pub use key::SliceKey;
+pub use range::KeyRange;

@@ -1,0 +1,65 @@
+//! Golden vectors: the frozen contract of steady-slice.
+//!
+//! Every client and server of a fleet must hash a key to the same slice key and read the
+//! same bytes as the same assignment, whichever version of steady each runs. This test
+//! recomputes the slice keys and the wire encoding recorded in `tests/golden/slicing.txt`
+//! and fails on any difference. A failure means the change breaks every mixed-version
+//! fleet: do not "fix" it by regenerating. Regenerate only to add vectors, with
+//! `STEADY_BLESS=1 cargo test -p steady-slice --test golden`, and check that the diff only
+//! adds lines.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use steady_slice::{Assignment, Slice, SliceKey};
+
+#[path = "../../tests/src/golden_file.rs"]
+mod golden_file;
+use golden_file::check_golden_file;
+
+fn golden_path(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests").join("golden").join(name)
+}
+
+/// Compares `computed` with the golden file `name` (see [`check_golden_file`]).
+fn check(name: &str, computed: String) {
+    check_golden_file(&golden_path(name), &computed);
+}
+
+/// Slice keys of a few byte strings (0 to 200 bytes: XXH3 has a code path per size
+/// range) and one assignment's wire encoding.
+fn slicing_file() -> String {
+    let mut out = String::from("# steady-balance golden slice keys and wire format (frozen contract).\n");
+    let texts: Vec<String> = vec![
+        String::new(),
+        "a".into(),
+        "abc".into(),
+        "user:42".into(),
+        "0123456789abcdef".into(),
+        "x".repeat(17),
+        "y".repeat(64),
+        "z".repeat(129),
+        "w".repeat(200),
+        "ünïcödé ключ".into(),
+    ];
+    for t in &texts {
+        writeln!(out, "slice_key {:?}: {:#018x}", t, SliceKey::of(t).get()).unwrap();
+    }
+    let a = Assignment::new(
+        9,
+        vec![
+            Slice { start: SliceKey(0), replicas: vec![3, 1] },
+            Slice { start: SliceKey(1 << 40), replicas: vec![7] },
+            Slice { start: SliceKey(u64::MAX), replicas: vec![0, 2, 4] },
+        ],
+    )
+    .unwrap();
+    let hex: String = a.encode().iter().map(|b| format!("{b:02x}")).collect();
+    writeln!(out, "assignment v1: {hex}").unwrap();
+    out
+}
+
+#[test]
+fn slice_keys_and_the_assignment_wire_format_match_the_golden_vectors() {
+    check("slicing.txt", slicing_file());
+}

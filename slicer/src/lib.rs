@@ -1,0 +1,46 @@
+//! The server side of steady's keyed routing (Slicer's, in our words): what runs beside
+//! the backend tasks and the assigner, as opposed to the client's channel.
+//!
+//! * [`Distributor`]: the server of `AssignmentDistributor.Watch` (the `.proto` is in
+//!   `steady-tonic`): holds the current assignment of each job and streams every newer
+//!   one to every watcher, clients (`steady_tonic::watch_assignments`) and slicelets
+//!   alike.
+//! * [`Slicelet`]: a backend task's view of the assignment: which slices it holds, and
+//!   a server layer that counts requests for keys it does not hold (misroutes).
+//!
+//! # Dependencies
+//!
+//! `steady-slice` (the model), `steady-tonic` (the proto and its conversions), tonic and
+//! tokio. A client that only wants the channel does not compile this crate; this crate
+//! never depends on the balancer's internals. The assigner and the etcd-backed stores
+//! join it here, behind their own features, so that the channel never pulls them in.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use steady_slice::Assignment;
+//! use steady_slicer::{Distributor, Slicelet};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let distributor = Distributor::new();
+//! distributor.publish("users", Assignment::single(1, vec![0, 1])?);
+//! // Backend task 0 follows the same job and counts misrouted requests.
+//! let slicelet = Slicelet::new(0);
+//! slicelet.set_assignment(distributor.current("users").expect("published"));
+//! tonic::transport::Server::builder()
+//!     .layer(slicelet.layer())
+//!     .add_service(distributor.service())
+//!     .serve("127.0.0.1:50051".parse()?)
+//!     .await?;
+//! # Ok(())
+//! # }
+//! ```
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
+
+mod distributor;
+mod slicelet;
+
+pub use distributor::{Distributor, WatchStream};
+pub use slicelet::{Slicelet, SliceletLayer, SliceletService};

@@ -1,0 +1,186 @@
+//! Assignment distribution end to end, on real tonic servers on 127.0.0.1: the
+//! `Distributor` serving the Watch RPC, clients (`SteadyChannel` with
+//! `watch_assignments`) and slicelets following it. Every server and loop is bounded in
+//! count and time.
+
+#[path = "../../tonic-integration/tests/support/mod.rs"]
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::HeaderName;
+
+use steady_balance::{Assignment, Backoff, BalanceConfig, Slice, SliceKey};
+use steady_slicer::{Distributor, Slicelet};
+use steady_tonic::echo::echo_client::EchoClient;
+use steady_tonic::echo::echo_server::EchoServer;
+use steady_tonic::echo::EchoRequest;
+use steady_tonic::{watch_assignments, SteadyChannel};
+use support::{echo, endpoint, endpoints, eventually, serve, start_backends, Backend};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::{Endpoint, Server};
+use tonic::Request;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pushed_assignment_reaches_a_hundred_watchers() {
+    let distributor = Distributor::new();
+    let (addr, _stop) = serve(distributor.service()).await;
+    let latest = Arc::new(AtomicUsize::new(0));
+    let mut watchers = Vec::new();
+    for _ in 0..100 {
+        let latest = latest.clone();
+        let stream = watch_assignments(endpoint(addr), "job", Backoff::default());
+        watchers.push(tokio::spawn(async move {
+            futures_util::pin_mut!(stream);
+            while let Some(Ok(a)) = futures_util::StreamExt::next(&mut stream).await {
+                if a.generation() == 2 {
+                    latest.fetch_add(1, Ordering::SeqCst);
+                    return;
+                }
+            }
+        }));
+    }
+    eventually("100 watchers", || distributor.watchers("job") == 100).await;
+    distributor.publish("job", Assignment::single(1, vec![0]).unwrap());
+    distributor.publish("job", Assignment::single(2, vec![1]).unwrap());
+    assert!(!distributor.publish("job", Assignment::single(2, vec![3]).unwrap()), "not newer");
+    eventually("every watcher to see generation 2", || latest.load(Ordering::SeqCst) == 100).await;
+    for w in watchers {
+        w.await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_keep_the_last_good_assignment_while_the_distributor_restarts() {
+    let backends = start_backends(4).await;
+    let distributor = Distributor::new();
+    distributor.publish("echo", Assignment::single(1, vec![3]).unwrap());
+    // The distributor listens on a port we can reuse after a restart.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let server =
+        tokio::spawn(Server::builder().add_service(distributor.service()).serve_with_incoming_shutdown(
+            TcpListenerStream::new(listener),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+    let channel = SteadyChannel::builder(BalanceConfig::new(0, 1)).from_endpoints(endpoints(&backends));
+    let backoff = Backoff { base: Duration::from_millis(20), max: Duration::from_millis(100), jitter: 0.5 };
+    channel.follow_assignments(watch_assignments(endpoint(addr), "echo", backoff));
+    eventually("generation 1", || channel.stats().assignment_generation == Some(1)).await;
+    let mut client = EchoClient::new(channel.clone());
+    // The distributor goes away: keyed routing goes on with generation 1.
+    distributor.close_watchers();
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), server).await.expect("server stops").unwrap().unwrap();
+    for i in 0..20 {
+        assert_eq!(echo(&mut client, Some(&format!("k{i}")), b"x").await.unwrap(), 3);
+    }
+    // It comes back on the same address with a newer assignment; the client reconnects.
+    distributor.publish("echo", Assignment::single(2, vec![2]).unwrap());
+    let listener = TcpListener::bind(addr).await.unwrap();
+    let (_stop2, stopped2) = oneshot::channel::<()>();
+    tokio::spawn(Server::builder().add_service(distributor.service()).serve_with_incoming_shutdown(
+        TcpListenerStream::new(listener),
+        async {
+            let _ = stopped2.await;
+        },
+    ));
+    eventually("generation 2", || channel.stats().assignment_generation == Some(2)).await;
+    assert_eq!(echo(&mut client, Some("k1"), b"x").await.unwrap(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slicelets_count_no_misroutes_when_clients_follow_the_assignment() {
+    let distributor = Distributor::new();
+    let (distributor_addr, _stop_d) = serve(distributor.service()).await;
+    let assignment = Assignment::new(
+        1,
+        vec![
+            Slice { start: SliceKey(0), replicas: vec![0] },
+            Slice { start: SliceKey(1 << 63), replicas: vec![1] },
+        ],
+    )
+    .unwrap();
+    distributor.publish("echo", assignment);
+    // Two backends, each with a slicelet following the distributor.
+    let mut addrs = Vec::new();
+    let mut slicelets = Vec::new();
+    let mut stops = Vec::new();
+    for task in 0..2u32 {
+        let slicelet = Slicelet::new(task);
+        slicelet.follow(watch_assignments(endpoint(distributor_addr), "echo", Backoff::default()));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        addrs.push(listener.local_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        tokio::spawn(
+            Server::builder()
+                .layer(slicelet.layer())
+                .add_service(EchoServer::new(Backend { task, ..Backend::default() }))
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                    let _ = stopped.await;
+                }),
+        );
+        slicelets.push(slicelet);
+        stops.push(stop);
+    }
+    eventually("the slicelets' assignment", || slicelets.iter().all(|s| s.generation() == Some(1))).await;
+    assert_eq!(slicelets[0].held_slices(), [SliceKey(0)]);
+    let eps: Vec<Endpoint> = addrs.iter().map(|a| endpoint(*a)).collect();
+    // A client that follows the assignment: no misroutes.
+    let following = SteadyChannel::builder(BalanceConfig::new(0, 2)).from_endpoints(eps.clone());
+    following.follow_assignments(watch_assignments(endpoint(distributor_addr), "echo", Backoff::default()));
+    eventually("the client's assignment", || following.stats().assignment_generation == Some(1)).await;
+    let mut client = EchoClient::new(following);
+    for i in 0..100 {
+        echo(&mut client, Some(&format!("key-{i}")), b"x").await.unwrap();
+    }
+    let misrouted: u64 = slicelets.iter().map(Slicelet::misrouted).sum();
+    assert_eq!(misrouted, 0);
+    assert_eq!(slicelets.iter().map(Slicelet::keyed_requests).sum::<u64>(), 100);
+    // A client that ignores assignments balances keyed requests over its subset: about
+    // half land on the task that does not hold the key, and the slicelets see it.
+    let mut blind = EchoClient::new(SteadyChannel::builder(BalanceConfig::new(0, 2)).from_endpoints(eps));
+    for i in 0..100 {
+        echo(&mut blind, Some(&format!("key-{i}")), b"x").await.unwrap();
+    }
+    let misrouted: u64 = slicelets.iter().map(Slicelet::misrouted).sum();
+    assert!((20..=80).contains(&misrouted), "{misrouted} of 100 misrouted");
+    drop(stops);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slicelet_reads_keys_from_the_header_its_clients_use() {
+    let header = HeaderName::from_static("x-tenant");
+    let assignment = Assignment::single(1, vec![0]).unwrap();
+    let slicelet = Slicelet::new(0);
+    assert!(slicelet.set_assignment(assignment.clone()));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (_stop, stopped) = oneshot::channel::<()>();
+    tokio::spawn(
+        Server::builder()
+            .layer(slicelet.layer().key_header(header.clone()))
+            .add_service(EchoServer::new(Backend::default()))
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                let _ = stopped.await;
+            }),
+    );
+    let channel = SteadyChannel::builder(BalanceConfig::new(0, 1))
+        .key_header(header)
+        .from_endpoints(vec![endpoint(addr)]);
+    let mut client = EchoClient::new(channel);
+    for i in 0..50 {
+        let mut request = Request::new(EchoRequest { payload: b"t".to_vec() });
+        request.metadata_mut().insert("x-tenant", format!("tenant-{i}").parse().unwrap());
+        client.echo(request).await.unwrap();
+    }
+    // Every request counted as keyed, by the header both sides name; none misrouted.
+    assert_eq!((slicelet.keyed_requests(), slicelet.misrouted()), (50, 0));
+}
