@@ -23,6 +23,21 @@
 //!   and closed when idle. When no replica is usable, [`NoReplicaPolicy`] decides:
 //!   fall back to the subset, or fail with [`BalanceError::NoReplica`].
 //!
+//! # Layout
+//!
+//! The two halves are two folders: `route/` is the request side (the pick policy, the
+//! endpoint and its in-flight guard, the slice table, the routing table, the response
+//! future), `control/` the task that owns membership, its state in pieces (the slots with
+//! their health and backoff, connection attempts, draining connections, the affinity set,
+//! the assignments, the table's publisher). The request side never reaches into the
+//! control task; they share only the published table and counters.
+//!
+//! # Dependencies
+//!
+//! `steady-subset` and `steady-slice` (whose types it re-exports), tower, tokio and
+//! arc-swap. It must never depend on tonic (that is `steady-tonic`'s job), on the server
+//! side (`steady-slicer`), an assigner or an etcd client: every RPC client links this crate.
+//!
 //! # Example
 //!
 //! ```

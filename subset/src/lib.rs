@@ -25,6 +25,11 @@
 //! | [`Ringsteady`] | yes | good | small | van der Corput ring |
 //! | [`Rocksteadier`] | yes | good | at most 1 | **the default**: lots of 10, shuffled |
 //!
+//! # Dependencies
+//!
+//! None but std, and it must stay so: every frontend of a fleet computes the same orders
+//! with this code, and nothing a dependency changes may change them.
+//!
 //! # The order is a contract
 //!
 //! Every frontend of a fleet must compute the same subsets, whichever version of this

@@ -1,0 +1,77 @@
+//! One unary call through tonic over loopback: steady's channel against a plain tonic
+//! `Channel` to one of the same servers, in the same run.
+//!
+//! Group `channel_call`: 4 echo servers on 127.0.0.1 (a runtime of their own), one call
+//! at a time from a current-thread client runtime:
+//! * `plain` — a tonic `Channel` to server 0 (the baseline: the transport's own cost);
+//! * `steady` — `SteadyChannel` over all 4 (k = 4): pick, in-flight accounting, the
+//!   error mapping of its response future.
+//!
+//! What it is for: the client's own cost per call (`steady` - `plain`), e.g. to check
+//! that naming the channel's response future instead of boxing one per call costs
+//! nothing. Ratios: `cargo run --release -p steady-benches --bin bench-ratios --
+//! channel_call plain`.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use steady_balance::BalanceConfig;
+use steady_tonic::echo::echo_client::EchoClient;
+use steady_tonic::echo::EchoRequest;
+use steady_tonic::SteadyChannel;
+use tonic::transport::{Channel, Endpoint};
+
+const SERVERS: u32 = 4;
+
+async fn calls<T>(client: &mut EchoClient<T>, iters: u64) -> Duration
+where
+    T: tonic::client::GrpcService<tonic::body::Body>,
+    T::Error: Into<tonic::codegen::StdError>,
+    T::ResponseBody: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    <T::ResponseBody as tonic::codegen::Body>::Error: Into<tonic::codegen::StdError> + Send,
+{
+    let start = Instant::now();
+    for _ in 0..iters {
+        let reply = client.echo(EchoRequest { payload: b"ping".to_vec() }).await.unwrap();
+        black_box(reply);
+    }
+    start.elapsed()
+}
+
+fn channel_call(c: &mut Criterion) {
+    // The servers run on a runtime of their own, so the client's runtime measures the
+    // client.
+    let servers = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let running: Vec<_> = servers.block_on(async {
+        let mut out = Vec::new();
+        for task in 0..SERVERS {
+            out.push(steady_tonic::demo::serve_echo(task).await.expect("bind 127.0.0.1"));
+        }
+        out
+    });
+    let endpoints: Vec<Endpoint> =
+        running.iter().map(|(addr, _)| Endpoint::from_shared(format!("http://{addr}")).unwrap()).collect();
+    let client_rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut group = c.benchmark_group("channel_call");
+    group.warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+    group.bench_with_input(BenchmarkId::new("plain", SERVERS), &(), |b, _| {
+        let mut client: EchoClient<Channel> =
+            client_rt.block_on(async { EchoClient::new(endpoints[0].connect().await.unwrap()) });
+        b.iter_custom(|iters| client_rt.block_on(calls(&mut client, iters)));
+    });
+    group.bench_with_input(BenchmarkId::new("steady", SERVERS), &(), |b, _| {
+        let mut client = client_rt.block_on(async {
+            let channel = SteadyChannel::builder(BalanceConfig::new(0, SERVERS as usize))
+                .from_endpoints(endpoints.clone());
+            assert!(channel.balance().wait_for_members(SERVERS as usize, Duration::from_secs(10)).await);
+            EchoClient::new(channel)
+        });
+        b.iter_custom(|iters| client_rt.block_on(calls(&mut client, iters)));
+    });
+    group.finish();
+    drop(running);
+}
+
+criterion_group!(benches, channel_call);
+criterion_main!(benches);
