@@ -12,16 +12,17 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::WatchStream;
 use tower::Service;
 
-use crate::config::{BalanceConfig, NoReplicaPolicy};
+use crate::config::BalanceConfig;
 use crate::connector::{Address, Connector};
 use crate::control::{Command, Control};
-use crate::error::{BalanceError, BoxError};
+use crate::error::BoxError;
 use crate::job::JobView;
 use crate::key::{KeyExtractor, NoKey};
-use crate::route::endpoint::{Endpoint, InFlight};
-use crate::route::future::{ResponseFuture, Wait};
+use crate::route::endpoint::InFlight;
+use crate::route::future::ResponseFuture;
 use crate::route::pick::fresh_rng;
-use crate::route::table::{Counters, RoutingTable, Shared};
+use crate::route::table::Shared;
+use crate::route::wait::{no_replica, wait_for_endpoint, wait_for_replica, Wait, WaitBudget};
 use crate::stats::BalanceStats;
 
 /// Balances requests over a frontend's subset of a backend job.
@@ -231,76 +232,22 @@ where
             if let Some(endpoint) = slices.pick(slice, &mut self.rng) {
                 return ResponseFuture::ready(InFlight::start(endpoint.clone()).keyed(), req).keyed(key);
             }
-            let wait = wait_for_replica(self.shared.clone(), key);
-            return ResponseFuture::waiting(wait, req).keyed(key);
+            let budget = WaitBudget::start(&self.shared.waits, true);
+            let shared = self.shared.clone();
+            let wait: Wait<S> = if slices.servable(slice) {
+                wait_for_replica(shared, key, budget)
+            } else {
+                // No chosen replica serves, or all are backing off: nothing to wait for.
+                Box::pin(no_replica(shared, key, budget))
+            };
+            return ResponseFuture::waiting(wait, req, budget).keyed(key);
         }
         match table.pick(&mut self.rng) {
             Some(endpoint) => ResponseFuture::ready(InFlight::start(endpoint.clone()), req),
-            None => ResponseFuture::waiting(wait_for_endpoint(self.shared.clone()), req),
+            None => {
+                let budget = WaitBudget::start(&self.shared.waits, false);
+                ResponseFuture::waiting(wait_for_endpoint(self.shared.clone(), budget), req, budget)
+            }
         }
     }
-}
-
-/// The keyed slow path: none of the slice's chosen replicas is connected (the control
-/// task has been asked to connect them). Waits for one up to the affinity wait; then
-/// follows the policy: the subset (counted as a fallback), or `NoReplica`.
-fn wait_for_replica<S: Send + Sync + 'static>(shared: Arc<Shared<S>>, key: SliceKey) -> Wait<S> {
-    Box::pin(async move {
-        let waits = shared.waits;
-        let found = first_pick(&shared, waits.affinity, |table, rng| {
-            let slices = table.slices.as_ref()?;
-            slices.pick(slices.index(key), rng).cloned()
-        })
-        .await;
-        if let Some(endpoint) = found {
-            endpoint.keyed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            return Ok(endpoint);
-        }
-        match waits.no_replica {
-            NoReplicaPolicy::FallBackToSubset => {
-                Counters::add(&shared.counters.keyed_fallbacks, 1);
-                wait_for_endpoint(shared).await
-            }
-            NoReplicaPolicy::Fail => {
-                Counters::add(&shared.counters.no_replica, 1);
-                let generation = shared.table.load().slices.as_ref().map_or(0, |s| s.generation);
-                Err(BalanceError::NoReplica { key, generation })
-            }
-        }
-    })
-}
-
-/// The slow path: no ready member now. Waits for a table with one, up to the
-/// configured `no_backend_wait`.
-fn wait_for_endpoint<S: Send + Sync + 'static>(shared: Arc<Shared<S>>) -> Wait<S> {
-    Box::pin(async move {
-        let wait = shared.waits.no_backend;
-        let found = first_pick(&shared, wait, |table, rng| table.pick(rng).cloned()).await;
-        found.ok_or_else(|| {
-            Counters::add(&shared.counters.no_backend, 1);
-            BalanceError::NoReadyBackends { waited: wait }
-        })
-    })
-}
-
-/// The first endpoint `pick` finds in the current table or in one published within
-/// `wait`; `None` when the wait runs out.
-async fn first_pick<S>(
-    shared: &Shared<S>,
-    wait: Duration,
-    mut pick: impl FnMut(&RoutingTable<S>, &mut SplitMix64) -> Option<Arc<Endpoint<S>>>,
-) -> Option<Arc<Endpoint<S>>> {
-    let mut versions = shared.versions.subscribe();
-    let mut rng = fresh_rng();
-    let search = async {
-        loop {
-            if let Some(endpoint) = pick(&shared.table.load(), &mut rng) {
-                return endpoint;
-            }
-            // The sender lives in `shared`, which the caller holds: this only returns
-            // once a new table is published.
-            let _ = versions.changed().await;
-        }
-    };
-    tokio::time::timeout(wait, search).await.ok()
 }

@@ -16,16 +16,23 @@ pub(crate) type AssignmentSource = Pin<Box<dyn Stream<Item = Result<Assignment, 
 pub(super) struct Assignments {
     source: Option<AssignmentSource>,
     current: Option<Assignment>,
+    /// Every task the assignment in force names, sorted.
+    replica_tasks: Vec<u32>,
 }
 
 impl Assignments {
     pub(super) fn new() -> Self {
-        Self { source: None, current: None }
+        Self { source: None, current: None, replica_tasks: Vec::new() }
     }
 
     /// The assignment in force; `None` before the first.
     pub(super) fn current(&self) -> Option<&Assignment> {
         self.current.as_ref()
+    }
+
+    /// Every task the assignment in force names, sorted, without repeats.
+    pub(super) fn replica_tasks(&self) -> &[u32] {
+        &self.replica_tasks
     }
 
     /// Follows `source` instead of the one followed until now (the assignment in force
@@ -74,6 +81,11 @@ impl Assignments {
                     slices = assignment.slices().len(),
                     "assignment in force"
                 );
+                let mut tasks: Vec<u32> =
+                    assignment.slices().iter().flat_map(|s| s.replicas.iter().copied()).collect();
+                tasks.sort_unstable();
+                tasks.dedup();
+                self.replica_tasks = tasks;
                 self.current = Some(assignment);
                 true
             }

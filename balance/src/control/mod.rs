@@ -352,12 +352,26 @@ where
                 }
             }
         }
+        let (view, slots) = (&self.view, &self.slots);
+        let reachable = |task: u32| {
+            let task = task as usize;
+            view.serving_task(task).is_some_and(|address| match slots.get(task).map(|s| &s.state) {
+                Some(SlotState::Ready(_) | SlotState::Connecting { .. }) => true,
+                Some(SlotState::Backoff { .. }) => false,
+                None => !slots.is_failed(task, address, now),
+            })
+        };
+        let reachability = self.assignments.replica_tasks().iter().fold(0u64, |digest, &t| {
+            steady_subset::hash::hash_pair(digest, u64::from(t) << 1 | u64::from(reachable(t)))
+        });
         self.publisher.publish(TableInputs {
             subset,
             connected: self.slots.connected(),
             assignment: self.assignments.current(),
             frontend: self.config.frontend,
             fan_out: self.config.fan_out,
+            reachable: &reachable,
+            reachability,
         });
     }
 

@@ -28,6 +28,10 @@ pub(super) struct TableInputs<'a, S> {
     pub(super) assignment: Option<&'a Assignment>,
     pub(super) frontend: usize,
     pub(super) fan_out: usize,
+    /// Whether a replica task not connected may become so (serving, and connecting or
+    /// connectable), and a digest of that for every replica task of the assignment.
+    pub(super) reachable: &'a dyn Fn(u32) -> bool,
+    pub(super) reachability: u64,
 }
 
 impl<S> Publisher<S> {
@@ -43,11 +47,12 @@ impl<S> Publisher<S> {
     /// Publishes the ready members of the subset, the affinity connections and the
     /// slice table, if anything they are built from changed.
     pub(super) fn publish(&mut self, inputs: TableInputs<'_, S>) {
-        let TableInputs { subset, connected, assignment, frontend, fan_out } = inputs;
+        let TableInputs { subset, connected, assignment, frontend, fan_out, reachable, reachability } =
+            inputs;
         let members: Vec<Arc<Endpoint<S>>> =
             subset.iter().filter_map(|t| connected.get(t).cloned()).collect();
         // What the table depends on: the subset, its ready members, every connection,
-        // and the assignment's generation.
+        // the assignment's generation, and which of its replicas can be reached.
         let mut signature: Vec<u64> = subset.iter().map(|&t| t as u64).collect();
         signature.push(u64::MAX);
         signature.extend(members.iter().map(|e| e.id));
@@ -56,11 +61,12 @@ impl<S> Publisher<S> {
         ids.sort_unstable();
         signature.extend(ids);
         signature.push(assignment.map_or(u64::MAX, Assignment::generation));
+        signature.push(reachability);
         if signature == self.published {
             return;
         }
         self.published = signature;
-        let slices = assignment.map(|a| SliceTable::build(a, frontend, fan_out, &connected));
+        let slices = assignment.map(|a| SliceTable::build(a, frontend, fan_out, &connected, reachable));
         let mut affinity: Vec<Arc<Endpoint<S>>> =
             connected.iter().filter(|(t, _)| !subset.contains(t)).map(|(_, e)| e.clone()).collect();
         affinity.sort_unstable_by_key(|e| e.task);

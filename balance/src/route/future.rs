@@ -5,22 +5,22 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use std::time::Duration;
-
 use pin_project_lite::pin_project;
 use steady_slice::SliceKey;
 use tokio::time::Sleep;
 use tower::Service;
 
 use super::endpoint::{Endpoint, InFlight};
-use crate::error::{BalanceError, BoxError};
-
-/// The slow path's wait for a ready endpoint.
-pub(crate) type Wait<S> = Pin<Box<dyn Future<Output = Result<Arc<Endpoint<S>>, BalanceError>> + Send>>;
+use super::wait::{Wait, WaitBudget};
+use crate::error::BoxError;
 
 pin_project! {
     /// The response of a balanced request: waits for a ready backend if there was none,
     /// drives the chosen backend's readiness, then its call.
+    ///
+    /// All its waits (for a ready member, for the chosen member's readiness, across
+    /// moves to other members) count against one budget (see `WaitBudget`), and an error
+    /// after waiting says how long the request really waited.
     ///
     /// Dropping it cancels the request; the backend's in-flight count drops with it.
     pub struct ResponseFuture<S, Req>
@@ -29,8 +29,11 @@ pin_project! {
     {
         #[pin]
         state: State<S, Req>,
-        // A keyed request only ever moves to another replica of its slice.
+        // A keyed request only ever moves to another replica of its slice (until it
+        // falls back to the subset).
         key: Option<SliceKey>,
+        // Armed the first time the request waits (never on the fast path).
+        budget: Option<WaitBudget>,
     }
 }
 
@@ -46,7 +49,7 @@ pin_project! {
             guard: Option<InFlight<S>>,
             req: Option<Req>,
             redispatches: u8,
-            // Armed the first time the backend is not ready (never on the fast path).
+            // Wakes the request at its budget's deadline if the backend is not ready.
             deadline: Option<Pin<Box<Sleep>>>,
         },
         Calling { #[pin] call: S::Future, guard: Option<InFlight<S>> },
@@ -64,12 +67,12 @@ where
         let service = guard.endpoint().service.clone();
         let state =
             State::Readying { service, guard: Some(guard), req: Some(req), redispatches: 0, deadline: None };
-        Self { state, key: None }
+        Self { state, key: None, budget: None }
     }
 
-    /// A request waiting for an endpoint.
-    pub(crate) fn waiting(wait: Wait<S>, req: Req) -> Self {
-        Self { state: State::Waiting { wait, req: Some(req) }, key: None }
+    /// A request waiting for an endpoint, within `budget`.
+    pub(crate) fn waiting(wait: Wait<S>, req: Req, budget: WaitBudget) -> Self {
+        Self { state: State::Waiting { wait, req: Some(req) }, key: None, budget: Some(budget) }
     }
 
     /// Marks the request as keyed: if its backend cannot take it, it moves only to
@@ -118,14 +121,18 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let key = *this.key;
+        let (key, budget) = (this.key, this.budget);
         let mut state = this.state;
         loop {
             match state.as_mut().project() {
                 StateProj::Waiting { wait, req } => {
-                    let endpoint = ready!(wait.as_mut().poll(cx)).map_err(BoxError::from)?;
+                    let picked = ready!(wait.as_mut().poll(cx)).map_err(BoxError::from)?;
+                    if !picked.keyed {
+                        // Fell back to the subset: it may now move like an unkeyed request.
+                        *key = None;
+                    }
                     let req = req.take();
-                    state.set(State::readying(endpoint, req, 0));
+                    state.set(State::readying(picked.endpoint, req, 0));
                 }
                 StateProj::Readying { service, guard, req, redispatches, deadline } => {
                     // The member the request leaves, and the error to return if no other
@@ -144,20 +151,28 @@ where
                             (failed, e.into())
                         }
                         Poll::Pending => {
-                            // Not ready: wait, but not forever.
-                            let wait = guard
-                                .as_ref()
-                                .and_then(|g| g.endpoint().rotation.upgrade())
-                                .map(|r| r.waits().no_backend);
-                            let wait = wait.unwrap_or(Duration::ZERO);
-                            let sleep = deadline.get_or_insert_with(|| Box::pin(tokio::time::sleep(wait)));
+                            // Not ready: wait, within the request's one budget.
+                            let budget = match budget {
+                                Some(budget) => *budget,
+                                None => {
+                                    let rotation =
+                                        guard.as_ref().and_then(|g| g.endpoint().rotation.upgrade());
+                                    // No balancer any more: no budget to wait in.
+                                    let waits = rotation.map(|r| r.waits());
+                                    *budget.insert(waits.map_or_else(WaitBudget::none, |w| {
+                                        WaitBudget::start(&w, key.is_some())
+                                    }))
+                                }
+                            };
+                            let sleep = deadline
+                                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(budget.deadline())));
                             ready!(sleep.as_mut().poll(cx));
                             let stuck = guard.take().expect("guard held until the call");
-                            (stuck, BalanceError::NoReadyBackends { waited: wait }.into())
+                            (stuck, budget.exhausted().into())
                         }
                     };
                     let redispatches = *redispatches + 1;
-                    match another_endpoint(left.endpoint(), redispatches, key) {
+                    match another_endpoint(left.endpoint(), redispatches, *key) {
                         Some(endpoint) => {
                             let req = req.take();
                             state.set(State::readying(endpoint, req, redispatches));

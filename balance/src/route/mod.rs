@@ -9,6 +9,8 @@
 //!   replicas this frontend uses and which are ready.
 //! * [`table`]: the immutable routing table the control task publishes, and the state
 //!   the request side shares with it ([`table::Shared`]).
+//! * [`wait`]: the slow path: waiting for a ready member within the request's one
+//!   budget for all its waits.
 //! * [`future`]: the response future: the slow path's wait, the chosen backend's
 //!   readiness, and a move to another member for a request that was never sent.
 
@@ -17,3 +19,4 @@ pub(crate) mod future;
 pub(crate) mod pick;
 pub(crate) mod slices;
 pub(crate) mod table;
+pub(crate) mod wait;

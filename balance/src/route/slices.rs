@@ -49,15 +49,21 @@ pub(crate) struct SliceTable<S> {
     ready_at: Vec<u32>,
     /// Per slice: whether this table already asked for its missing replicas.
     asked: Vec<AtomicBool>,
+    /// Per slice: whether some chosen replica is ready or can become so (its task serves
+    /// and is connecting, or can be connected). A keyed request for a slice without one
+    /// follows the no-replica policy at once instead of waiting for what cannot come.
+    servable: Vec<bool>,
 }
 
 impl<S> SliceTable<S> {
-    /// Builds the table for `assignment` from the endpoints connected now.
+    /// Builds the table for `assignment` from the endpoints connected now; `reachable`
+    /// says whether a task not connected may become so (see [`SliceTable::servable`]).
     pub(crate) fn build(
         assignment: &Assignment,
         frontend: usize,
         fan_out: usize,
         connected: &HashMap<usize, Arc<Endpoint<S>>>,
+        reachable: &dyn Fn(u32) -> bool,
     ) -> Self {
         let n = assignment.slices().len();
         let mut table = Self {
@@ -70,17 +76,23 @@ impl<S> SliceTable<S> {
             ready: Vec::new(),
             ready_at: Vec::with_capacity(n + 1),
             asked: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            servable: Vec::with_capacity(n),
         };
         table.chosen_at.push(0);
         table.ready_at.push(0);
         for slice in assignment.slices() {
             table.starts.push(slice.start.get());
+            let mut servable = false;
             for task in chosen_replicas(&slice.replicas, frontend, fan_out.max(1)) {
                 table.chosen.push(task);
                 if let Some(endpoint) = connected.get(&(task as usize)) {
                     table.ready.push(endpoint.clone());
+                    servable = true;
+                } else {
+                    servable |= reachable(task);
                 }
             }
+            table.servable.push(servable);
             table.chosen_at.push(table.chosen.len() as u32);
             table.ready_at.push(table.ready.len() as u32);
         }
@@ -125,6 +137,13 @@ impl<S> SliceTable<S> {
     #[inline]
     pub(crate) fn ready(&self, i: usize) -> &[Arc<Endpoint<S>>] {
         &self.ready[self.ready_at[i] as usize..self.ready_at[i + 1] as usize]
+    }
+
+    /// Whether some of slice `i`'s chosen replicas is ready or may become so: when not,
+    /// waiting for one is in vain.
+    #[inline]
+    pub(crate) fn servable(&self, i: usize) -> bool {
+        self.servable[i]
     }
 
     /// Whether some of slice `i`'s chosen replicas are not connected and nobody has
@@ -181,7 +200,7 @@ mod tests {
                     starts.iter().map(|&s| Slice { start: SliceKey(s), replicas: vec![0] }).collect(),
                 )
                 .unwrap();
-                let t = SliceTable::<()>::build(&a, 0, 3, &HashMap::new());
+                let t = SliceTable::<()>::build(&a, 0, 3, &HashMap::new(), &|_| true);
                 // Every start and its neighbours, every bucket edge, random keys.
                 let edges: Vec<u64> = (0..t.first.len() as u64 - 1)
                     .flat_map(|b| {
