@@ -2,31 +2,54 @@
 //! tonic channels, side by side in one run.
 //!
 //! `cargo run --release -p steady-benches --bin rpc-throughput -- [--threads 1] [--seconds 1]
-//! [--runs 3] [--concurrency 1,16,256] [--clients rr4,steady,balance_list,single]`
+//! [--runs 3] [--concurrency 1,16,256] [--clients rr4,steady,balance_list,single]
+//! [--scenario equal|slow|failing]`
 //!
 //! Four echo servers (64-byte payloads) run on a runtime of their own; the client
 //! runtime has `--threads` worker threads (1 gives steadier figures on a shared
-//! 2-core machine). Clients:
+//! 2-core machine). `--scenario` says how the servers behave:
+//! * `equal` (the default) — four equal echo servers;
+//! * `slow` — task 0 answers every call 20 ms late (a sleep in its handler), the other
+//!   three are the plain echo servers;
+//! * `failing` — task 0 fails every call at the transport: its listener accepts each
+//!   connection and resets it at once (`SO_LINGER` 0, then close), so clients see
+//!   connection errors, never a gRPC status from a server.
+//!
+//! Clients:
 //! * `rr4` — 4 plain `Channel`s picked by an atomic round-robin counter (the floor);
 //! * `steady` — a `SteadyChannel` over the 4 servers (k = 4);
 //! * `balance_list` — tonic's `Channel::balance_list` over the same 4;
-//! * `single` — one plain `Channel` to one server.
+//! * `single` — one plain `Channel` to one good server (task 0 with `equal`, else task 1).
+//!
+//! Each client is `--concurrency` loops, each sending one request after another. A
+//! request that fails counts as a failed attempt and the loop goes on to the next
+//! request (no retry; it yields to the runtime first, so that errors returned at once
+//! cannot hog a thread).
 //!
 //! For each concurrency, every client first warms up for a quarter round; then come
 //! `--runs` rounds of `--seconds` each. Within a round every client runs once, in an
 //! order rotated from round to round, so that the machine's drift (this machine's
-//! throughput moves by tens of percent over minutes) hits all clients alike. Per
-//! client it prints the median throughput, p50/p99 latency of its median round, the
-//! median over rounds of its throughput ratio to `rr4` and to `balance_list` in the
-//! same round, and the CPU time the process spent per request.
+//! throughput moves by tens of percent over minutes) hits all clients alike. Clients
+//! keep their connections (and the steady channel its ejections) from round to round.
+//! Columns, per client and concurrency:
+//! * `req/s` — successful requests per second, the median over rounds;
+//! * `p50 µs`, `p99 µs` — latency of the successful requests of the median round;
+//! * `failed` — failed requests, summed over the `--runs` rounds (warm-up excluded);
+//! * `bad %` — the bad server's share over those rounds: of the successful requests,
+//!   the share task 0 served (`equal`, `slow`: 25% is an even spread); with `failing`,
+//!   the share of all attempts that failed (task 0 never answers, so each failure is
+//!   a request sent to it);
+//! * `vs rr4`, `vs bl` — the median over rounds of the client's `req/s` divided by that
+//!   of `rr4` and of `balance_list` in the same round;
+//! * `cpu µs/r` — CPU time the process spent per attempt (median over rounds).
 //!
 //! `STEADY_LOAD=ewma` makes the steady channel balance by Peak EWMA latency instead of
 //! in-flight counts.
 //!
 //! For a quieter measurement, run the servers in a process of their own on another core:
-//! `taskset -c 1 rpc-throughput --serve` prints their addresses; then
-//! `taskset -c 0 rpc-throughput --threads 1 --connect ADDR,ADDR,ADDR,ADDR`. The CPU
-//! column is then the client's own cost per request.
+//! `taskset -c 1 rpc-throughput --serve [--scenario S]` prints their addresses (task 0
+//! first); then `taskset -c 0 rpc-throughput --threads 1 --scenario S --connect
+//! ADDR,ADDR,ADDR,ADDR`. The CPU column is then the client's own cost per attempt.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -39,10 +62,12 @@ use std::time::{Duration, Instant};
 use steady_balance::BalanceConfig;
 use steady_tonic::demo::percentile;
 use steady_tonic::echo::echo_client::EchoClient;
-use steady_tonic::echo::EchoRequest;
+use steady_tonic::echo::echo_server::{Echo, EchoServer};
+use steady_tonic::echo::{EchoReply, EchoRequest};
 use steady_tonic::SteadyChannel;
 use tonic::body::Body;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, Endpoint, Server};
+use tonic::{Request, Response, Status};
 use tower::{BoxError, Service, ServiceExt};
 
 /// Four channels, picked in turn by a shared counter.
@@ -80,6 +105,42 @@ struct Options {
     concurrency: Vec<usize>,
     /// The clients to run (ratios need `rr4` and `balance_list` among them).
     clients: Vec<String>,
+    /// How the servers behave (task 0 is the odd one out).
+    scenario: Scenario,
+}
+
+/// How the four servers behave.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Scenario {
+    /// Four equal echo servers.
+    Equal,
+    /// Task 0 answers every call [`SLOW_DELAY`] late.
+    Slow,
+    /// Task 0 resets every connection it accepts.
+    Failing,
+}
+
+/// How late the slow server answers.
+const SLOW_DELAY: Duration = Duration::from_millis(20);
+
+impl Scenario {
+    fn parse(value: &str) -> Scenario {
+        match value {
+            "equal" => Scenario::Equal,
+            "slow" => Scenario::Slow,
+            "failing" => Scenario::Failing,
+            other => panic!("unknown scenario {other}; the scenarios are equal, slow, failing"),
+        }
+    }
+
+    /// The task a `single` client talks to: a good server.
+    fn single_task(self) -> usize {
+        if self == Scenario::Equal {
+            0
+        } else {
+            1
+        }
+    }
 }
 
 fn options() -> Options {
@@ -91,6 +152,7 @@ fn options() -> Options {
         connect: None,
         concurrency: vec![1, 16, 256],
         clients: CLIENTS.iter().map(ToString::to_string).collect(),
+        scenario: Scenario::Equal,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     for pair in args.chunks(2) {
@@ -99,6 +161,7 @@ fn options() -> Options {
             "--threads" => o.threads = value.parse().expect("--threads N"),
             "--seconds" => o.seconds = value.parse().expect("--seconds S"),
             "--runs" => o.runs = value.parse().expect("--runs N"),
+            "--scenario" => o.scenario = Scenario::parse(value),
             "--serve" => {
                 o.serve = true;
                 // A flag: re-read the next word as an option.
@@ -126,8 +189,55 @@ fn options() -> Options {
     o
 }
 
-/// Starts the four servers on a runtime thread of their own.
-fn start_servers() -> Vec<SocketAddr> {
+/// An echo service that answers every call `delay` late.
+struct SlowEcho {
+    task: u32,
+    delay: Duration,
+}
+
+#[tonic::async_trait]
+impl Echo for SlowEcho {
+    async fn echo(&self, request: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
+        tokio::time::sleep(self.delay).await;
+        Ok(Response::new(EchoReply { payload: request.into_inner().payload, task: self.task }))
+    }
+}
+
+/// Serves [`SlowEcho`] on 127.0.0.1 (until the process exits).
+async fn serve_slow(task: u32, delay: Duration) -> std::io::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(
+        Server::builder()
+            .add_service(EchoServer::new(SlowEcho { task, delay }))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    Ok(addr)
+}
+
+/// A listener on 127.0.0.1 that accepts every connection and resets it at once
+/// (`SO_LINGER` 0, then close: the peer gets an RST), until the process exits.
+async fn serve_resetting() -> std::io::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    let _ = stream.set_zero_linger();
+                    drop(stream);
+                }
+                // Out of descriptors, say: do not spin on the error.
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+    });
+    Ok(addr)
+}
+
+/// Starts the four servers on a runtime thread of their own; task 0 behaves as
+/// `scenario` says.
+fn start_servers(scenario: Scenario) -> Vec<SocketAddr> {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
@@ -135,9 +245,15 @@ fn start_servers() -> Vec<SocketAddr> {
             let mut addrs = Vec::new();
             let mut stops = Vec::new();
             for task in 0..4 {
-                let (addr, stop) = steady_tonic::demo::serve_echo(task).await.expect("bind 127.0.0.1");
-                addrs.push(addr);
-                stops.push(stop);
+                let addr = match (task, scenario) {
+                    (0, Scenario::Slow) => serve_slow(task, SLOW_DELAY).await,
+                    (0, Scenario::Failing) => serve_resetting().await,
+                    _ => steady_tonic::demo::serve_echo(task).await.map(|(addr, stop)| {
+                        stops.push(stop);
+                        addr
+                    }),
+                };
+                addrs.push(addr.expect("bind 127.0.0.1"));
             }
             tx.send(addrs).unwrap();
             // Serve until the process exits.
@@ -162,14 +278,30 @@ fn cpu_ns() -> Option<u64> {
 /// What one round measured.
 #[derive(Clone)]
 struct Round {
-    /// Requests per second.
+    /// Successful requests per second.
     rate: f64,
-    /// Every request's latency in µs, sorted.
+    /// Every successful request's latency in µs, sorted.
     latencies: Vec<u32>,
-    /// CPU time this process spent per request, in µs (with `--connect`, the client's
+    /// Requests that failed.
+    failed: u64,
+    /// Successful requests that task 0 served.
+    from_task0: u64,
+    /// CPU time this process spent per attempt, in µs (with `--connect`, the client's
     /// own cost; otherwise clients and servers together).
     cpu_us: Option<f64>,
 }
+
+/// What one loop of a round measured.
+#[derive(Default)]
+struct Loop {
+    latencies: Vec<u32>,
+    failed: u64,
+    from_task0: u64,
+}
+
+/// How long past a round's end its loops may take to finish their last request
+/// before they are abandoned (each counting one failed request).
+const GRACE: Duration = Duration::from_secs(10);
 
 /// The clients, in the order a round runs them (rotated from round to round).
 const CLIENTS: [&str; 4] = ["rr4", "steady", "balance_list", "single"];
@@ -190,25 +322,50 @@ where
         .map(|_| {
             let mut client = client.clone();
             tokio::spawn(async move {
-                let mut latencies = Vec::new();
+                let mut own = Loop::default();
                 while Instant::now() < deadline {
                     let t = Instant::now();
-                    client.echo(EchoRequest { payload: vec![7; 64] }).await.expect("echo");
-                    latencies.push(t.elapsed().as_micros() as u32);
+                    match client.echo(EchoRequest { payload: vec![7; 64] }).await {
+                        Ok(reply) => {
+                            own.latencies.push(t.elapsed().as_micros() as u32);
+                            own.from_task0 += u64::from(reply.into_inner().task == 0);
+                        }
+                        Err(_) => {
+                            own.failed += 1;
+                            // An error may come back without the call ever waiting:
+                            // let the other loops run before the next attempt.
+                            tokio::task::yield_now().await;
+                        }
+                    }
                 }
-                latencies
+                own
             })
         })
         .collect();
-    let mut all = Vec::new();
-    for t in tasks {
-        all.extend(t.await.unwrap());
+    let (mut all, mut failed, mut from_task0) = (Vec::new(), 0, 0);
+    for mut t in tasks {
+        // A call that never ends must not hang the benchmark: abandon its loop (and
+        // what it measured) after the grace period.
+        match tokio::time::timeout_at((deadline + GRACE).into(), &mut t).await {
+            Ok(own) => {
+                let own = own.unwrap();
+                all.extend(own.latencies);
+                failed += own.failed;
+                from_task0 += own.from_task0;
+            }
+            Err(_) => {
+                t.abort();
+                failed += 1;
+                eprintln!("# a loop was still waiting on a request {GRACE:?} after the round ended");
+            }
+        }
     }
     let rate = all.len() as f64 / start.elapsed().as_secs_f64();
+    let attempts = all.len() as u64 + failed;
     let cpu_us =
-        cpu_start.zip(cpu_ns()).map(|(a, b)| b.saturating_sub(a) as f64 / 1e3 / all.len().max(1) as f64);
+        cpu_start.zip(cpu_ns()).map(|(a, b)| b.saturating_sub(a) as f64 / 1e3 / attempts.max(1) as f64);
     all.sort_unstable();
-    Round { rate, latencies: all, cpu_us }
+    Round { rate, latencies: all, failed, from_task0, cpu_us }
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -219,14 +376,15 @@ fn median(mut values: Vec<f64>) -> f64 {
 fn main() {
     let o = options();
     if o.serve {
-        let addrs = start_servers();
+        let addrs = start_servers(o.scenario);
         let list: Vec<String> = addrs.iter().map(ToString::to_string).collect();
         println!("{}", list.join(","));
         // Serve until killed (bounded: an hour at most).
         std::thread::sleep(Duration::from_secs(3600));
         return;
     }
-    let addrs = o.connect.clone().unwrap_or_else(start_servers);
+    let scenario = o.scenario;
+    let addrs = o.connect.clone().unwrap_or_else(|| start_servers(scenario));
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(o.threads).enable_all().build().unwrap();
     rt.block_on(async move {
@@ -241,24 +399,33 @@ fn main() {
             });
         }
         let steady = SteadyChannel::builder(config).from_endpoints(endpoints.clone());
+        // Wait for the steady channel to connect to every server that accepts calls.
+        let good = if scenario == Scenario::Failing { 3 } else { 4 };
         let start = Instant::now();
-        while steady.stats().members.len() < 4 && start.elapsed() < Duration::from_secs(10) {
+        while steady.stats().members.len() < good && start.elapsed() < Duration::from_secs(10) {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let mut channels = Vec::new();
         for e in &endpoints {
-            channels.push(e.connect().await.expect("connect"));
+            // The failing server may reset the connection before it is up: connect
+            // lazily then (the channel reconnects on its next call).
+            let channel = match e.connect().await {
+                Ok(channel) => channel,
+                Err(_) if scenario == Scenario::Failing => e.connect_lazy(),
+                Err(e) => panic!("connect: {e}"),
+            };
+            channels.push(channel);
         }
         let rr = RoundRobin { channels: Arc::new(channels), next: Arc::default() };
         let balanced = Channel::balance_list(endpoints.clone().into_iter());
-        let single = endpoints[0].connect().await.expect("connect");
+        let single = endpoints[scenario.single_task()].connect().await.expect("connect");
         println!(
-            "# client runtime threads: {}, {} s per round, {} interleaved rounds per client",
-            o.threads, o.seconds, o.runs
+            "# client runtime threads: {}, {} s per round, {} interleaved rounds per client, scenario {:?}",
+            o.threads, o.seconds, o.runs, scenario
         );
         println!(
-            "{:<14} {:>5} {:>11} {:>8} {:>8} {:>9} {:>9} {:>9}",
-            "client", "conc", "req/s", "p50 µs", "p99 µs", "vs rr4", "vs bl", "cpu µs/r"
+            "{:<14} {:>5} {:>11} {:>8} {:>8} {:>8} {:>6} {:>9} {:>9} {:>9}",
+            "client", "conc", "req/s", "p50 µs", "p99 µs", "failed", "bad %", "vs rr4", "vs bl", "cpu µs/r"
         );
         let clients: Vec<&str> = o.clients.iter().map(String::as_str).collect();
         let position = |name: &str| clients.iter().position(|c| *c == name);
@@ -300,13 +467,24 @@ fn main() {
                 let mut own: Vec<&Round> = rounds[c].iter().collect();
                 own.sort_by(|a, b| a.rate.total_cmp(&b.rate));
                 let Round { rate, latencies, .. } = own[own.len() / 2];
+                let failed: u64 = rounds[c].iter().map(|r| r.failed).sum();
+                let succeeded: u64 = rounds[c].iter().map(|r| r.latencies.len() as u64).sum();
+                let from_task0: u64 = rounds[c].iter().map(|r| r.from_task0).sum();
+                // Task 0's share: of the successes it served, or (failing) of all attempts.
+                let bad = if scenario == Scenario::Failing {
+                    failed as f64 / (failed + succeeded).max(1) as f64
+                } else {
+                    from_task0 as f64 / succeeded.max(1) as f64
+                };
                 println!(
-                    "{:<14} {:>5} {:>11.0} {:>8} {:>8} {:>9} {:>9} {:>9}",
+                    "{:<14} {:>5} {:>11.0} {:>8} {:>8} {:>8} {:>6.1} {:>9} {:>9} {:>9}",
                     name,
                     concurrency,
                     rate,
                     percentile(latencies, 0.5),
                     percentile(latencies, 0.99),
+                    failed,
+                    bad * 100.0,
                     ratio_to(position("rr4")),
                     ratio_to(position("balance_list")),
                     cpu.map_or("-".to_string(), |c| format!("{c:.2}"))
