@@ -27,7 +27,8 @@ impl Backoff {
     pub fn delay(&self, failures: u32, rng: &mut SplitMix64) -> Duration {
         let exponent = failures.saturating_sub(1).min(30);
         let full = self.base.saturating_mul(1 << exponent).min(self.max);
-        let jitter = self.jitter.clamp(0.0, 1.0);
+        // NaN (which `clamp` keeps) counts as no jitter: `Duration` arithmetic panics on it.
+        let jitter = if self.jitter.is_nan() { 0.0 } else { self.jitter.clamp(0.0, 1.0) };
         // A uniform fraction in [0, 1) from 53 random bits.
         let unit = (rng.next() >> 11) as f64 / (1u64 << 53) as f64;
         full.mul_f64(1.0 - jitter * unit)

@@ -6,6 +6,19 @@ use std::time::Duration;
 use steady_subset::Algorithm;
 
 use crate::backoff::Backoff;
+use crate::error::ConfigError;
+
+/// The largest subset size `k` (the most backends subsetting handles). A `k` above the
+/// job's size means every task of the job.
+pub const MAX_SUBSET_SIZE: usize = steady_subset::MAX_BACKENDS;
+
+/// The longest wait, timeout or backoff delay accepted: an hour. Longer ones are almost
+/// certainly mistakes (a request that waits an hour for a backend has long been given
+/// up on), and bounding them keeps every deadline computable.
+pub const MAX_WAIT: Duration = Duration::from_secs(3600);
+
+/// The longest idle timeout accepted for affinity connections: a day.
+pub const MAX_IDLE: Duration = Duration::from_secs(86_400);
 
 /// The load estimate power of two choices compares.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -123,8 +136,49 @@ impl BalanceConfig {
 
     /// Sets the most replicas used per slice.
     pub fn with_fan_out(mut self, fan_out: usize) -> Self {
-        self.fan_out = fan_out.max(1);
+        self.fan_out = fan_out;
         self
+    }
+
+    /// Checks every value; the first out of its range is the error. Building a balancer
+    /// or channel does this, so an invalid value never reaches the control task.
+    ///
+    /// | field | accepted |
+    /// |---|---|
+    /// | `subset_size` | `1..=MAX_SUBSET_SIZE` (above the job's size: the whole job) |
+    /// | `max_stand_ins`, `max_affinity` | `0..=MAX_SUBSET_SIZE` |
+    /// | `fan_out` | `1..=steady_slice::MAX_REPLICAS` |
+    /// | `connect_timeout` | `1 ms..=MAX_WAIT` |
+    /// | `no_backend_wait`, `affinity_wait` | `0..=MAX_WAIT` |
+    /// | `affinity_idle` | `1 ms..=MAX_IDLE` |
+    /// | `backoff.base` | `1 ms..=MAX_WAIT`; `backoff.max`: `backoff.base..=MAX_WAIT` |
+    /// | `backoff.jitter` | a number in `0.0..=1.0` |
+    /// | `load` (Peak EWMA) | `decay` `1 ms..=MAX_WAIT`, `default_rtt` `0..=MAX_WAIT` |
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the field, its value and the accepted range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        const MS: Duration = Duration::from_millis(1);
+        validate_subset_size(self.subset_size)?;
+        check("max_stand_ins", self.max_stand_ins, 0, MAX_SUBSET_SIZE, "0..=MAX_SUBSET_SIZE (2^24)")?;
+        check("max_affinity", self.max_affinity, 0, MAX_SUBSET_SIZE, "0..=MAX_SUBSET_SIZE (2^24)")?;
+        check("fan_out", self.fan_out, 1, steady_slice::MAX_REPLICAS, "1..=MAX_REPLICAS (1024)")?;
+        check("connect_timeout", self.connect_timeout, MS, MAX_WAIT, "1 ms..=1 h")?;
+        check("no_backend_wait", self.no_backend_wait, Duration::ZERO, MAX_WAIT, "0..=1 h")?;
+        check("affinity_wait", self.affinity_wait, Duration::ZERO, MAX_WAIT, "0..=1 h")?;
+        check("affinity_idle", self.affinity_idle, MS, MAX_IDLE, "1 ms..=24 h")?;
+        let b = &self.backoff;
+        check("backoff.base", b.base, MS, MAX_WAIT, "1 ms..=1 h")?;
+        check("backoff.max", b.max, b.base, MAX_WAIT, "backoff.base..=1 h")?;
+        if !(0.0..=1.0).contains(&b.jitter) {
+            return Err(ConfigError::new("backoff.jitter", b.jitter, "0.0..=1.0"));
+        }
+        if let Load::PeakEwma { decay, default_rtt } = self.load {
+            check("load.decay", decay, MS, MAX_WAIT, "1 ms..=1 h")?;
+            check("load.default_rtt", default_rtt, Duration::ZERO, MAX_WAIT, "0..=1 h")?;
+        }
+        Ok(())
     }
 
     /// Sets what keyed requests do when no replica is usable.
@@ -181,4 +235,22 @@ impl BalanceConfig {
         self.no_backend_wait = wait;
         self
     }
+}
+
+/// Checks a subset size `k` (at build time and when it is changed at run time).
+pub(crate) fn validate_subset_size(k: usize) -> Result<(), ConfigError> {
+    check("subset_size", k, 1, MAX_SUBSET_SIZE, "1..=MAX_SUBSET_SIZE (2^24)")
+}
+
+fn check<V: PartialOrd + std::fmt::Debug>(
+    field: &'static str,
+    value: V,
+    min: V,
+    max: V,
+    accepted: &'static str,
+) -> Result<(), ConfigError> {
+    if value < min || value > max {
+        return Err(ConfigError::new(field, value, accepted));
+    }
+    Ok(())
 }

@@ -41,3 +41,41 @@ impl fmt::Display for BalanceError {
 }
 
 impl std::error::Error for BalanceError {}
+
+/// A configuration value the balancer does not accept: which field, the value, and the
+/// range it must be in. Returned when a balancer or channel is built, and by
+/// [`crate::Balance::set_subset_size`]; nothing is started or changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    field: &'static str,
+    value: String,
+    accepted: &'static str,
+}
+
+impl ConfigError {
+    pub(crate) fn new(field: &'static str, value: impl fmt::Debug, accepted: &'static str) -> Self {
+        Self { field, value: format!("{value:?}"), accepted }
+    }
+
+    /// The field, as `BalanceConfig` names it (`subset_size`, `backoff.jitter`, ...).
+    pub fn field(&self) -> &'static str {
+        self.field
+    }
+
+    /// The accepted range, in words.
+    pub fn accepted(&self) -> &'static str {
+        self.accepted
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invalid balancer configuration: {} = {} (accepted: {})",
+            self.field, self.value, self.accepted
+        )
+    }
+}
+
+impl std::error::Error for ConfigError {}

@@ -6,6 +6,7 @@ use tower::{Layer, Service};
 
 use crate::config::BalanceConfig;
 use crate::connector::{Address, Connector};
+use crate::error::ConfigError;
 use crate::job::JobView;
 use crate::service::Balance;
 
@@ -13,7 +14,8 @@ use crate::service::Balance;
 /// [`Balance`] over the backend job that `views` describes.
 ///
 /// Each `layer` call starts a balancer with its own control task (so it must run
-/// inside a tokio runtime) that follows the same job views.
+/// inside a tokio runtime) that follows the same job views. The configuration is
+/// validated when the layer is made, so `layer` cannot fail.
 #[derive(Debug, Clone)]
 pub struct BalanceLayer<T> {
     config: BalanceConfig,
@@ -22,8 +24,14 @@ pub struct BalanceLayer<T> {
 
 impl<T> BalanceLayer<T> {
     /// A layer for `config`, following the job views published on `views`.
-    pub fn new(config: BalanceConfig, views: watch::Receiver<JobView<T>>) -> Self {
-        Self { config, views }
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] for the first value of `config` out of its range (see
+    /// [`BalanceConfig::validate`]).
+    pub fn new(config: BalanceConfig, views: watch::Receiver<JobView<T>>) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Self { config, views })
     }
 }
 
@@ -38,5 +46,6 @@ where
 
     fn layer(&self, connector: C) -> Balance<S> {
         Balance::new(self.config.clone(), connector, WatchStream::new(self.views.clone()))
+            .expect("the configuration was validated when the layer was made")
     }
 }

@@ -56,7 +56,7 @@
 //! let (_job, views) = watch::channel(JobView::serving(["a", "b", "c"]));
 //! // Frontend task 0 keeps connections to 2 of them (its Rocksteadier subset).
 //! let balance = ServiceBuilder::new()
-//!     .layer(BalanceLayer::new(BalanceConfig::new(0, 2), views))
+//!     .layer(BalanceLayer::new(BalanceConfig::new(0, 2), views)?)
 //!     .service(connect);
 //! let (_address, echoed) = balance.clone().oneshot(7).await?;
 //! assert_eq!(echoed, 7);
@@ -91,9 +91,9 @@ pub use steady_slice::{
 const _: () = assert!(MAX_TASK as usize == steady_subset::MAX_BACKENDS - 1);
 
 pub use backoff::Backoff;
-pub use config::{BalanceConfig, Load, NoReplicaPolicy};
+pub use config::{BalanceConfig, Load, NoReplicaPolicy, MAX_IDLE, MAX_SUBSET_SIZE, MAX_WAIT};
 pub use connector::{Address, Connector};
-pub use error::{BalanceError, BoxError};
+pub use error::{BalanceError, BoxError, ConfigError};
 pub use job::{JobView, Task, TaskState};
 pub use key::{KeyExtractor, NoKey};
 pub use layer::BalanceLayer;

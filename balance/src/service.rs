@@ -12,10 +12,10 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::WatchStream;
 use tower::Service;
 
-use crate::config::BalanceConfig;
+use crate::config::{validate_subset_size, BalanceConfig};
 use crate::connector::{Address, Connector};
 use crate::control::{Command, Control};
-use crate::error::BoxError;
+use crate::error::{BoxError, ConfigError};
 use crate::job::JobView;
 use crate::key::{KeyExtractor, NoKey};
 use crate::route::endpoint::InFlight;
@@ -103,28 +103,42 @@ where
     /// * `job` yields views of the backend job; each replaces the previous one. When the
     ///   stream ends, the last view stays in force.
     ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] for the first value of `config` out of its range (see
+    /// [`BalanceConfig::validate`]); nothing is started.
+    ///
     /// # Panics
     ///
     /// Outside a tokio runtime (as `tokio::spawn` does).
-    pub fn new<T, C, J>(config: BalanceConfig, connector: C, job: J) -> Self
+    pub fn new<T, C, J>(config: BalanceConfig, connector: C, job: J) -> Result<Self, ConfigError>
     where
         T: Address,
         C: Connector<T, S>,
         J: Stream<Item = JobView<T>> + Send + 'static,
     {
+        config.validate()?;
         let shared = Arc::new(Shared::new(config.waits()));
         let (commands, command_rx) = mpsc::unbounded_channel();
         let control = Control::new(config, connector, Box::pin(job), command_rx, shared.clone());
-        tokio::spawn(control.run());
-        Self { shared, commands, keys: NoKey, rng: fresh_rng() }
+        tokio::spawn(control.supervise());
+        Ok(Self { shared, commands, keys: NoKey, rng: fresh_rng() })
     }
 
     /// A balancer over a fixed list of addresses: task `i` at `addresses[i]`, all serving.
     ///
+    /// # Errors
+    ///
+    /// As [`Balance::new`].
+    ///
     /// # Panics
     ///
     /// Outside a tokio runtime.
-    pub fn from_addresses<T, C>(config: BalanceConfig, connector: C, addresses: Vec<T>) -> Self
+    pub fn from_addresses<T, C>(
+        config: BalanceConfig,
+        connector: C,
+        addresses: Vec<T>,
+    ) -> Result<Self, ConfigError>
     where
         T: Address,
         C: Connector<T, S>,
@@ -175,9 +189,16 @@ impl<S, K> Balance<S, K> {
 
     /// Changes `k`. The control task opens and closes only what the subset change demands
     /// (for algorithms with a preference order, growing `k` only opens).
-    pub fn set_subset_size(&self, subset_size: usize) {
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] when `subset_size` is not in `1..=MAX_SUBSET_SIZE`; `k` is
+    /// then unchanged.
+    pub fn set_subset_size(&self, subset_size: usize) -> Result<(), ConfigError> {
+        validate_subset_size(subset_size)?;
         // The control task outlives every handle, so the send only fails at shutdown.
         let _ = self.commands.send(Command::SetSubsetSize(subset_size));
+        Ok(())
     }
 
     /// Counters and current membership. Reads shared atomics; does not wait for the

@@ -61,6 +61,8 @@ pub struct BalanceStats {
     pub affinity: Vec<usize>,
     /// Affinity connections opened so far.
     pub affinity_opened: u64,
+    /// Panics the control task survived (each rebuilt its membership from the last view).
+    pub control_restarts: u64,
 }
 
 impl BalanceStats {
@@ -106,6 +108,7 @@ impl BalanceStats {
                     .sum::<u64>(),
             affinity: table.affinity.iter().map(|e| e.task).collect(),
             affinity_opened: c.affinity_opened.load(Ordering::Relaxed),
+            control_restarts: c.control_restarts.load(Ordering::Relaxed),
         }
     }
 }

@@ -67,7 +67,7 @@ fn harness_with(config: BalanceConfig, size: usize, faults: &[(usize, Fault)]) -
             Ok(service)
         }
     });
-    let balance = Balance::new(config, connector, WatchStream::new(rx));
+    let balance = Balance::new(config, connector, WatchStream::new(rx)).unwrap();
     Harness { views, handles, faults, connects, balance }
 }
 
@@ -156,12 +156,12 @@ async fn growing_and_shrinking_n_opens_and_closes_only_the_subset_change() {
 async fn changing_k_opens_and_closes_only_the_difference() {
     let h = harness(BalanceConfig::new(3, 4), 100);
     settle().await;
-    h.balance.set_subset_size(9);
+    h.balance.set_subset_size(9).unwrap();
     settle().await;
     let s = h.balance.stats();
     assert_eq!((s.connections_opened, s.connections_closed), (9, 0));
     assert_eq!(s.subset, subset(3, 100, 9));
-    h.balance.set_subset_size(2);
+    h.balance.set_subset_size(2).unwrap();
     settle().await;
     let s = h.balance.stats();
     assert_eq!((s.connections_opened, s.connections_closed, s.connections_open), (9, 7, 2));
@@ -279,7 +279,7 @@ async fn dropping_the_last_handle_stops_the_control_task_and_closes_connections(
             }))
         }
     });
-    let balance = Balance::new(BalanceConfig::new(0, 3), connector, WatchStream::new(rx));
+    let balance = Balance::new(BalanceConfig::new(0, 3), connector, WatchStream::new(rx)).unwrap();
     settle().await;
     assert_eq!(Arc::strong_count(&alive), 1 + 1 + 3, "connector and three connections");
     let clone = balance.clone();
@@ -409,7 +409,8 @@ async fn a_backend_that_fails_every_call_is_retried_on_a_growing_backoff() {
         BalanceConfig::new(0, 1).with_backoff(backoff).with_no_backend_wait(Duration::from_millis(10)),
         connector,
         WatchStream::new(rx),
-    );
+    )
+    .unwrap();
     // A request every 100 ms for 6.5 s: each new connection fails its first call.
     for i in 0..65 {
         let _ = balance.clone().oneshot(i).await;
@@ -513,7 +514,7 @@ async fn a_connector_that_never_becomes_ready_does_not_stall_the_balancer() {
     let wait = Duration::from_millis(500);
     let config =
         BalanceConfig::new(0, 2).with_connect_timeout(Duration::from_secs(1)).with_no_backend_wait(wait);
-    let balance = Balance::new(config, NeverReady, WatchStream::new(rx));
+    let balance = Balance::new(config, NeverReady, WatchStream::new(rx)).unwrap();
     // Both attempts wait for readiness side by side and give up at the connect timeout.
     tokio::time::sleep(Duration::from_millis(1010)).await;
     assert_eq!(balance.stats().connect_failures, 2, "{:?}", balance.stats());
@@ -569,7 +570,7 @@ async fn a_connector_that_panics_in_poll_ready_or_call_costs_attempts_not_the_ba
     for panic_in in ["poll_ready", "call"] {
         let (views, rx) = watch::channel(JobView::serving(0..10));
         let connector = Scripted { panic_in: Some(panic_in), ..Scripted::default() };
-        let balance = Balance::new(BalanceConfig::new(0, 2), connector, WatchStream::new(rx));
+        let balance = Balance::new(BalanceConfig::new(0, 2), connector, WatchStream::new(rx)).unwrap();
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert!(balance.stats().connect_failures >= 2, "{panic_in}: {:?}", balance.stats());
         // The control task lives on: it follows the next view.
@@ -587,13 +588,13 @@ async fn readiness_and_connecting_share_one_connect_timeout() {
     // 0.6 s to be ready and 0.6 s to connect: over the 1 s budget.
     let ms = Duration::from_millis;
     let slow = Scripted { not_ready_for: ms(600), connect_takes: ms(600), ..Scripted::default() };
-    let balance = Balance::new(config(), slow, WatchStream::new(rx.clone()));
+    let balance = Balance::new(config(), slow, WatchStream::new(rx.clone())).unwrap();
     tokio::time::sleep(ms(1050)).await;
     let s = balance.stats();
     assert_eq!((s.connections_opened, s.connect_failures), (0, 1), "{s:?}");
     // 0.3 s and 0.3 s fit.
     let quick = Scripted { not_ready_for: ms(300), connect_takes: ms(300), ..Scripted::default() };
-    let balance = Balance::new(config(), quick, WatchStream::new(rx));
+    let balance = Balance::new(config(), quick, WatchStream::new(rx)).unwrap();
     tokio::time::sleep(ms(700)).await;
     let s = balance.stats();
     assert_eq!((s.connections_opened, s.connect_failures), (1, 0), "{s:?}");
@@ -618,7 +619,7 @@ async fn a_connector_limited_to_one_connect_at_a_time_connects_the_whole_subset(
     let connector = one_at_a_time(Duration::from_millis(100));
     let (_views, rx) = watch::channel(JobView::serving(0..10));
     let config = BalanceConfig::new(0, 4).with_connect_timeout(Duration::from_secs(1));
-    let balance = Balance::new(config, connector, WatchStream::new(rx));
+    let balance = Balance::new(config, connector, WatchStream::new(rx)).unwrap();
     tokio::time::sleep(Duration::from_millis(450)).await;
     let s = balance.stats();
     assert_eq!((s.connections_opened, s.connect_failures), (4, 0), "{s:?}");
@@ -632,7 +633,7 @@ async fn attempts_queued_for_tasks_that_left_the_subset_take_no_connector_time()
     let connector = one_at_a_time(Duration::from_millis(150));
     let (views, rx) = watch::channel(JobView::serving(0..10));
     let config = BalanceConfig::new(0, 4).with_connect_timeout(Duration::from_secs(1));
-    let balance = Balance::new(config, connector, WatchStream::new(rx));
+    let balance = Balance::new(config, connector, WatchStream::new(rx)).unwrap();
     let before = subset(0, 10, 4);
     tokio::time::sleep(Duration::from_millis(1)).await;
     let drained = before.iter().fold(JobView::serving(0..10), |v, &t| v.with_state(t, TaskState::Draining));

@@ -39,7 +39,7 @@ fn balancer(config: BalanceConfig, size: usize) -> (Keyed, Connects, watch::Send
         }
     });
     let key: fn(&Req) -> Option<SliceKey> = |req| *req;
-    let balance = Balance::new(config, connector, WatchStream::new(views)).with_key_extractor(key);
+    let balance = Balance::new(config, connector, WatchStream::new(views)).unwrap().with_key_extractor(key);
     (balance, connects, job)
 }
 
@@ -294,7 +294,7 @@ async fn a_keyed_request_refused_by_a_replica_moves_only_to_another_replica_of_i
     let key: fn(&Req) -> Option<SliceKey> = |req| *req;
     // `Fail`: a request that finds no replica must not reach the subset either.
     let config = BalanceConfig::new(0, 3).with_fan_out(2).with_no_replica(NoReplicaPolicy::Fail);
-    let b = Balance::new(config, connector, WatchStream::new(views)).with_key_extractor(key);
+    let b = Balance::new(config, connector, WatchStream::new(views)).unwrap().with_key_extractor(key);
     let subset = Algorithm::default().subset(0, 20, 3).unwrap();
     let healthy = (12..20).find(|t| !subset.contains(t)).unwrap();
     b.follow_assignments(futures_util::stream::iter([Assignment::single(

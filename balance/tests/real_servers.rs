@@ -87,7 +87,7 @@ async fn resizing_under_load_opens_only_the_subset_change() {
     let servers = start_servers(16).await;
     let (m, k) = (3, 4);
     let (job, views) = watch::channel(view(&servers, 10));
-    let balance = Balance::new(BalanceConfig::new(m, k), connector(), WatchStream::new(views));
+    let balance = Balance::new(BalanceConfig::new(m, k), connector(), WatchStream::new(views)).unwrap();
     eventually("the first subset", || balance.stats().members.len() == k).await;
     let load = Load::start(&balance, 8, 1);
     let mut size = 10;
@@ -120,7 +120,7 @@ async fn resizing_under_load_opens_only_the_subset_change() {
 async fn planned_removal_loses_no_request() {
     let servers = start_servers(4).await;
     let (job, views) = watch::channel(view(&servers, 4));
-    let balance = Balance::new(BalanceConfig::new(0, 4), connector(), WatchStream::new(views));
+    let balance = Balance::new(BalanceConfig::new(0, 4), connector(), WatchStream::new(views)).unwrap();
     eventually("all four members", || balance.stats().members.len() == 4).await;
     let load = Load::start(&balance, 32, 20);
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -143,7 +143,7 @@ async fn planned_removal_loses_no_request() {
 async fn killing_a_backend_fails_only_the_requests_on_it() {
     let servers = start_servers(4).await;
     let (_job, views) = watch::channel(view(&servers, 4));
-    let balance = Balance::new(BalanceConfig::new(0, 3), connector(), WatchStream::new(views));
+    let balance = Balance::new(BalanceConfig::new(0, 3), connector(), WatchStream::new(views)).unwrap();
     eventually("three members", || balance.stats().members.len() == 3).await;
     let victim = balance.stats().members[0].task;
     let load = Load::start(&balance, 24, 50);
@@ -188,7 +188,8 @@ async fn an_empty_job_fails_fast() {
         BalanceConfig::new(0, 3).with_no_backend_wait(wait),
         connector(),
         WatchStream::new(views),
-    );
+    )
+    .unwrap();
     let start = Instant::now();
     let err = balance.oneshot(request(0)).await.unwrap_err();
     let took = start.elapsed();
@@ -207,14 +208,14 @@ async fn an_empty_job_fails_fast() {
 async fn changing_k_connects_and_disconnects_only_the_difference() {
     let servers = start_servers(12).await;
     let (_job, views) = watch::channel(view(&servers, 12));
-    let balance = Balance::new(BalanceConfig::new(5, 3), connector(), WatchStream::new(views));
+    let balance = Balance::new(BalanceConfig::new(5, 3), connector(), WatchStream::new(views)).unwrap();
     eventually("three members", || balance.stats().members.len() == 3).await;
     let accepted = || servers.iter().map(TestServer::accepted).sum::<usize>();
     assert_eq!(accepted(), 3);
-    balance.set_subset_size(7);
+    balance.set_subset_size(7).unwrap();
     eventually("seven members", || balance.stats().members.len() == 7).await;
     assert_eq!(accepted(), 7, "growing k only opens the new members");
-    balance.set_subset_size(2);
+    balance.set_subset_size(2).unwrap();
     let keep: HashSet<usize> = subset(5, 12, 2).into_iter().collect();
     eventually("five connections to close", || {
         servers.iter().enumerate().all(|(i, s)| s.open() == usize::from(keep.contains(&i)))
@@ -228,7 +229,7 @@ async fn thousands_of_concurrent_requests_complete() {
     let servers = start_servers(4).await;
     let (_job, views) = watch::channel(view(&servers, 4));
     let config = BalanceConfig::new(0, 4).with_no_backend_wait(Duration::from_secs(10));
-    let balance = Balance::new(config, connector(), WatchStream::new(views));
+    let balance = Balance::new(config, connector(), WatchStream::new(views)).unwrap();
     eventually("all four members", || balance.stats().members.len() == 4).await;
     let calls: Vec<_> = (0..5_000)
         .map(|i| {
@@ -251,6 +252,7 @@ async fn keyed_traffic_reaches_only_the_assigned_servers() {
     let servers = start_servers(8).await;
     let (_job, views) = watch::channel(view(&servers, 8));
     let balance = Balance::new(BalanceConfig::new(1, 2), connector(), WatchStream::new(views))
+        .unwrap()
         .with_key_extractor(header_key as fn(&http::Request<_>) -> Option<SliceKey>);
     let slices = vec![
         Slice { start: SliceKey(0), replicas: vec![0, 5] },

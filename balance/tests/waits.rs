@@ -67,7 +67,7 @@ fn balancer(
     let (job, views) = watch::channel(view);
     let connector = service_fn(move |task: usize| async move { Ok::<_, BoxError>(conn(task)) });
     let key: fn(&Req) -> Option<SliceKey> = |req| req.key;
-    (Balance::new(config, connector, WatchStream::new(views)).with_key_extractor(key), job)
+    (Balance::new(config, connector, WatchStream::new(views)).unwrap().with_key_extractor(key), job)
 }
 
 fn subset(m: usize, n: usize, k: usize) -> Vec<usize> {

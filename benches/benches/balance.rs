@@ -75,7 +75,8 @@ fn pick(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::new("steady", n), &n, |b, &n| {
             let mut balance = rt.block_on(async {
                 let connect = service_fn(|_task: usize| async { Ok::<_, Infallible>(endpoint()) });
-                let balance = Balance::from_addresses(BalanceConfig::new(0, n), connect, (0..n).collect());
+                let balance =
+                    Balance::from_addresses(BalanceConfig::new(0, n), connect, (0..n).collect()).unwrap();
                 assert!(balance.wait_for_members(n, Duration::from_secs(10)).await);
                 balance
             });
@@ -100,7 +101,8 @@ fn resize(c: &mut Criterion) {
             let (job, views) = watch::channel(JobView::serving(0..n));
             let balance = rt.block_on(async {
                 let connect = service_fn(|_task: usize| async { Ok::<_, Infallible>(endpoint()) });
-                let balance = Balance::<_>::new(BalanceConfig::new(m, k), connect, WatchStream::new(views));
+                let balance =
+                    Balance::<_>::new(BalanceConfig::new(m, k), connect, WatchStream::new(views)).unwrap();
                 assert!(balance.wait_for_members(k, Duration::from_secs(10)).await);
                 balance
             });

@@ -63,7 +63,8 @@ fn channel_call(c: &mut Criterion) {
     group.bench_with_input(BenchmarkId::new("steady", SERVERS), &(), |b, _| {
         let mut client = client_rt.block_on(async {
             let channel = SteadyChannel::builder(BalanceConfig::new(0, SERVERS as usize))
-                .from_endpoints(endpoints.clone());
+                .from_endpoints(endpoints.clone())
+                .unwrap();
             assert!(channel.balance().wait_for_members(SERVERS as usize, Duration::from_secs(10)).await);
             EchoClient::new(channel)
         });

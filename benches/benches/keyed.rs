@@ -51,7 +51,8 @@ fn keyed_pick(c: &mut Criterion) {
             Ok::<_, Infallible>(service_fn(move |_: ()| async move { Ok::<_, Infallible>(task) }))
         });
         // k = N: every replica is a connected subset member.
-        let balance = Balance::from_addresses(BalanceConfig::new(0, TASKS), connect, (0..TASKS).collect());
+        let balance =
+            Balance::from_addresses(BalanceConfig::new(0, TASKS), connect, (0..TASKS).collect()).unwrap();
         assert!(balance.wait_for_members(TASKS, Duration::from_secs(10)).await);
         let (tx, rx) = mpsc::unbounded_channel::<Result<Assignment, AssignmentError>>();
         balance.follow_assignments(UnboundedReceiverStream::new(rx));
@@ -118,7 +119,8 @@ fn assignment_swap(c: &mut Criterion) {
         let connect = service_fn(|_task: usize| async {
             Ok::<_, Infallible>(service_fn(|_: ()| async { Ok::<_, Infallible>(()) }))
         });
-        let balance = Balance::from_addresses(BalanceConfig::new(0, TASKS), connect, (0..TASKS).collect());
+        let balance =
+            Balance::from_addresses(BalanceConfig::new(0, TASKS), connect, (0..TASKS).collect()).unwrap();
         assert!(balance.wait_for_members(TASKS, Duration::from_secs(10)).await);
         let (tx, rx) = mpsc::unbounded_channel::<Result<Assignment, AssignmentError>>();
         balance.follow_assignments(UnboundedReceiverStream::new(rx));

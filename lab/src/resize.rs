@@ -110,7 +110,8 @@ async fn experiment(out: &mut impl Write, args: &ResizeArgs) -> LabResult {
         let mut channels = Vec::new();
         for m in 0..args.frontends {
             let config = BalanceConfig::new(m, args.subset_size).with_algorithm(algorithm.clone());
-            let channel = SteadyChannel::builder(config).from_job(views.clone());
+            let channel =
+                SteadyChannel::builder(config).from_job(views.clone()).expect("valid balancer configuration");
             for _ in 0..args.concurrency {
                 let (mut client, log, stop) = (EchoClient::new(channel.clone()), log.clone(), stop.clone());
                 loops.push(tokio::spawn(async move {

@@ -70,7 +70,8 @@ async fn clients_keep_the_last_good_assignment_while_the_distributor_restarts() 
                 let _ = stopped.await;
             },
         ));
-    let channel = SteadyChannel::builder(BalanceConfig::new(0, 1)).from_endpoints(endpoints(&backends));
+    let channel =
+        SteadyChannel::builder(BalanceConfig::new(0, 1)).from_endpoints(endpoints(&backends)).unwrap();
     let backoff = Backoff { base: Duration::from_millis(20), max: Duration::from_millis(100), jitter: 0.5 };
     channel.follow_assignments(watch_assignments(endpoint(addr), "echo", backoff));
     eventually("generation 1", || channel.stats().assignment_generation == Some(1)).await;
@@ -134,7 +135,7 @@ async fn slicelets_count_no_misroutes_when_clients_follow_the_assignment() {
     assert_eq!(slicelets[0].held_slices(), [SliceKey(0)]);
     let eps: Vec<Endpoint> = addrs.iter().map(|a| endpoint(*a)).collect();
     // A client that follows the assignment: no misroutes.
-    let following = SteadyChannel::builder(BalanceConfig::new(0, 2)).from_endpoints(eps.clone());
+    let following = SteadyChannel::builder(BalanceConfig::new(0, 2)).from_endpoints(eps.clone()).unwrap();
     following.follow_assignments(watch_assignments(endpoint(distributor_addr), "echo", Backoff::default()));
     eventually("the client's assignment", || following.stats().assignment_generation == Some(1)).await;
     let mut client = EchoClient::new(following);
@@ -146,7 +147,8 @@ async fn slicelets_count_no_misroutes_when_clients_follow_the_assignment() {
     assert_eq!(slicelets.iter().map(Slicelet::keyed_requests).sum::<u64>(), 100);
     // A client that ignores assignments balances keyed requests over its subset: about
     // half land on the task that does not hold the key, and the slicelets see it.
-    let mut blind = EchoClient::new(SteadyChannel::builder(BalanceConfig::new(0, 2)).from_endpoints(eps));
+    let mut blind =
+        EchoClient::new(SteadyChannel::builder(BalanceConfig::new(0, 2)).from_endpoints(eps).unwrap());
     for i in 0..100 {
         echo(&mut blind, Some(&format!("key-{i}")), b"x").await.unwrap();
     }
@@ -174,7 +176,8 @@ async fn a_slicelet_reads_keys_from_the_header_its_clients_use() {
     );
     let channel = SteadyChannel::builder(BalanceConfig::new(0, 1))
         .key_header(header)
-        .from_endpoints(vec![endpoint(addr)]);
+        .from_endpoints(vec![endpoint(addr)])
+        .unwrap();
     let mut client = EchoClient::new(channel);
     for i in 0..50 {
         let mut request = Request::new(EchoRequest { payload: b"t".to_vec() });

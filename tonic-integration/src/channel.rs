@@ -8,7 +8,9 @@ use std::task::{ready, Context, Poll};
 
 use futures_util::Stream;
 use http::HeaderName;
-use steady_balance::{Balance, BalanceConfig, BalanceError, BalanceStats, JobView, KeyExtractor};
+use steady_balance::{
+    Balance, BalanceConfig, BalanceError, BalanceStats, ConfigError, JobView, KeyExtractor,
+};
 use steady_slice::{Assignment, SliceKey};
 use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
@@ -65,7 +67,7 @@ impl KeyExtractor<http::Request<Body>> for MetadataKey {
 ///     .map(|i| Endpoint::from_shared(format!("http://backend-{i}:50051")))
 ///     .collect::<Result<_, _>>()?;
 /// // Frontend task 7 keeps 20 connections (its Rocksteadier subset).
-/// let channel = SteadyChannel::builder(BalanceConfig::new(7, 20)).from_endpoints(backends);
+/// let channel = SteadyChannel::builder(BalanceConfig::new(7, 20)).from_endpoints(backends)?;
 /// // let client = MyServiceClient::new(channel);
 /// # let _ = channel;
 /// # Ok(())
@@ -101,8 +103,12 @@ impl SteadyChannel {
     }
 
     /// Changes `k` at run time.
-    pub fn set_subset_size(&self, k: usize) {
-        self.balance.set_subset_size(k);
+    ///
+    /// # Errors
+    ///
+    /// As [`Balance::set_subset_size`]: `k` out of range, which leaves it unchanged.
+    pub fn set_subset_size(&self, k: usize) -> Result<(), ConfigError> {
+        self.balance.set_subset_size(k)
     }
 
     /// Follows a source of assignments for keyed routing (e.g. [`crate::watch_assignments`]);
@@ -130,27 +136,39 @@ impl SteadyChannelBuilder {
 
     /// A channel over a fixed job: task `i` at `endpoints[i]`.
     ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] for the first configuration value out of its range (see
+    /// `BalanceConfig::validate`).
+    ///
     /// # Panics
     ///
     /// Outside a tokio runtime.
-    pub fn from_endpoints(self, endpoints: Vec<Endpoint>) -> SteadyChannel {
+    pub fn from_endpoints(self, endpoints: Vec<Endpoint>) -> Result<SteadyChannel, ConfigError> {
         let (_, views) = watch::channel(JobView::serving(endpoints.into_iter().map(TaskEndpoint)));
         self.from_job(views)
     }
 
     /// A channel following the job views published on `views` (resizes, drains).
     ///
+    /// # Errors
+    ///
+    /// As [`SteadyChannelBuilder::from_endpoints`].
+    ///
     /// # Panics
     ///
     /// Outside a tokio runtime.
-    pub fn from_job(self, views: watch::Receiver<JobView<TaskEndpoint>>) -> SteadyChannel {
+    pub fn from_job(
+        self,
+        views: watch::Receiver<JobView<TaskEndpoint>>,
+    ) -> Result<SteadyChannel, ConfigError> {
         let connect =
             tower::service_fn(
                 |task: TaskEndpoint| async move { task.0.connect().await.map_err(BoxError::from) },
             );
-        let balance = Balance::new(self.config, connect, WatchStream::new(views))
+        let balance = Balance::new(self.config, connect, WatchStream::new(views))?
             .with_key_extractor(MetadataKey { header: self.key_header });
-        SteadyChannel { balance }
+        Ok(SteadyChannel { balance })
     }
 }
 

@@ -19,7 +19,8 @@ use tonic::{Code, Request};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_generated_client_talks_through_the_channel_to_its_subset() {
     let backends = start_backends(6).await;
-    let channel = SteadyChannel::builder(BalanceConfig::new(4, 3)).from_endpoints(endpoints(&backends));
+    let channel =
+        SteadyChannel::builder(BalanceConfig::new(4, 3)).from_endpoints(endpoints(&backends)).unwrap();
     let mut client = EchoClient::new(channel.clone());
     let subset = steady_subset::Subsetting::subset(&steady_subset::Rocksteadier::default(), 4, 6, 3).unwrap();
     for _ in 0..60 {
@@ -35,7 +36,7 @@ async fn a_generated_client_talks_through_the_channel_to_its_subset() {
 async fn no_endpoints_gives_unavailable_quickly() {
     let (_job, views) = watch::channel(JobView::<TaskEndpoint>::default());
     let config = BalanceConfig::new(0, 3).with_no_backend_wait(Duration::from_millis(100));
-    let mut client = EchoClient::new(SteadyChannel::builder(config).from_job(views));
+    let mut client = EchoClient::new(SteadyChannel::builder(config).from_job(views).unwrap());
     let start = Instant::now();
     let status = echo(&mut client, None, b"x").await.unwrap_err();
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
@@ -55,7 +56,8 @@ async fn keyed_requests_land_on_the_servers_their_assignment_names() {
         ],
     )
     .unwrap();
-    let channel = SteadyChannel::builder(BalanceConfig::new(0, 2)).from_endpoints(endpoints(&backends));
+    let channel =
+        SteadyChannel::builder(BalanceConfig::new(0, 2)).from_endpoints(endpoints(&backends)).unwrap();
     let (_publish, assignments) = watch::channel(assignment.clone());
     channel.balance().follow_assignment_watch(assignments);
     eventually("the assignment", || channel.stats().assignment_generation == Some(1)).await;
@@ -84,7 +86,7 @@ async fn planned_removal_loses_no_request() {
     let backends = start_backends(4).await;
     let view = JobView::serving(endpoints(&backends).into_iter().map(TaskEndpoint));
     let (job, views) = watch::channel(view.clone());
-    let channel = SteadyChannel::builder(BalanceConfig::new(0, 4)).from_job(views);
+    let channel = SteadyChannel::builder(BalanceConfig::new(0, 4)).from_job(views).unwrap();
     eventually("four members", || channel.stats().members.len() == 4).await;
     let failures = Arc::new(AtomicUsize::new(0));
     let mut loops = Vec::new();

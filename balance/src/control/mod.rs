@@ -23,10 +23,12 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::future::poll_fn;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
-use futures_util::{Stream, StreamExt};
+use futures_util::{FutureExt, Stream, StreamExt};
 use steady_slice::Assignment;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -92,7 +94,14 @@ pub(crate) struct Control<T, C, S, J> {
     publisher: Publisher<S>,
     /// The last connection attempt's id (also the id of the connection it makes).
     last_attempt: u64,
+    /// Set after a restart: reconcile before waiting for the next event.
+    stale: bool,
 }
+
+/// Restarts this far apart are not consecutive.
+const RESTARTS_FORGOTTEN_AFTER: Duration = Duration::from_secs(60);
+/// The longest pause between consecutive restarts.
+const MAX_RESTART_PAUSE: Duration = Duration::from_secs(10);
 
 impl<T, C, S, J> Control<T, C, S, J>
 where
@@ -123,11 +132,68 @@ where
             assignments: Assignments::new(),
             publisher: Publisher::new(shared),
             last_attempt: 0,
+            stale: false,
         }
     }
 
-    pub(crate) async fn run(mut self) {
+    /// Runs the control task until every `Balance` handle is gone, surviving panics in
+    /// its own code (and in the user code it runs: the job stream, address comparisons).
+    ///
+    /// A panic is caught, logged and counted (`BalanceStats::control_restarts`); the task
+    /// then rebuilds its membership from the last job view, keeping the connections that
+    /// work (see `recover`). The routing table in force stays published meanwhile, so requests never meet a dead
+    /// balancer. Restarts that follow each other within a minute wait 10 ms, 20 ms, ...
+    /// up to 10 s before running again, so a panic that repeats does not spin.
+    pub(crate) async fn supervise(mut self) {
+        let mut consecutive = 0u32;
+        let mut last_restart: Option<Instant> = None;
         loop {
+            match AssertUnwindSafe(self.run()).catch_unwind().await {
+                Ok(()) => break,
+                Err(panic) => {
+                    let message = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| (*s).to_owned())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "a non-string panic".to_owned());
+                    let now = Instant::now();
+                    consecutive =
+                        if last_restart.is_some_and(|t| now.duration_since(t) < RESTARTS_FORGOTTEN_AFTER) {
+                            consecutive.saturating_add(1)
+                        } else {
+                            0
+                        };
+                    last_restart = Some(now);
+                    Counters::add(&self.shared().counters.control_restarts, 1);
+                    tracing::error!(panic = %message, consecutive, "balancer control task panicked: rebuilding from the last job view");
+                    self.recover();
+                    if consecutive > 0 {
+                        let pause = Duration::from_millis(10)
+                            .saturating_mul(1 << consecutive.min(10))
+                            .min(MAX_RESTART_PAUSE);
+                        tokio::time::sleep(pause).await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Forgets the bookkeeping a panic may have left half changed, keeping what the task
+    /// follows (the view, the sources, the assignment in force) and the connections that
+    /// work (so the table in force stays good): attempts under way are dropped with their
+    /// slots, affinity connections are forgotten, and the next turn reconciles afresh.
+    fn recover(&mut self) {
+        self.slots.retain_settled();
+        self.affinity = AffinitySet::new(self.config.max_affinity, self.config.affinity_idle);
+        self.publisher.forget_published();
+        self.stale = true;
+    }
+
+    async fn run(&mut self) {
+        loop {
+            if std::mem::take(&mut self.stale) {
+                self.reconcile();
+            }
             let next_timer =
                 [self.slots.next_retry(), self.affinity.next_sweep()].into_iter().flatten().min();
             // `biased`: the branches are tried in this order, so that
@@ -276,7 +342,8 @@ where
             return self.shared().table.load().wanted.clone();
         }
         let (view, slots) = (&self.view, &self.slots);
-        let k = self.config.subset_size;
+        // A subset larger than the job is the whole job.
+        let k = self.config.subset_size.min(view.size);
         let mut order = candidate_order(&self.config.algorithm, self.config.frontend, view.size, k);
         let mut primary = Vec::with_capacity(k);
         let mut failed = 0;

@@ -44,6 +44,11 @@ impl<S> Publisher<S> {
         &self.shared
     }
 
+    /// Forgets what the last table was built from, so that the next `publish` publishes.
+    pub(super) fn forget_published(&mut self) {
+        self.published.clear();
+    }
+
     /// Publishes the ready members of the subset, the affinity connections and the
     /// slice table, if anything they are built from changed.
     pub(super) fn publish(&mut self, inputs: TableInputs<'_, S>) {

@@ -96,6 +96,13 @@ impl<T: Address, S> Slots<T, S> {
         self.slots.insert(task, Slot { address, state: SlotState::Connecting { attempt } });
     }
 
+    /// Keeps only the slots that are connected or backing off (after a restart of the
+    /// control task: an attempt under way may belong to a slot half updated; its outcome
+    /// is then ignored, and the task is connected afresh if still wanted).
+    pub(super) fn retain_settled(&mut self) {
+        self.slots.retain(|_, slot| !matches!(slot.state, SlotState::Connecting { .. }));
+    }
+
     pub(super) fn remove(&mut self, task: usize) -> Option<Slot<T, S>> {
         self.slots.remove(&task)
     }

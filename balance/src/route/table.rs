@@ -60,6 +60,8 @@ pub(crate) struct Counters {
     pub(crate) keyed_fallbacks: AtomicU64,
     pub(crate) no_replica: AtomicU64,
     pub(crate) affinity_opened: AtomicU64,
+    /// Panics the control task survived.
+    pub(crate) control_restarts: AtomicU64,
     /// Requests and failures of connections already closed (live ones count on their endpoint).
     pub(crate) closed_requests: AtomicU64,
     pub(crate) closed_failures: AtomicU64,

@@ -398,7 +398,9 @@ fn main() {
                 default_rtt: Duration::from_millis(1),
             });
         }
-        let steady = SteadyChannel::builder(config).from_endpoints(endpoints.clone());
+        let steady = SteadyChannel::builder(config)
+            .from_endpoints(endpoints.clone())
+            .expect("valid balancer configuration");
         // Wait for the steady channel to connect to every server that accepts calls.
         let good = if scenario == Scenario::Failing { 3 } else { 4 };
         let start = Instant::now();

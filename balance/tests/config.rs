@@ -1,0 +1,187 @@
+//! Every configuration value is checked when a balancer is built or changed: a value out
+//! of range is a typed error naming its field, and any accepted configuration gives a
+//! balancer that works. Beyond configuration, the control task survives panics.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use steady_balance::{
+    Backoff, Balance, BalanceConfig, BalanceError, BalanceLayer, JobView, Load, MAX_SUBSET_SIZE,
+};
+use tokio::sync::watch;
+use tokio_stream::wrappers::WatchStream;
+use tower::{service_fn, ServiceExt};
+
+/// Every field `validate` may name.
+const FIELDS: [&str; 13] = [
+    "subset_size",
+    "max_stand_ins",
+    "max_affinity",
+    "fan_out",
+    "connect_timeout",
+    "no_backend_wait",
+    "affinity_wait",
+    "affinity_idle",
+    "backoff.base",
+    "backoff.max",
+    "backoff.jitter",
+    "load.decay",
+    "load.default_rtt",
+];
+
+fn any_count() -> impl Strategy<Value = usize> {
+    prop_oneof![
+        Just(0usize),
+        1usize..8,
+        Just(MAX_SUBSET_SIZE),
+        Just(MAX_SUBSET_SIZE + 1),
+        Just(1 << 40),
+        Just(usize::MAX)
+    ]
+}
+
+fn any_duration() -> impl Strategy<Value = Duration> {
+    prop_oneof![
+        Just(Duration::ZERO),
+        Just(Duration::from_nanos(1)),
+        (1u64..5_000).prop_map(Duration::from_millis),
+        Just(Duration::from_secs(3600)),
+        Just(Duration::from_secs(3600) + Duration::from_nanos(1)),
+        Just(Duration::from_secs(u64::MAX / 2)),
+        Just(Duration::MAX),
+    ]
+}
+
+fn any_jitter() -> impl Strategy<Value = f64> {
+    prop_oneof![Just(f64::NAN), Just(f64::INFINITY), Just(-1.0), Just(1.5), 0.0..=1.0f64]
+}
+
+fn any_config() -> impl Strategy<Value = BalanceConfig> {
+    (
+        (any::<usize>(), any_count(), any_count(), any_count(), any_count()),
+        (any_duration(), any_duration(), any_duration(), any_duration()),
+        (any_duration(), any_duration(), any_jitter()),
+        prop::option::of((any_duration(), any_duration())),
+    )
+        .prop_map(
+            |(
+                (frontend, k, stand_ins, fan_out, max_affinity),
+                (connect, no_backend, affinity, idle),
+                (base, max, jitter),
+                ewma,
+            )| {
+                let mut config = BalanceConfig::new(frontend, k)
+                    .with_max_stand_ins(stand_ins)
+                    .with_fan_out(fan_out)
+                    .with_affinity(max_affinity, idle)
+                    .with_connect_timeout(connect)
+                    .with_no_backend_wait(no_backend)
+                    .with_affinity_wait(affinity)
+                    .with_backoff(Backoff { base, max, jitter });
+                if let Some((decay, default_rtt)) = ewma {
+                    config = config.with_load(Load::PeakEwma { decay, default_rtt });
+                }
+                config
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn any_configuration_gives_a_working_balancer_or_a_typed_error(config in any_config()) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
+        rt.block_on(async move {
+            let connect = service_fn(|task: usize| async move {
+                Ok::<_, Infallible>(service_fn(move |req: u32| async move { Ok::<_, Infallible>((task, req)) }))
+            });
+            let (_job, views) = watch::channel(JobView::serving(0..3));
+            match Balance::new(config.clone(), connect, WatchStream::new(views)) {
+                Err(error) => {
+                    prop_assert!(FIELDS.contains(&error.field()), "{error}");
+                    prop_assert!(error.to_string().contains(error.field()));
+                    // The layer checks the same way.
+                    let (_job, views) = watch::channel(JobView::<usize>::serving(0..3));
+                    prop_assert_eq!(BalanceLayer::new(config, views).unwrap_err(), error);
+                }
+                Ok(balance) => {
+                    // Accepted: it connects its subset (at most the job) and serves.
+                    let k = config.subset_size.min(3);
+                    prop_assert!(balance.wait_for_members(k, Duration::from_secs(10)).await, "{config:?}");
+                    let (task, echoed) = balance.clone().oneshot(7).await.expect("served");
+                    prop_assert!(task < 3 && echoed == 7);
+                    prop_assert_eq!(balance.stats().control_restarts, 0);
+                }
+            }
+            Ok(())
+        })?;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_subset_size_out_of_range_is_refused_at_run_time_and_changes_nothing() {
+    let connect = service_fn(|task: usize| async move {
+        Ok::<_, Infallible>(service_fn(move |_: u32| async move { Ok::<_, Infallible>(task) }))
+    });
+    let balance = Balance::from_addresses(BalanceConfig::new(0, 2), connect, (0..5).collect()).unwrap();
+    assert!(balance.wait_for_members(2, Duration::from_secs(1)).await);
+    for k in [0, MAX_SUBSET_SIZE + 1, usize::MAX] {
+        let error = balance.set_subset_size(k).unwrap_err();
+        assert_eq!(error.field(), "subset_size", "{error}");
+    }
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(balance.stats().subset.len(), 2);
+    // A k above the job's size is the whole job.
+    balance.set_subset_size(1000).unwrap();
+    assert!(balance.wait_for_members(5, Duration::from_secs(1)).await);
+}
+
+/// An address whose comparison panics while `PANIC` is set: user code the control task
+/// runs (it compares addresses to notice a task that moved).
+#[derive(Debug, Clone)]
+struct Fragile(usize, Arc<AtomicBool>);
+
+impl PartialEq for Fragile {
+    fn eq(&self, other: &Self) -> bool {
+        assert!(!self.1.load(Ordering::SeqCst), "address comparison failed");
+        self.0 == other.0
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_control_task_survives_a_panic_and_rebuilds_from_the_last_view() {
+    let panic = Arc::new(AtomicBool::new(false));
+    let view = |n: usize| JobView::serving((0..n).map(|t| Fragile(t, panic.clone())));
+    let (job, views) = watch::channel(view(4));
+    let connect = service_fn(|address: Fragile| async move {
+        Ok::<_, Infallible>(service_fn(move |_: u32| async move { Ok::<_, Infallible>(address.0) }))
+    });
+    let balance = Balance::new(BalanceConfig::new(0, 2), connect, WatchStream::new(views)).unwrap();
+    assert!(balance.wait_for_members(2, Duration::from_secs(1)).await);
+    // The next view makes the control task panic, again and again while `panic` is set.
+    panic.store(true, Ordering::SeqCst);
+    job.send_replace(view(5));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(balance.stats().control_restarts >= 2, "{:?}", balance.stats());
+    // Requests never meet a dead balancer: they are served on the table in force.
+    for _ in 0..10 {
+        balance.clone().oneshot(1).await.expect("served while the control task restarts");
+    }
+    // Once the fault is gone, the rebuilt task follows the view again.
+    panic.store(false, Ordering::SeqCst);
+    job.send_replace(view(6));
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    let stats = balance.stats();
+    assert_eq!(stats.subset.len(), 2, "{stats:?}");
+    assert_eq!(stats.members.len(), 2, "{stats:?}");
+    let served = balance.clone().oneshot(1).await.unwrap();
+    assert!(stats.subset.contains(&served));
+    assert!(!matches!(
+        balance.clone().oneshot(1).await.map_err(|e| e.downcast::<BalanceError>().map(|b| *b)),
+        Err(Ok(BalanceError::NoReadyBackends { .. }))
+    ));
+}
