@@ -86,9 +86,11 @@ impl BalanceStats {
             connect_failures: c.connect_failures.load(Ordering::Relaxed),
             ejections: c.ejections.load(Ordering::Relaxed),
             requests: c.closed_requests.load(Ordering::Relaxed)
-                + members.iter().map(|m| m.requests).sum::<u64>(),
+                + members.iter().map(|m| m.requests).sum::<u64>()
+                + table.affinity.iter().map(|e| e.requests.load(Ordering::Relaxed)).sum::<u64>(),
             failures: c.closed_failures.load(Ordering::Relaxed)
-                + members.iter().map(|m| m.failures).sum::<u64>(),
+                + members.iter().map(|m| m.failures).sum::<u64>()
+                + table.affinity.iter().map(|e| e.failures.load(Ordering::Relaxed)).sum::<u64>(),
             no_backend: c.no_backend.load(Ordering::Relaxed),
             subset: table.wanted.clone(),
             members,

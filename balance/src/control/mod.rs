@@ -38,6 +38,7 @@ use crate::connector::{Address, Connector};
 use crate::error::BoxError;
 use crate::job::JobView;
 use crate::route::endpoint::{Endpoint, Feedback};
+use crate::route::pick::fresh_rng;
 use crate::route::table::{Counters, Shared};
 
 mod affinity;
@@ -120,7 +121,9 @@ where
         let (feedback_tx, feedback) = mpsc::unbounded_channel();
         Self {
             attempts: Attempts::new(connector, config.connect_timeout),
-            slots: Slots::new(config.backoff, config.frontend as u64 ^ 0xC0_FFEE),
+            // Jitter seeded per process (not by the frontend index, which frontends of other
+            // client jobs share): their retries do not fall in step.
+            slots: Slots::new(config.backoff, fresh_rng()),
             affinity: AffinitySet::new(config.max_affinity, config.affinity_idle),
             config,
             job: Some(job),

@@ -64,8 +64,8 @@ pub(super) struct Slots<T, S> {
 }
 
 impl<T: Address, S> Slots<T, S> {
-    pub(super) fn new(backoff: Backoff, seed: u64) -> Self {
-        Self { slots: BTreeMap::new(), health: HashMap::new(), backoff, rng: SplitMix64::new(seed) }
+    pub(super) fn new(backoff: Backoff, rng: SplitMix64) -> Self {
+        Self { slots: BTreeMap::new(), health: HashMap::new(), backoff, rng }
     }
 
     pub(super) fn get(&self, task: usize) -> Option<&Slot<T, S>> {
