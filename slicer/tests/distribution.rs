@@ -13,10 +13,12 @@ use std::time::Duration;
 use http::HeaderName;
 
 use steady_balance::{Assignment, Backoff, BalanceConfig, Slice, SliceKey};
+use steady_slice::AssignmentError;
 use steady_slicer::{Distributor, Slicelet};
 use steady_tonic::echo::echo_client::EchoClient;
 use steady_tonic::echo::echo_server::EchoServer;
 use steady_tonic::echo::EchoRequest;
+use steady_tonic::proto::{AssignmentUpdate, Slice as ProtoSlice};
 use steady_tonic::{watch_assignments, SteadyChannel};
 use support::{echo, endpoint, endpoints, eventually, serve, start_backends, Backend};
 use tokio::net::TcpListener;
@@ -183,4 +185,40 @@ async fn a_slicelet_reads_keys_from_the_header_its_clients_use() {
     }
     // Every request counted as keyed, by the header both sides name; none misrouted.
     assert_eq!((slicelet.keyed_requests(), slicelet.misrouted()), (50, 0));
+}
+
+/// Whatever `publish` accepts reaches a watcher. Generation 0 means "none" in
+/// `WatchRequest.known_generation`, so an assignment numbered 0 would be accepted and
+/// never sent: it cannot be built, so it cannot be published, and a message carrying
+/// one is refused by its receiver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_published_assignment_reaches_a_watcher_and_generation_zero_cannot_be_published() {
+    let distributor = Distributor::new();
+    let (addr, _stop) = serve(distributor.service()).await;
+    let (received, mut receive) = tokio::sync::mpsc::unbounded_channel();
+    let stream = watch_assignments(endpoint(addr), "job", Backoff::default());
+    let watcher = tokio::spawn(async move {
+        futures_util::pin_mut!(stream);
+        while let Some(item) = futures_util::StreamExt::next(&mut stream).await {
+            if received.send(item).is_err() {
+                return;
+            }
+        }
+    });
+    eventually("the watcher", || distributor.watchers("job") == 1).await;
+    for generation in [0, 1, 2] {
+        let Ok(assignment) = Assignment::single(generation, vec![0]) else { continue };
+        assert!(distributor.publish("job", assignment), "generation {generation} is newer");
+        let got = tokio::time::timeout(Duration::from_secs(5), receive.recv())
+            .await
+            .unwrap_or_else(|_| panic!("published generation {generation} never reached the watcher"))
+            .expect("the stream never ends")
+            .expect("valid");
+        assert_eq!(got.generation(), generation);
+    }
+    watcher.abort();
+    assert_eq!(Assignment::single(0, vec![0]), Err(AssignmentError::ZeroGeneration));
+    // Nor can one be received.
+    let zero = AssignmentUpdate { generation: 0, slices: vec![ProtoSlice { start: 0, replicas: vec![0] }] };
+    assert_eq!(Assignment::try_from(zero), Err(AssignmentError::ZeroGeneration));
 }
