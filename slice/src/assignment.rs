@@ -27,11 +27,16 @@ pub struct Slice {
 
 /// A generation of the key space's division into slices, each with its replicas.
 ///
-/// Valid by construction: the first slice starts at 0, starts strictly increase (so
+/// Valid by construction: the generation is at least 1, the first slice starts at 0, starts strictly increase (so
 /// every key falls in exactly one slice: no gaps, no overlaps), every slice has between
 /// 1 and [`MAX_REPLICAS`] distinct replicas no larger than [`MAX_TASK`], and there are at most
 /// [`MAX_SLICES`] slices. A newer generation replaces an older one wherever assignments
 /// are followed (the balancer, the slicelet, the distributor).
+///
+/// Generation 0 is never an assignment: it means "none yet" wherever generations are
+/// exchanged (a watcher's `known_generation` on the wire), so an assignment numbered 0
+/// could be published and never be newer than what any watcher has. Construction,
+/// decoding, JSON and protobuf all refuse it with [`AssignmentError::ZeroGeneration`].
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(try_from = "RawAssignment"))]
@@ -60,6 +65,8 @@ impl TryFrom<RawAssignment> for Assignment {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum AssignmentError {
+    /// Generation 0, which means "no assignment" (see [`Assignment`]).
+    ZeroGeneration,
     /// No slices at all: the key space would be uncovered.
     NoSlices,
     /// More than [`MAX_SLICES`] slices.
@@ -112,6 +119,7 @@ pub enum AssignmentError {
 impl fmt::Display for AssignmentError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Self::ZeroGeneration => write!(f, "generation 0 means \"no assignment\": generations start at 1"),
             Self::NoSlices => write!(f, "assignment has no slices"),
             Self::TooManySlices { count } => write!(f, "assignment has {count} slices (limit {MAX_SLICES})"),
             Self::FirstStartNotZero { start } => write!(f, "first slice starts at {start}, not 0"),
@@ -137,8 +145,12 @@ impl Assignment {
     ///
     /// # Errors
     ///
-    /// The first [`AssignmentError`] found, scanning slices in order.
+    /// The first [`AssignmentError`] found: [`AssignmentError::ZeroGeneration`] for
+    /// generation 0, then the slices' problems, scanning slices in order.
     pub fn new(generation: u64, slices: Vec<Slice>) -> Result<Self, AssignmentError> {
+        if generation == 0 {
+            return Err(AssignmentError::ZeroGeneration);
+        }
         if slices.is_empty() {
             return Err(AssignmentError::NoSlices);
         }
@@ -185,7 +197,7 @@ impl Assignment {
         Self::new(generation, vec![Slice { start: SliceKey::MIN, replicas }])
     }
 
-    /// The generation: higher replaces lower.
+    /// The generation, at least 1: higher replaces lower.
     pub fn generation(&self) -> u64 {
         self.generation
     }
@@ -237,6 +249,9 @@ mod tests {
     #[test]
     fn every_kind_of_invalid_assignment_is_named() {
         use AssignmentError::*;
+        assert_eq!(Assignment::single(0, vec![1]), Err(ZeroGeneration));
+        // The generation is checked first.
+        assert_eq!(Assignment::new(0, vec![]), Err(ZeroGeneration));
         assert_eq!(Assignment::new(1, vec![]), Err(NoSlices));
         assert_eq!(Assignment::new(1, vec![slice(5, &[1])]), Err(FirstStartNotZero { start: SliceKey(5) }));
         assert_eq!(

@@ -294,5 +294,9 @@ mod tests {
         assert_eq!(error, DecodeError::Invalid(AssignmentError::FirstStartNotZero { start: SliceKey(5) }));
         assert!(std::error::Error::source(&error).is_some());
         assert_eq!(error.to_string(), "invalid assignment: first slice starts at 0x0000000000000005, not 0");
+        // Generation 0 (bytes 5..13) means "none": well formed, not an assignment.
+        let mut zero = Assignment::single(1, vec![4]).unwrap().encode();
+        zero[5..13].copy_from_slice(&0u64.to_le_bytes());
+        assert_eq!(Assignment::decode(&zero), Err(DecodeError::Invalid(AssignmentError::ZeroGeneration)));
     }
 }

@@ -6,8 +6,10 @@
 //! * [`Assignment`]: one *generation* of the key space's division into slices, each a
 //!   start key and the backend tasks (replicas) that serve it. A slice runs from its
 //!   start up to the next slice's start, the first starts at 0: every key is in exactly
-//!   one slice. Built only through validation ([`Assignment::new`]), so an `Assignment`
-//!   value is always valid; [`AssignmentError`] names the first problem of one that is not.
+//!   one slice. Generations start at 1: 0 means "no assignment" wherever generations
+//!   are exchanged, so no assignment carries it. Built only through validation
+//!   ([`Assignment::new`]), so an `Assignment` value is always valid; [`AssignmentError`]
+//!   names the first problem of one that is not.
 //! * The frozen binary wire format ([`Assignment::encode`], [`Assignment::decode`]);
 //!   decoding errors are [`DecodeError`]s that name the byte offset and the cause,
 //!   apart from the validation errors of well-formed bytes. With the `serde` feature,

@@ -3,11 +3,11 @@
 use proptest::prelude::*;
 use steady_slice::{Assignment, AssignmentError, Slice, SliceKey, MAX_TASK};
 
-/// Valid assignments: 1..200 slices, the first at 0, starts strictly increasing,
-/// 1..6 distinct replicas each.
+/// Valid assignments: any generation from 1, 1..200 slices, the first at 0, starts
+/// strictly increasing, 1..6 distinct replicas each.
 fn any_assignment() -> impl Strategy<Value = Assignment> {
     (
-        any::<u64>(),
+        1u64..,
         prop::collection::btree_set(1u64.., 0..200),
         prop::collection::vec(prop::collection::btree_set(0u32..=MAX_TASK, 1..6), 200),
     )
@@ -130,6 +130,7 @@ proptest! {
 #[test]
 fn invalid_json_is_rejected_with_the_first_problem() {
     let cases = [
+        (r#"{"generation":0,"slices":[{"start":0,"replicas":[1]}]}"#, "generation 0 means"),
         (r#"{"generation":1,"slices":[]}"#, "no slices"),
         (r#"{"generation":1,"slices":[{"start":5,"replicas":[1]}]}"#, "not 0"),
         (r#"{"generation":1,"slices":[{"start":0,"replicas":[1]},{"start":0,"replicas":[2]}]}"#, "not after"),

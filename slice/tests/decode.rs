@@ -29,7 +29,7 @@ fn decode_fuzz_logic_holds_on_fixed_seeds() {
             parts.push(Slice { start: SliceKey(start), replicas: vec![below(100) as u32] });
             start += below(1 << 40) + 1;
         }
-        let mut bytes = Assignment::new(below(u64::MAX), parts).unwrap().encode();
+        let mut bytes = Assignment::new(below(u64::MAX) + 1, parts).unwrap().encode();
         for _ in 0..below(4) {
             let at = below(bytes.len() as u64) as usize;
             bytes[at] = below(256) as u8;

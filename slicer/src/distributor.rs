@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures_util::Stream;
 use steady_slice::Assignment;
@@ -14,28 +14,74 @@ use steady_tonic::proto::{AssignmentUpdate, WatchRequest};
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
+/// The longest job name, in bytes, that a watcher may name or a publisher may publish.
+/// A Watch request naming a longer (or an empty) job fails with `INVALID_ARGUMENT`.
+pub const MAX_JOB_NAME_LEN: usize = 256;
+
+/// How many jobs that nothing was published for may have watchers at once, unless
+/// [`Distributor::with_max_unpublished_jobs`] says otherwise. A Watch request that would
+/// add one more fails with `RESOURCE_EXHAUSTED`; watching a job that is published, or
+/// that already has watchers, always works.
+pub const MAX_UNPUBLISHED_JOBS: usize = 1024;
+
 /// The server side: holds the current assignment of each job and streams every newer
 /// one to every watcher of that job.
 ///
 /// Clone it freely: clones publish to the same watchers. Serve it with
 /// `tonic::transport::Server::builder().add_service(distributor.service())`.
+///
+/// # Memory
+///
+/// Watchers are remote peers, so what they can make it hold is bounded: it holds one
+/// entry per published job (kept for good: publishers are trusted), and one per
+/// unpublished job that has watchers, dropped with its last watcher. Job names are at
+/// most [`MAX_JOB_NAME_LEN`] bytes, and watchers may hold at most
+/// [`MAX_UNPUBLISHED_JOBS`] unpublished jobs at once. The read-only queries
+/// ([`Distributor::current`], [`Distributor::watchers`]) never add an entry.
 #[derive(Debug, Clone)]
 pub struct Distributor {
-    jobs: Arc<Mutex<HashMap<String, watch::Sender<Option<Assignment>>>>>,
+    jobs: Arc<Mutex<Jobs>>,
     /// Bumped by [`Distributor::close_watchers`]: every open stream ends.
     epoch: watch::Sender<u64>,
+    max_unpublished_jobs: usize,
+}
+
+/// The jobs a distributor holds: every published job, and every unpublished job with
+/// at least one watcher.
+#[derive(Debug, Default)]
+struct Jobs {
+    by_name: HashMap<String, watch::Sender<Option<Assignment>>>,
+    /// How many entries of `by_name` hold no assignment yet.
+    unpublished: usize,
 }
 
 impl Default for Distributor {
     fn default() -> Self {
-        Self { jobs: Arc::default(), epoch: watch::Sender::new(0) }
+        Self {
+            jobs: Arc::default(),
+            epoch: watch::Sender::new(0),
+            max_unpublished_jobs: MAX_UNPUBLISHED_JOBS,
+        }
     }
+}
+
+/// Whether `job` is a name watchers may use: 1 to [`MAX_JOB_NAME_LEN`] bytes.
+fn valid_job_name(job: &str) -> bool {
+    (1..=MAX_JOB_NAME_LEN).contains(&job.len())
 }
 
 impl Distributor {
     /// A distributor with no assignments yet.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Lets watchers hold up to `max` unpublished jobs at once instead of
+    /// [`MAX_UNPUBLISHED_JOBS`] (0: watchers may watch published jobs only). Set it
+    /// before cloning the distributor: the limit is each clone's own.
+    pub fn with_max_unpublished_jobs(mut self, max: usize) -> Self {
+        self.max_unpublished_jobs = max;
+        self
     }
 
     /// Ends every open watch stream (watchers reconnect and resume from the generation
@@ -45,40 +91,116 @@ impl Distributor {
         self.epoch.send_modify(|e| *e += 1);
     }
 
-    fn sender(&self, job: &str) -> watch::Sender<Option<Assignment>> {
-        self.jobs
-            .lock()
-            .expect("not poisoned")
-            .entry(job.to_owned())
-            .or_insert_with(|| watch::Sender::new(None))
-            .clone()
+    fn lock(&self) -> MutexGuard<'_, Jobs> {
+        self.jobs.lock().expect("not poisoned")
     }
 
     /// Publishes `assignment` for `job` if it is newer than the current one; returns
-    /// whether it was.
+    /// whether it was. A job name no watcher could name (empty, or longer than
+    /// [`MAX_JOB_NAME_LEN`]) is refused: nothing is published and it returns `false`.
     pub fn publish(&self, job: &str, assignment: Assignment) -> bool {
-        self.sender(job).send_if_modified(|current| {
+        if !valid_job_name(job) {
+            tracing::warn!(job_len = job.len(), "distributor: job name refused, nothing published");
+            return false;
+        }
+        // The whole publish holds the lock: otherwise the last watcher of an unpublished
+        // job could remove its entry between our finding it and filling it, and the
+        // assignment would be lost with the entry.
+        let mut jobs = self.lock();
+        let Jobs { by_name, unpublished } = &mut *jobs;
+        let Some(sender) = by_name.get(job) else {
+            by_name.insert(job.to_owned(), watch::Sender::new(Some(assignment)));
+            return true;
+        };
+        let mut was_unpublished = false;
+        let published = sender.send_if_modified(|current| {
             if current.as_ref().is_some_and(|c| c.generation() >= assignment.generation()) {
                 return false;
             }
+            was_unpublished = current.is_none();
             *current = Some(assignment);
             true
-        })
+        });
+        if was_unpublished {
+            *unpublished -= 1;
+        }
+        published
     }
 
-    /// The current assignment of `job`.
+    /// The current assignment of `job` (`None` if nothing was published for it).
     pub fn current(&self, job: &str) -> Option<Assignment> {
-        self.sender(job).borrow().clone()
+        self.lock().by_name.get(job).and_then(|sender| sender.borrow().clone())
     }
 
     /// How many watchers `job` has now.
     pub fn watchers(&self, job: &str) -> usize {
-        self.sender(job).receiver_count()
+        self.lock().by_name.get(job).map_or(0, watch::Sender::receiver_count)
+    }
+
+    /// How many jobs it holds now: the published ones, and the unpublished ones that have
+    /// watchers (see "Memory" above).
+    pub fn jobs(&self) -> usize {
+        self.lock().by_name.len()
     }
 
     /// The tonic service to add to a server.
     pub fn service(&self) -> AssignmentDistributorServer<Self> {
         AssignmentDistributorServer::new(self.clone())
+    }
+
+    /// A new watcher of `job`: joins its entry, or adds one if there is room for another
+    /// unpublished job.
+    fn subscribe(&self, job: String) -> Result<Subscription, Status> {
+        let mut jobs = self.lock();
+        let updates = match jobs.by_name.get(&job) {
+            Some(sender) => sender.subscribe(),
+            None if jobs.unpublished >= self.max_unpublished_jobs => {
+                return Err(Status::resource_exhausted(format!(
+                    "watchers already wait for {} unpublished jobs (limit {})",
+                    jobs.unpublished, self.max_unpublished_jobs
+                )));
+            }
+            None => {
+                let sender = watch::Sender::new(None);
+                let updates = sender.subscribe();
+                jobs.by_name.insert(job.clone(), sender);
+                jobs.unpublished += 1;
+                updates
+            }
+        };
+        Ok(Subscription { updates: Some(updates), job, jobs: self.jobs.clone() })
+    }
+}
+
+/// One watcher's receiver of a job's assignments. Dropping it removes the job's entry
+/// when it was the last watcher and nothing was published.
+#[derive(Debug)]
+struct Subscription {
+    /// `Some` until dropped.
+    updates: Option<watch::Receiver<Option<Assignment>>>,
+    job: String,
+    jobs: Arc<Mutex<Jobs>>,
+}
+
+impl Subscription {
+    fn updates(&mut self) -> &mut watch::Receiver<Option<Assignment>> {
+        self.updates.as_mut().expect("taken only on drop")
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        // Drop our receiver first, so that the count below no longer includes it. New
+        // watchers subscribe under the same lock, so the count cannot grow meanwhile.
+        drop(self.updates.take());
+        let mut jobs = self.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let Jobs { by_name, unpublished } = &mut *jobs;
+        let entry = by_name.get(&self.job);
+        debug_assert!(entry.is_some(), "a watched job keeps its entry while it has watchers");
+        if entry.is_some_and(|sender| sender.receiver_count() == 0 && sender.borrow().is_none()) {
+            by_name.remove(&self.job);
+            *unpublished -= 1;
+        }
     }
 }
 
@@ -89,26 +211,57 @@ pub type WatchStream = Pin<Box<dyn Stream<Item = Result<AssignmentUpdate, Status
 impl AssignmentDistributor for Distributor {
     type WatchStream = WatchStream;
 
+    /// Streams `job`'s assignments newer than `known_generation`.
+    ///
+    /// # Errors
+    ///
+    /// `INVALID_ARGUMENT` for an empty job name or one longer than [`MAX_JOB_NAME_LEN`];
+    /// `RESOURCE_EXHAUSTED` when the job is unpublished, has no watchers, and watchers
+    /// already hold the most unpublished jobs allowed.
     async fn watch(&self, request: Request<WatchRequest>) -> Result<Response<WatchStream>, Status> {
         let WatchRequest { job, known_generation } = request.into_inner();
-        let mut updates = self.sender(&job).subscribe();
+        if !valid_job_name(&job) {
+            return Err(Status::invalid_argument(format!(
+                "job name of {} bytes: it must have 1 to {MAX_JOB_NAME_LEN}",
+                job.len()
+            )));
+        }
+        let mut subscription = self.subscribe(job)?;
         // Mark the current value unseen so a newer-than-known one is sent at once.
-        updates.mark_changed();
+        subscription.updates().mark_changed();
         let closed = self.epoch.subscribe();
-        let state = (updates, closed, known_generation);
-        let stream = futures_util::stream::unfold(state, |(mut updates, mut closed, known)| async move {
-            loop {
-                tokio::select! {
-                    changed = updates.changed() => changed.ok()?,
-                    _ = closed.changed() => return None,
+        let state = (subscription, closed, known_generation);
+        let stream =
+            futures_util::stream::unfold(state, |(mut subscription, mut closed, known)| async move {
+                loop {
+                    tokio::select! {
+                        changed = subscription.updates().changed() => changed.ok()?,
+                        _ = closed.changed() => return None,
+                    }
+                    let newer =
+                        subscription.updates().borrow_and_update().clone().filter(|a| a.generation() > known);
+                    if let Some(a) = newer {
+                        let generation = a.generation();
+                        return Some((Ok(AssignmentUpdate::from(&a)), (subscription, closed, generation)));
+                    }
                 }
-                let newer = updates.borrow_and_update().clone().filter(|a| a.generation() > known);
-                if let Some(a) = newer {
-                    let generation = a.generation();
-                    return Some((Ok(AssignmentUpdate::from(&a)), (updates, closed, generation)));
-                }
-            }
-        });
+            });
         Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_for_unknown_jobs_hold_nothing() {
+        let distributor = Distributor::new();
+        assert_eq!((distributor.current("nobody"), distributor.watchers("nobody")), (None, 0));
+        assert_eq!(distributor.jobs(), 0);
+        assert!(distributor.publish("known", Assignment::single(1, vec![0]).unwrap()));
+        assert_eq!(distributor.current("other"), None);
+        assert_eq!(distributor.watchers("other"), 0);
+        assert_eq!(distributor.jobs(), 1);
     }
 }

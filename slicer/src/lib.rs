@@ -4,7 +4,8 @@
 //! * [`Distributor`]: the server of `AssignmentDistributor.Watch` (the `.proto` is in
 //!   `steady-tonic`): holds the current assignment of each job and streams every newer
 //!   one to every watcher, clients (`steady_tonic::watch_assignments`) and slicelets
-//!   alike.
+//!   alike. What remote watchers can make it hold is bounded ([`MAX_JOB_NAME_LEN`],
+//!   [`MAX_UNPUBLISHED_JOBS`]).
 //! * [`Slicelet`]: a backend task's view of the assignment: which slices it holds, and
 //!   a server layer that counts requests for keys it does not hold (misroutes).
 //!
@@ -42,5 +43,5 @@
 mod distributor;
 mod slicelet;
 
-pub use distributor::{Distributor, WatchStream};
+pub use distributor::{Distributor, WatchStream, MAX_JOB_NAME_LEN, MAX_UNPUBLISHED_JOBS};
 pub use slicelet::{Slicelet, SliceletLayer, SliceletService};

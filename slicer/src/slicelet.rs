@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use arc_swap::ArcSwapOption;
+use arc_swap::{ArcSwapOption, RefCnt};
 use futures_util::{Stream, StreamExt};
 use http::HeaderName;
 use steady_slice::{Assignment, SliceKey};
@@ -39,13 +39,11 @@ impl Slicelet {
     }
 
     /// Installs `assignment` if it is newer than the one held; returns whether it was.
+    ///
+    /// Safe to call from many threads at once: the newest generation offered always
+    /// wins, and the generation held never goes down.
     pub fn set_assignment(&self, assignment: Assignment) -> bool {
-        let current = self.state.assignment.load();
-        if current.as_ref().is_some_and(|c| c.generation() >= assignment.generation()) {
-            return false;
-        }
-        self.state.assignment.store(Some(Arc::new(assignment)));
-        true
+        install_if_newer(&self.state.assignment, assignment, || {})
     }
 
     /// Follows an assignment source on a task of its own (invalid items are logged and
@@ -119,6 +117,33 @@ impl Slicelet {
     }
 }
 
+/// Puts `assignment` in `slot` if it is newer than what `slot` holds; returns whether
+/// it did. `before_swap` runs between each comparison and its swap (a test puts a
+/// racing install there).
+fn install_if_newer(
+    slot: &ArcSwapOption<Assignment>,
+    assignment: Assignment,
+    mut before_swap: impl FnMut(),
+) -> bool {
+    let generation = assignment.generation();
+    let new = Some(Arc::new(assignment));
+    let mut current = slot.load();
+    loop {
+        if current.as_ref().is_some_and(|c| c.generation() >= generation) {
+            return false;
+        }
+        before_swap();
+        // Swap only if what we compared against is still there: a plain store would let
+        // a slower caller overwrite a newer generation installed since its load. When
+        // another caller got in first, compare again with what it left.
+        let previous = slot.compare_and_swap(&*current, new.clone());
+        if RefCnt::as_ptr(&*previous) == RefCnt::as_ptr(&*current) {
+            return true;
+        }
+        current = previous;
+    }
+}
+
 /// Records the slice key of every request on a [`Slicelet`] (see [`Slicelet::layer`]).
 #[derive(Debug, Clone)]
 pub struct SliceletLayer {
@@ -169,5 +194,117 @@ where
             self.slicelet.record(SliceKey::of(value.as_bytes()));
         }
         self.inner.call(req)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Barrier;
+
+    /// Generations `1..=n` in an order that depends on `seed` (Fisher-Yates over
+    /// SplitMix64), so every round races differently.
+    fn shuffled(n: u64, seed: u64) -> Vec<u64> {
+        let mut state = seed;
+        let mut next = move || {
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        let mut out: Vec<u64> = (1..=n).collect();
+        for i in (1..out.len()).rev() {
+            out.swap(i, (next() % (i as u64 + 1)) as usize);
+        }
+        out
+    }
+
+    /// Races `THREADS` installers over generations `1..=1000` while an observer checks
+    /// that the generation held never goes down; returns the generation left.
+    ///
+    /// The installers get the generations dealt out of `order` round-robin, each in
+    /// ascending order, so that nearly every install is newer than what its thread
+    /// last saw: the installers stay in step and their compare-then-store windows
+    /// overlap all the time (with a plain shuffle only ~log n installs succeed and the
+    /// race almost never shows). The shuffle decides which thread gets which.
+    fn race(order: &[u64]) -> Option<u64> {
+        const THREADS: usize = 2;
+        let slicelet = Slicelet::new(0);
+        let start = Barrier::new(THREADS + 1);
+        let done = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let observer = s.spawn(|| {
+                start.wait();
+                let mut last = 0;
+                while !done.load(Ordering::Acquire) {
+                    let now = slicelet.generation().unwrap_or(0);
+                    assert!(now >= last, "the generation went down from {last} to {now}");
+                    last = now;
+                }
+            });
+            let installers: Vec<_> = (0..THREADS)
+                .map(|t| {
+                    let mut mine: Vec<u64> = order.iter().copied().skip(t).step_by(THREADS).collect();
+                    mine.sort_unstable();
+                    let (slicelet, start) = (&slicelet, &start);
+                    s.spawn(move || {
+                        let assignments: Vec<Assignment> =
+                            mine.iter().map(|&g| Assignment::single(g, vec![0]).unwrap()).collect();
+                        start.wait();
+                        for a in assignments {
+                            slicelet.set_assignment(a);
+                        }
+                    })
+                })
+                .collect();
+            for installer in installers {
+                installer.join().unwrap();
+            }
+            done.store(true, Ordering::Release);
+            observer.join().unwrap();
+        });
+        slicelet.generation()
+    }
+
+    #[test]
+    fn the_newest_generation_wins_when_installs_race() {
+        for round in 0..1000 {
+            assert_eq!(race(&shuffled(1000, round)), Some(1000), "round {round}: an older generation won");
+        }
+    }
+
+    #[test]
+    fn an_install_that_loses_the_race_leaves_the_newer_generation() {
+        let slot = ArcSwapOption::empty();
+        let single = |g| Assignment::single(g, vec![0]).unwrap();
+        // Generation 5 compares against nothing, then 7 lands before 5 is swapped in.
+        let mut racer = Some(single(7));
+        let installed = install_if_newer(&slot, single(5), || {
+            if let Some(newer) = racer.take() {
+                assert!(install_if_newer(&slot, newer, || {}));
+            }
+        });
+        assert!(!installed, "5 is older than the 7 that got in first");
+        assert_eq!(slot.load().as_ref().map(|a| a.generation()), Some(7));
+        // And a newer one racing an older one: both land, the newer last.
+        let mut racer = Some(single(8));
+        assert!(install_if_newer(&slot, single(9), || {
+            if let Some(older) = racer.take() {
+                assert!(install_if_newer(&slot, older, || {}));
+            }
+        }));
+        assert_eq!(slot.load().as_ref().map(|a| a.generation()), Some(9));
+    }
+
+    #[test]
+    fn an_older_generation_is_refused() {
+        let slicelet = Slicelet::new(0);
+        assert!(slicelet.set_assignment(Assignment::single(2, vec![0]).unwrap()));
+        assert!(!slicelet.set_assignment(Assignment::single(2, vec![1]).unwrap()));
+        assert!(!slicelet.set_assignment(Assignment::single(1, vec![1]).unwrap()));
+        assert_eq!((slicelet.generation(), slicelet.holds(SliceKey(0))), (Some(2), Some(true)));
     }
 }

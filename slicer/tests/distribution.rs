@@ -13,17 +13,20 @@ use std::time::Duration;
 use http::HeaderName;
 
 use steady_balance::{Assignment, Backoff, BalanceConfig, Slice, SliceKey};
-use steady_slicer::{Distributor, Slicelet};
+use steady_slice::AssignmentError;
+use steady_slicer::{Distributor, Slicelet, MAX_JOB_NAME_LEN, MAX_UNPUBLISHED_JOBS};
 use steady_tonic::echo::echo_client::EchoClient;
 use steady_tonic::echo::echo_server::EchoServer;
 use steady_tonic::echo::EchoRequest;
+use steady_tonic::proto::assignment_distributor_client::AssignmentDistributorClient;
+use steady_tonic::proto::{AssignmentUpdate, Slice as ProtoSlice, WatchRequest};
 use steady_tonic::{watch_assignments, SteadyChannel};
 use support::{echo, endpoint, endpoints, eventually, serve, start_backends, Backend};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio_stream::wrappers::TcpListenerStream;
-use tonic::transport::{Endpoint, Server};
-use tonic::Request;
+use tonic::transport::{Channel, Endpoint, Server};
+use tonic::{Code, Request};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pushed_assignment_reaches_a_hundred_watchers() {
@@ -186,4 +189,134 @@ async fn a_slicelet_reads_keys_from_the_header_its_clients_use() {
     }
     // Every request counted as keyed, by the header both sides name; none misrouted.
     assert_eq!((slicelet.keyed_requests(), slicelet.misrouted()), (50, 0));
+}
+
+/// Whatever `publish` accepts reaches a watcher. Generation 0 means "none" in
+/// `WatchRequest.known_generation`, so an assignment numbered 0 would be accepted and
+/// never sent: it cannot be built, so it cannot be published, and a message carrying
+/// one is refused by its receiver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_published_assignment_reaches_a_watcher_and_generation_zero_cannot_be_published() {
+    let distributor = Distributor::new();
+    let (addr, _stop) = serve(distributor.service()).await;
+    let (received, mut receive) = tokio::sync::mpsc::unbounded_channel();
+    let stream = watch_assignments(endpoint(addr), "job", Backoff::default());
+    let watcher = tokio::spawn(async move {
+        futures_util::pin_mut!(stream);
+        while let Some(item) = futures_util::StreamExt::next(&mut stream).await {
+            if received.send(item).is_err() {
+                return;
+            }
+        }
+    });
+    eventually("the watcher", || distributor.watchers("job") == 1).await;
+    for generation in [0, 1, 2] {
+        let Ok(assignment) = Assignment::single(generation, vec![0]) else { continue };
+        assert!(distributor.publish("job", assignment), "generation {generation} is newer");
+        let got = tokio::time::timeout(Duration::from_secs(5), receive.recv())
+            .await
+            .unwrap_or_else(|_| panic!("published generation {generation} never reached the watcher"))
+            .expect("the stream never ends")
+            .expect("valid");
+        assert_eq!(got.generation(), generation);
+    }
+    watcher.abort();
+    assert_eq!(Assignment::single(0, vec![0]), Err(AssignmentError::ZeroGeneration));
+    // Nor can one be received.
+    let zero = AssignmentUpdate { generation: 0, slices: vec![ProtoSlice { start: 0, replicas: vec![0] }] };
+    assert_eq!(Assignment::try_from(zero), Err(AssignmentError::ZeroGeneration));
+}
+
+/// A Watch call for `job`, returning the open stream or the status it was refused with.
+async fn open_watch(
+    client: &mut AssignmentDistributorClient<Channel>,
+    job: &str,
+) -> Result<tonic::Streaming<AssignmentUpdate>, tonic::Status> {
+    let request = WatchRequest { job: job.to_owned(), known_generation: 0 };
+    let call = client.watch(request);
+    let response = tokio::time::timeout(Duration::from_secs(10), call).await.expect("the call is answered");
+    response.map(tonic::Response::into_inner)
+}
+
+/// A remote peer cannot grow the distributor: watching thousands of made-up jobs, one
+/// stream after another, leaves behind only the jobs that were published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watcher_spammer_leaves_only_the_published_jobs() {
+    let distributor = Distributor::new();
+    distributor.publish("real", Assignment::single(1, vec![0]).unwrap());
+    let (addr, _stop) = serve(distributor.service()).await;
+    let mut client = AssignmentDistributorClient::new(endpoint(addr).connect().await.unwrap());
+    let mut state = 0x5EED_u64;
+    for i in 0..2000 {
+        let job = format!(
+            "spam-{:016x}",
+            steady_subset::hash::mix64({
+                state = state.wrapping_add(1);
+                state
+            })
+        );
+        let stream = open_watch(&mut client, &job).await.unwrap_or_else(|s| panic!("watch {i}: {s}"));
+        drop(stream);
+        assert!(
+            distributor.jobs() <= 1 + MAX_UNPUBLISHED_JOBS,
+            "{} jobs after {i} watches",
+            distributor.jobs()
+        );
+    }
+    eventually("the spammer's jobs to go", || distributor.jobs() == 1).await;
+    // The published job stays, with nobody watching it.
+    let stream = open_watch(&mut client, "real").await.unwrap();
+    drop(stream);
+    eventually("its watcher to go", || distributor.watchers("real") == 0).await;
+    assert_eq!(distributor.jobs(), 1);
+    assert_eq!(distributor.current("real").map(|a| a.generation()), Some(1));
+    // Read-only queries for unknown jobs create nothing.
+    assert_eq!((distributor.current("spam-unknown"), distributor.watchers("spam-unknown")), (None, 0));
+    assert_eq!(distributor.jobs(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_and_overlong_job_names_are_invalid_arguments() {
+    let distributor = Distributor::new();
+    let (addr, _stop) = serve(distributor.service()).await;
+    let mut client = AssignmentDistributorClient::new(endpoint(addr).connect().await.unwrap());
+    for job in [String::new(), "j".repeat(MAX_JOB_NAME_LEN + 1), "j".repeat(1 << 20)] {
+        let status = open_watch(&mut client, &job).await.expect_err("refused");
+        assert_eq!(status.code(), Code::InvalidArgument, "a name of {} bytes: {status}", job.len());
+    }
+    assert_eq!(distributor.jobs(), 0);
+    let longest = open_watch(&mut client, &"j".repeat(MAX_JOB_NAME_LEN)).await;
+    assert!(longest.is_ok(), "{MAX_JOB_NAME_LEN} bytes is allowed");
+    assert!(!distributor.publish("", Assignment::single(1, vec![0]).unwrap()), "nobody could watch it");
+}
+
+/// Watchers may hold only so many unpublished jobs at once; joining one that exists,
+/// or a published one, always works, and a slot frees when its last watcher goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchers_beyond_the_unpublished_job_limit_are_resource_exhausted() {
+    let distributor = Distributor::new().with_max_unpublished_jobs(4);
+    distributor.publish("published", Assignment::single(1, vec![0]).unwrap());
+    let (addr, _stop) = serve(distributor.service()).await;
+    let mut client = AssignmentDistributorClient::new(endpoint(addr).connect().await.unwrap());
+    let mut held = Vec::new();
+    for i in 0..4 {
+        held.push(open_watch(&mut client, &format!("waiting-{i}")).await.unwrap());
+    }
+    let status = open_watch(&mut client, "waiting-4").await.expect_err("over the limit");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status}");
+    assert_eq!(distributor.jobs(), 5);
+    let _joined = open_watch(&mut client, "waiting-0").await.expect("an existing job");
+    let mut published = open_watch(&mut client, "published").await.expect("a published job");
+    let first = tokio::time::timeout(Duration::from_secs(10), published.message()).await.unwrap().unwrap();
+    assert_eq!(first.map(|u| u.generation), Some(1));
+    // Publishing to a waiting job makes it published: its slot frees at once.
+    distributor.publish("waiting-1", Assignment::single(1, vec![0]).unwrap());
+    let _fifth = open_watch(&mut client, "waiting-4").await.expect("a slot freed by publishing");
+    let status = open_watch(&mut client, "waiting-5").await.expect_err("over the limit again");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status}");
+    // The last watcher of an unpublished job leaving frees its slot too.
+    drop(held.remove(3));
+    eventually("waiting-3 to go", || distributor.current("waiting-3").is_none() && distributor.jobs() == 5)
+        .await;
+    open_watch(&mut client, "waiting-5").await.expect("a slot freed by the last watcher");
 }
