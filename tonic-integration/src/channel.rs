@@ -18,6 +18,8 @@ use tonic::body::Body;
 use tonic::transport::{Channel, Endpoint};
 use tower::{BoxError, Service};
 
+use crate::replay::{never_sent, replayable};
+
 /// The metadata key a request's slice key is read from by default.
 pub const DEFAULT_KEY_HEADER: &str = "x-slice-key";
 
@@ -180,15 +182,25 @@ fn to_status(error: BoxError) -> BoxError {
     }
 }
 
+/// The most times one request moves to another member because its connection could not
+/// be made (see [`crate::replay`]).
+const MAX_MOVES: u8 = 2;
+
 /// The response future of a [`SteadyChannel`]: the balancer's, with its own errors
-/// turned into `Unavailable` statuses. Named, so a call allocates no box of its own.
+/// turned into `Unavailable` statuses. A call that failed because its backend's
+/// connection could not be made (so nothing was sent) moves to another member, at most
+/// twice, when its body could be kept (see [`MAX_REPLAY_BYTES`](crate::MAX_REPLAY_BYTES)).
+/// The balancer has ejected the failed member by then, so the next pick avoids it.
 pub struct ResponseFuture {
     inner: steady_balance::ResponseFuture<Channel, http::Request<Body>>,
+    /// A copy of the request for another member, and the channel to send it on.
+    replay: Option<(http::Request<Body>, Balance<Channel, MetadataKey>)>,
+    moves: u8,
 }
 
 impl fmt::Debug for ResponseFuture {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+        f.debug_struct("ResponseFuture").field("moves", &self.moves).finish_non_exhaustive()
     }
 }
 
@@ -196,9 +208,26 @@ impl Future for ResponseFuture {
     type Output = Result<http::Response<Body>, BoxError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        // `steady_balance::ResponseFuture<Channel, _>` is `Unpin` (the channel's future
-        // is), so it is polled in place.
-        Poll::Ready(ready!(Pin::new(&mut self.inner).poll(cx)).map_err(to_status))
+        loop {
+            // `steady_balance::ResponseFuture<Channel, _>` is `Unpin` (the channel's future
+            // is), so it is polled in place.
+            let error = match ready!(Pin::new(&mut self.inner).poll(cx)) {
+                Ok(response) => return Poll::Ready(Ok(response)),
+                Err(error) => error,
+            };
+            if self.moves >= MAX_MOVES || !never_sent(&*error) {
+                return Poll::Ready(Err(to_status(error)));
+            }
+            let Some((mut req, mut balance)) = self.replay.take() else {
+                return Poll::Ready(Err(to_status(error)));
+            };
+            tracing::debug!(%error, moves = self.moves, "request never sent: moving to another member");
+            // The copy's body is buffered, so copying it again for a further move is cheap.
+            let next = replayable(&mut req).map(|copy| (copy, balance.clone()));
+            self.inner = balance.call(req);
+            self.replay = next;
+            self.moves += 1;
+        }
     }
 }
 
@@ -211,7 +240,8 @@ impl Service<http::Request<Body>> for SteadyChannel {
         Service::<http::Request<Body>>::poll_ready(&mut self.balance, cx)
     }
 
-    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
-        ResponseFuture { inner: self.balance.call(req) }
+    fn call(&mut self, mut req: http::Request<Body>) -> Self::Future {
+        let replay = replayable(&mut req).map(|copy| (copy, self.balance.clone()));
+        ResponseFuture { inner: self.balance.call(req), replay, moves: 0 }
     }
 }

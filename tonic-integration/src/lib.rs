@@ -5,7 +5,8 @@
 //!   connections to this frontend's subset of a backend job (Rocksteadier by default),
 //!   balances over them, routes requests with a slice key (metadata `x-slice-key`, or a
 //!   [`steady_slice::SliceKey`] request extension) to their assigned backends, and
-//!   fails with `Unavailable` instead of hanging when no backend is ready.
+//!   fails with `Unavailable` instead of hanging when no backend is ready. A call whose
+//!   backend's connection could not be made (nothing was sent) moves to another member.
 //! * [`watch_assignments`]: the client of the `AssignmentDistributor.Watch` RPC of
 //!   `proto/assignment.proto` ([`proto`]); it reconnects with backoff, and the channel
 //!   keeps the last good assignment meanwhile. The message converts to and from
@@ -30,6 +31,7 @@ mod channel;
 mod convert;
 #[cfg(feature = "demo")]
 pub mod demo;
+mod replay;
 mod watch;
 
 pub use channel::{
@@ -37,6 +39,7 @@ pub use channel::{
 };
 #[allow(deprecated)]
 pub use convert::{from_proto, to_proto};
+pub use replay::MAX_REPLAY_BYTES;
 pub use watch::watch_assignments;
 
 /// Generated code of `proto/assignment.proto`.
