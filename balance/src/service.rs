@@ -43,10 +43,10 @@ use crate::stats::BalanceStats;
 ///
 /// # Errors
 ///
-/// * [`BalanceError::NoReadyBackends`] (boxed) when no member is ready and none becomes
+/// * [`BalanceError::NoReadyBackends`](crate::BalanceError::NoReadyBackends) (boxed) when no member is ready and none becomes
 ///   ready within [`BalanceConfig::no_backend_wait`]. A request never hangs.
-/// * [`BalanceError::NoReplica`] (boxed) for a keyed request whose replicas are all
-///   unusable, when the policy is [`NoReplicaPolicy::Fail`].
+/// * [`BalanceError::NoReplica`](crate::BalanceError::NoReplica) (boxed) for a keyed request whose replicas are all
+///   unusable, when the policy is [`NoReplicaPolicy::Fail`](crate::NoReplicaPolicy::Fail).
 /// * The backend's own error, boxed, when its service fails the call. That backend is
 ///   then taken out of rotation and reconnected with backoff; the next backend in the
 ///   frontend's order stands in for it meanwhile. A request that the chosen backend

@@ -21,7 +21,7 @@
 //! assigner, or an etcd client. The protobuf code is generated at build time with a
 //! protoc that cargo installs (`protoc-bin-vendored`): a fresh machine needs nothing else.
 //!
-//! The `demo` feature (off by default, not a stable API) adds [`demo`]: the echo
+//! The `demo` feature (off by default, not a stable API) adds `demo`: the echo
 //! backend and latency percentile that the lab and the benchmarks share.
 
 #![forbid(unsafe_code)]
