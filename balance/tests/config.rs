@@ -7,13 +7,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use proptest::prelude::*;
 use steady_balance::{
-    Backoff, Balance, BalanceConfig, BalanceError, BalanceLayer, JobView, Load, MAX_SUBSET_SIZE,
+    Assignment, Backoff, Balance, BalanceConfig, BalanceError, BalanceLayer, JobView, Load, SliceKey,
+    MAX_SUBSET_SIZE,
 };
 use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
-use tower::{service_fn, ServiceExt};
+use tower::{service_fn, BoxError, ServiceExt};
 
 /// Every field `validate` may name.
 const FIELDS: [&str; 13] = [
@@ -184,4 +186,61 @@ async fn the_control_task_survives_a_panic_and_rebuilds_from_the_last_view() {
         balance.clone().oneshot(1).await.map_err(|e| e.downcast::<BalanceError>().map(|b| *b)),
         Err(Ok(BalanceError::NoReadyBackends { .. }))
     ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_job_source_that_panics_is_dropped_and_the_rest_keeps_working() {
+    // The source yields one view, then panics (and would again on every poll).
+    let job = futures_util::stream::iter([JobView::serving(0..4)])
+        .chain(futures_util::stream::once(async { panic!("job source bug") }));
+    let connect = service_fn(|task: usize| async move {
+        Ok::<_, Infallible>(service_fn(move |_: Option<SliceKey>| async move { Ok::<_, Infallible>(task) }))
+    });
+    let key: fn(&Option<SliceKey>) -> Option<SliceKey> = |k| *k;
+    let balance = Balance::new(BalanceConfig::new(0, 2), connect, job).unwrap().with_key_extractor(key);
+    assert!(balance.wait_for_members(2, Duration::from_secs(1)).await);
+    // Assignments are still followed, and keyed requests routed by them.
+    let replica = balance.stats().subset[1];
+    let (_a, assignments) = watch::channel(Assignment::single(1, vec![replica as u32]).unwrap());
+    balance.follow_assignment_watch(assignments);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(balance.stats().assignment_generation, Some(1));
+    assert_eq!(balance.clone().oneshot(Some(SliceKey(9))).await.unwrap(), replica);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_connection_whose_failure_was_half_handled_is_replaced_after_a_restart() {
+    let panic = Arc::new(AtomicBool::new(false));
+    let failing = Arc::new(AtomicBool::new(false));
+    let (_job, views) = watch::channel(JobView::serving([Fragile(0, panic.clone())]));
+    let f = failing.clone();
+    let connect = service_fn(move |address: Fragile| {
+        let f = f.clone();
+        async move {
+            Ok::<_, Infallible>(service_fn(move |_: u32| {
+                let fail = f.load(Ordering::SeqCst);
+                async move {
+                    if fail {
+                        Err::<usize, BoxError>("call failed".into())
+                    } else {
+                        Ok(address.0)
+                    }
+                }
+            }))
+        }
+    });
+    let config = BalanceConfig::new(0, 1).with_no_backend_wait(Duration::from_millis(50));
+    let balance = Balance::new(config, connect, WatchStream::new(views)).unwrap();
+    assert!(balance.wait_for_members(1, Duration::from_secs(1)).await);
+    // A call fails, and handling the failure panics half way (comparing addresses).
+    panic.store(true, Ordering::SeqCst);
+    failing.store(true, Ordering::SeqCst);
+    assert!(balance.clone().oneshot(1).await.is_err());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(balance.stats().control_restarts >= 1);
+    // The faults go away: the broken connection is replaced, not kept for good.
+    panic.store(false, Ordering::SeqCst);
+    failing.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    assert_eq!(balance.clone().oneshot(1).await.expect("served by a new connection"), 0);
 }

@@ -168,5 +168,40 @@ async fn a_fallen_back_keyed_request_moves_to_another_member_like_any_other() {
     // member, which cannot take it, and moves on to the answering one.
     let served = b.clone().oneshot(Req { key: Some(SliceKey(u64::MAX)), hold: false }).await;
     assert_eq!(served.unwrap(), answering);
+    // Counted once, where it was sent; the refusal at readiness is no failed call.
+    let stats = b.stats();
+    assert_eq!((stats.requests, stats.failures, stats.keyed_fallbacks), (2, 0, 1), "{stats:?}");
     held.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_keyed_request_whose_only_replica_refuses_it_falls_back_to_the_subset() {
+    let members = subset(0, 5, 2);
+    let replica = (0..5).find(|t| !members.contains(t)).unwrap();
+    let conn = move |t| if t == replica { Conn::Refusing } else { Conn::Answering(t) };
+    let (b, _job) = balancer(BalanceConfig::new(0, 2), JobView::serving(0..5), conn);
+    assert!(b.wait_for_members(2, Duration::from_secs(1)).await);
+    let (_a, assignments) = watch::channel(Assignment::single(1, vec![replica as u32]).unwrap());
+    b.follow_assignment_watch(assignments);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    // The replica gets an affinity connection, which refuses the request at readiness:
+    // with no other replica, the policy sends it to the subset.
+    let served = b.clone().oneshot(Req { key: Some(SliceKey(3)), hold: false }).await.unwrap();
+    assert!(members.contains(&served), "{served}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_affinity_connections_a_keyed_request_does_not_wait_for_a_replica_outside_the_subset() {
+    let members = subset(0, 5, 2);
+    let outside = (0..5).find(|t| !members.contains(t)).unwrap();
+    let config = BalanceConfig::new(0, 2).with_affinity(0, Duration::from_secs(60));
+    let (b, _job) = balancer(config, JobView::serving(0..5), Conn::Answering);
+    assert!(b.wait_for_members(2, Duration::from_secs(1)).await);
+    let (_a, assignments) = watch::channel(Assignment::single(1, vec![outside as u32]).unwrap());
+    b.follow_assignment_watch(assignments);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let start = Instant::now();
+    let served = b.clone().oneshot(Req { key: Some(SliceKey(3)), hold: false }).await.unwrap();
+    assert_eq!(start.elapsed(), Duration::ZERO, "waited for a connection that is never made");
+    assert!(members.contains(&served));
 }

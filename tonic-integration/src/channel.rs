@@ -164,10 +164,16 @@ impl SteadyChannelBuilder {
         self,
         views: watch::Receiver<JobView<TaskEndpoint>>,
     ) -> Result<SteadyChannel, ConfigError> {
-        let connect =
-            tower::service_fn(
-                |task: TaskEndpoint| async move { task.0.connect().await.map_err(BoxError::from) },
-            );
+        // An endpoint without a connect timeout of its own gets the balancer's, so that a
+        // reconnection inside tonic's channel gives up as a first connection does.
+        let timeout = self.config.connect_timeout;
+        let connect = tower::service_fn(move |task: TaskEndpoint| {
+            let endpoint = match task.0.get_connect_timeout() {
+                Some(_) => task.0,
+                None => task.0.connect_timeout(timeout),
+            };
+            async move { endpoint.connect().await.map_err(BoxError::from) }
+        });
         let balance = Balance::new(self.config, connect, WatchStream::new(views))?
             .with_key_extractor(MetadataKey { header: self.key_header });
         Ok(SteadyChannel { balance })
@@ -182,25 +188,22 @@ fn to_status(error: BoxError) -> BoxError {
     }
 }
 
-/// The most times one request moves to another member because its connection could not
-/// be made (see [`crate::replay`]).
-const MAX_MOVES: u8 = 2;
-
 /// The response future of a [`SteadyChannel`]: the balancer's, with its own errors
 /// turned into `Unavailable` statuses. A call that failed because its backend's
-/// connection could not be made (so nothing was sent) moves to another member, at most
-/// twice, when its body could be kept (see [`MAX_REPLAY_BYTES`](crate::MAX_REPLAY_BYTES)).
-/// The balancer has ejected the failed member by then, so the next pick avoids it.
+/// connection could not be made (so nothing was sent) moves to another member when its
+/// body could be kept (see [`MAX_REPLAY_BYTES`](crate::MAX_REPLAY_BYTES)), as a request
+/// refused at readiness does: at most twice, within the same wait budget
+/// (`steady_balance::ResponseFuture::resend`). The balancer has ejected the failed
+/// member by then, so the next pick avoids it.
 pub struct ResponseFuture {
     inner: steady_balance::ResponseFuture<Channel, http::Request<Body>>,
-    /// A copy of the request for another member, and the channel to send it on.
-    replay: Option<(http::Request<Body>, Balance<Channel, MetadataKey>)>,
-    moves: u8,
+    /// A copy of the request, for another member if this one proves it never got it.
+    replay: Option<http::Request<Body>>,
 }
 
 impl fmt::Debug for ResponseFuture {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ResponseFuture").field("moves", &self.moves).finish_non_exhaustive()
+        f.debug_struct("ResponseFuture").field("replayable", &self.replay.is_some()).finish_non_exhaustive()
     }
 }
 
@@ -215,18 +218,16 @@ impl Future for ResponseFuture {
                 Ok(response) => return Poll::Ready(Ok(response)),
                 Err(error) => error,
             };
-            if self.moves >= MAX_MOVES || !never_sent(&*error) {
-                return Poll::Ready(Err(to_status(error)));
-            }
-            let Some((mut req, mut balance)) = self.replay.take() else {
+            let Some(mut req) = self.replay.take().filter(|_| never_sent(&*error)) else {
                 return Poll::Ready(Err(to_status(error)));
             };
-            tracing::debug!(%error, moves = self.moves, "request never sent: moving to another member");
             // The copy's body is buffered, so copying it again for a further move is cheap.
-            let next = replayable(&mut req).map(|copy| (copy, balance.clone()));
-            self.inner = balance.call(req);
+            let next = replayable(&mut req);
+            if Pin::new(&mut self.inner).resend(req).is_err() {
+                return Poll::Ready(Err(to_status(error)));
+            }
+            tracing::debug!(%error, "request never sent: moved to another member");
             self.replay = next;
-            self.moves += 1;
         }
     }
 }
@@ -241,7 +242,7 @@ impl Service<http::Request<Body>> for SteadyChannel {
     }
 
     fn call(&mut self, mut req: http::Request<Body>) -> Self::Future {
-        let replay = replayable(&mut req).map(|copy| (copy, self.balance.clone()));
-        ResponseFuture { inner: self.balance.call(req), replay, moves: 0 }
+        let replay = replayable(&mut req);
+        ResponseFuture { inner: self.balance.call(req), replay }
     }
 }

@@ -3,7 +3,9 @@
 
 use std::pin::Pin;
 
-use futures_util::{Stream, StreamExt};
+use std::panic::AssertUnwindSafe;
+
+use futures_util::{FutureExt, Stream, StreamExt};
 use steady_slice::Assignment;
 
 use crate::error::BoxError;
@@ -46,11 +48,18 @@ impl Assignments {
         self.source.is_some()
     }
 
-    /// The next item of the source (pending forever when there is none).
+    /// The next item of the source (pending forever when there is none). A source that
+    /// panics counts as ended (`None`): it is dropped, since a stream that panicked may
+    /// panic on every poll, and the assignment in force stays.
     pub(super) async fn next(&mut self) -> Option<Result<Assignment, BoxError>> {
-        match &mut self.source {
-            Some(source) => source.next().await,
-            None => std::future::pending().await,
+        let Some(source) = &mut self.source else { return std::future::pending().await };
+        match AssertUnwindSafe(source.next()).catch_unwind().await {
+            Ok(item) => item,
+            Err(_) => {
+                tracing::error!("the assignment source panicked: following it no more");
+                self.source = None;
+                None
+            }
         }
     }
 

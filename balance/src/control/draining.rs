@@ -1,4 +1,9 @@
 //! Connections out of rotation, waiting for their requests in flight to finish.
+//!
+//! A connection's counts join those of the connections out of rotation when it is
+//! retired (it is in no published table by then), and whatever its last requests add
+//! joins them when it closes: `BalanceStats` counts every request once, whether its
+//! connection is open, draining or closed.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -9,7 +14,31 @@ use crate::route::table::{Counters, Shared};
 
 /// Retired connections by connection id, until their last request finishes.
 pub(super) struct Draining<S> {
-    endpoints: HashMap<u64, Arc<Endpoint<S>>>,
+    endpoints: HashMap<u64, (Arc<Endpoint<S>>, Folded)>,
+}
+
+/// A connection's counts already added to the counters of retired connections.
+#[derive(Clone, Copy, Default)]
+struct Folded {
+    requests: u64,
+    failures: u64,
+    keyed: u64,
+}
+
+impl Folded {
+    /// Adds what `endpoint` counted since `self` to the shared counters; returns the new
+    /// totals.
+    fn fold<S>(self, endpoint: &Endpoint<S>, counters: &Counters) -> Self {
+        let now = Folded {
+            requests: endpoint.requests.load(Ordering::Relaxed),
+            failures: endpoint.failures.load(Ordering::Relaxed),
+            keyed: endpoint.keyed.load(Ordering::Relaxed),
+        };
+        Counters::add(&counters.closed_requests, now.requests - self.requests);
+        Counters::add(&counters.closed_failures, now.failures - self.failures);
+        Counters::add(&counters.closed_keyed, now.keyed - self.keyed);
+        now
+    }
 }
 
 impl<S> Draining<S> {
@@ -17,8 +46,8 @@ impl<S> Draining<S> {
         Self { endpoints: HashMap::new() }
     }
 
-    /// Takes a connection out of rotation; it closes once its requests have finished
-    /// (at once when none is in flight).
+    /// Takes a connection out of rotation (no published table may name it any more); it
+    /// closes once its requests have finished (at once when none is in flight).
     pub(super) fn retire(&mut self, endpoint: Arc<Endpoint<S>>, why: &'static str, shared: &Shared<S>) {
         tracing::debug!(
             task = endpoint.task,
@@ -26,30 +55,29 @@ impl<S> Draining<S> {
             why,
             "draining"
         );
-        if endpoint.start_draining() {
+        let idle = endpoint.start_draining();
+        let folded = Folded::default().fold(&endpoint, &shared.counters);
+        if idle {
             close(&endpoint, shared);
         } else {
-            self.endpoints.insert(endpoint.id, endpoint);
+            self.endpoints.insert(endpoint.id, (endpoint, folded));
         }
     }
 
     /// Connection `id` reported its last request done: close it if it is still idle.
     pub(super) fn drained(&mut self, id: u64, shared: &Shared<S>) {
-        if self.endpoints.get(&id).is_some_and(|e| e.in_flight.load(Ordering::SeqCst) == 0) {
-            if let Some(endpoint) = self.endpoints.remove(&id) {
+        if self.endpoints.get(&id).is_some_and(|(e, _)| e.in_flight.load(Ordering::SeqCst) == 0) {
+            if let Some((endpoint, folded)) = self.endpoints.remove(&id) {
+                folded.fold(&endpoint, &shared.counters);
                 close(&endpoint, shared);
             }
         }
     }
 }
 
-/// Closes a connection: its counters join those of closed connections.
+/// Closes a connection (its counts were folded already).
 fn close<S>(endpoint: &Endpoint<S>, shared: &Shared<S>) {
-    let c = &shared.counters;
-    Counters::add(&c.closed, 1);
-    Counters::add(&c.closed_requests, endpoint.requests.load(Ordering::Relaxed));
-    Counters::add(&c.closed_failures, endpoint.failures.load(Ordering::Relaxed));
-    Counters::add(&c.closed_keyed, endpoint.keyed.load(Ordering::Relaxed));
+    Counters::add(&shared.counters.closed, 1);
     shared.open.fetch_sub(1, Ordering::Relaxed);
     tracing::debug!(task = endpoint.task, "connection closed");
 }

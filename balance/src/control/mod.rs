@@ -97,6 +97,9 @@ pub(crate) struct Control<T, C, S, J> {
     last_attempt: u64,
     /// Set after a restart: reconcile before waiting for the next event.
     stale: bool,
+    /// Connections leaving rotation, retired once a table without them is published (so
+    /// that no published table names a retired connection).
+    retiring: Vec<(Arc<Endpoint<S>>, &'static str)>,
 }
 
 /// Restarts this far apart are not consecutive.
@@ -136,6 +139,7 @@ where
             publisher: Publisher::new(shared),
             last_attempt: 0,
             stale: false,
+            retiring: Vec::new(),
         }
     }
 
@@ -186,6 +190,10 @@ where
     /// work (so the table in force stays good): attempts under way are dropped with their
     /// slots, affinity connections are forgotten, and the next turn reconciles afresh.
     fn recover(&mut self) {
+        // A failure may have been half handled: a connection known broken is retired now.
+        for endpoint in self.slots.take_broken() {
+            self.retiring.push((endpoint, "failed"));
+        }
         self.slots.retain_settled();
         self.affinity = AffinitySet::new(self.config.max_affinity, self.config.affinity_idle);
         self.publisher.forget_published();
@@ -327,7 +335,7 @@ where
                 self.slots.set_state(task, SlotState::Backoff { until });
                 Counters::add(&self.shared().counters.ejections, 1);
                 tracing::warn!(task, failures, retry_in = ?until - Instant::now(), "backend failed a call: out of rotation");
-                self.draining.retire(endpoint, "failed", self.publisher.shared());
+                self.retiring.push((endpoint, "failed"));
                 self.reconcile();
             }
             Feedback::Drained { id } => self.draining.drained(id, self.publisher.shared()),
@@ -406,7 +414,7 @@ where
             .collect();
         for task in gone {
             if let Some(SlotState::Ready(endpoint)) = self.slots.remove(task).map(|slot| slot.state) {
-                self.draining.retire(endpoint, "left the subset", self.publisher.shared());
+                self.retiring.push((endpoint, "left the subset"));
             }
         }
         // Open what is newly wanted.
@@ -422,13 +430,14 @@ where
                 }
             }
         }
-        let (view, slots) = (&self.view, &self.slots);
+        let (view, slots, max_affinity) = (&self.view, &self.slots, self.config.max_affinity);
         let reachable = |task: u32| {
             let task = task as usize;
             view.serving_task(task).is_some_and(|address| match slots.get(task).map(|s| &s.state) {
                 Some(SlotState::Ready(_) | SlotState::Connecting { .. }) => true,
                 Some(SlotState::Backoff { .. }) => false,
-                None => !slots.is_failed(task, address, now),
+                // Not connected: an affinity connection would be asked for, if any is allowed.
+                None => max_affinity > 0 && !slots.is_failed(task, address, now),
             })
         };
         let reachability = self.assignments.replica_tasks().iter().fold(0u64, |digest, &t| {
@@ -443,6 +452,11 @@ where
             reachable: &reachable,
             reachability,
         });
+        // The published table no longer names them: retire them (each closes once its
+        // requests have finished).
+        for (endpoint, why) in self.retiring.drain(..) {
+            self.draining.retire(endpoint, why, self.publisher.shared());
+        }
     }
 
     /// Starts a connection attempt; returns its id. It comes to an outcome (see
@@ -456,11 +470,18 @@ where
     }
 }
 
-/// The next view from the job source (pending forever once it is gone).
+/// The next view from the job source (pending forever once it is gone). A source that
+/// panics counts as ended (it is dropped: a stream that panicked may panic on every poll),
+/// and the last view stays in force.
 async fn next_view<T, J: Stream<Item = JobView<T>> + Unpin>(job: &mut Option<J>) -> Option<JobView<T>> {
-    match job {
-        Some(job) => job.next().await,
-        None => std::future::pending().await,
+    let Some(source) = job else { return std::future::pending().await };
+    match AssertUnwindSafe(source.next()).catch_unwind().await {
+        Ok(view) => view,
+        Err(_) => {
+            tracing::error!("the job view source panicked: following it no more, the last view stays");
+            *job = None;
+            None
+        }
     }
 }
 

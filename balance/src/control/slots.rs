@@ -96,6 +96,17 @@ impl<T: Address, S> Slots<T, S> {
         self.slots.insert(task, Slot { address, state: SlotState::Connecting { attempt } });
     }
 
+    /// Takes out the connected slots whose connection is known broken (a failed call or
+    /// readiness marked it), returning their connections.
+    pub(super) fn take_broken(&mut self) -> Vec<Arc<Endpoint<S>>> {
+        let broken: Vec<usize> = self
+            .iter()
+            .filter(|(_, slot)| slot.endpoint().is_some_and(|e| e.is_broken()))
+            .map(|(t, _)| t)
+            .collect();
+        broken.into_iter().filter_map(|t| self.slots.remove(&t)?.endpoint().cloned()).collect()
+    }
+
     /// Keeps only the slots that are connected or backing off (after a restart of the
     /// control task: an attempt under way may belong to a slot half updated; its outcome
     /// is then ignored, and the task is connected afresh if still wanted).

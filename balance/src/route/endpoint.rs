@@ -13,6 +13,15 @@ use tokio::sync::mpsc;
 
 use crate::config::{Load, Waits};
 
+/// A member picked for a request that had none (the slow path) or had to move: the
+/// endpoint, and whether the request still routes by its key there (false once it fell back to the subset, so that it may then move to any
+/// member like an unkeyed request).
+#[derive(Debug)]
+pub(crate) struct Picked<S> {
+    pub(crate) endpoint: Arc<Endpoint<S>>,
+    pub(crate) keyed: bool,
+}
+
 /// The balancer an endpoint belongs to, as a request on it sees it: where the request
 /// goes when this endpoint cannot take it, and how long it may wait.
 ///
@@ -21,8 +30,10 @@ use crate::config::{Load, Waits};
 /// strong reference would be a cycle), and only the slow path calls it.
 pub(crate) trait Rotation<S>: Send + Sync {
     /// Another ready member than `failed`, for a request `failed` could not take: for
-    /// a keyed request (`key`), another ready replica of its slice.
-    fn another(&self, failed: &Endpoint<S>, key: Option<SliceKey>) -> Option<Arc<Endpoint<S>>>;
+    /// a keyed request (`key`), another ready replica of its slice, or when there is
+    /// none and the policy falls back, a member of the subset (the pick then says the
+    /// request is no longer keyed).
+    fn another(&self, failed: &Endpoint<S>, key: Option<SliceKey>) -> Option<Picked<S>>;
 
     /// The configured waits.
     fn waits(&self) -> Waits;
@@ -136,21 +147,35 @@ impl<S> Endpoint<S> {
 pub(crate) struct InFlight<S> {
     endpoint: Arc<Endpoint<S>>,
     start: Option<Instant>,
+    /// Routed by its slice key to one of its slice's replicas.
+    keyed: bool,
 }
 
 impl<S> InFlight<S> {
+    /// The request is headed for `endpoint`: it counts in the endpoint's load from now
+    /// (requests and keyed requests count once sent, see [`InFlight::sent`]).
     #[inline]
     pub(crate) fn start(endpoint: Arc<Endpoint<S>>) -> Self {
         endpoint.in_flight.fetch_add(1, Ordering::SeqCst);
-        endpoint.requests.fetch_add(1, Ordering::Relaxed);
         let start = endpoint.measures_latency().then(Instant::now);
-        Self { endpoint, start }
+        Self { endpoint, start, keyed: false }
     }
 
-    /// Counts the request as routed by its slice key.
+    /// Marks the request as routed by its slice key.
     #[inline]
-    pub(crate) fn keyed(self) -> Self {
-        self.endpoint.keyed.fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn keyed(mut self) -> Self {
+        self.keyed = true;
+        self
+    }
+
+    /// The request is handed to the backend's service: count it (a request that moved
+    /// before this counts only on the member that got it).
+    #[inline]
+    pub(crate) fn sent(self) -> Self {
+        self.endpoint.requests.fetch_add(1, Ordering::Relaxed);
+        if self.keyed {
+            self.endpoint.keyed.fetch_add(1, Ordering::Relaxed);
+        }
         self
     }
 
@@ -166,10 +191,16 @@ impl<S> InFlight<S> {
         }
     }
 
-    /// The backend failed the call: count it and tell the control task.
+    /// The backend failed the call: count it, and take the endpoint out of rotation.
     pub(crate) fn failed(&self) {
-        self.endpoint.broken.store(true, Ordering::Relaxed);
         self.endpoint.failures.fetch_add(1, Ordering::Relaxed);
+        self.eject();
+    }
+
+    /// The endpoint cannot take requests (a call failed, or its readiness did): requests
+    /// avoid it from now on, and the control task retires it and backs off.
+    pub(crate) fn eject(&self) {
+        self.endpoint.broken.store(true, Ordering::Relaxed);
         let _ =
             self.endpoint.feedback.send(Feedback::Failed { task: self.endpoint.task, id: self.endpoint.id });
     }
@@ -234,7 +265,7 @@ impl PeakEwma {
 pub(crate) fn nowhere<S>() -> Weak<dyn Rotation<S>> {
     struct Nowhere;
     impl<S> Rotation<S> for Nowhere {
-        fn another(&self, _: &Endpoint<S>, _: Option<SliceKey>) -> Option<Arc<Endpoint<S>>> {
+        fn another(&self, _: &Endpoint<S>, _: Option<SliceKey>) -> Option<Picked<S>> {
             None
         }
         fn waits(&self) -> Waits {
@@ -252,8 +283,11 @@ mod tests {
     fn in_flight_counts_until_dropped_and_a_draining_endpoint_reports_idle() {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let ep = Arc::new(Endpoint::new(3, 9, (), Load::InFlight, tx, nowhere()));
-        let a = InFlight::start(ep.clone());
+        let a = InFlight::start(ep.clone()).sent();
         let b = InFlight::start(ep.clone());
+        // Picked but not sent (it moved elsewhere, say): in the load, not in the count.
+        assert_eq!(ep.requests.load(Ordering::Relaxed), 1);
+        let b = b.sent();
         assert_eq!(ep.load(), 2.0);
         assert!(!ep.start_draining());
         drop(a);

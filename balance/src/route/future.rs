@@ -34,6 +34,8 @@ pin_project! {
         key: Option<SliceKey>,
         // Armed the first time the request waits (never on the fast path).
         budget: Option<WaitBudget>,
+        // How often the request moved to another member.
+        moves: u8,
     }
 }
 
@@ -48,12 +50,13 @@ pin_project! {
             service: S,
             guard: Option<InFlight<S>>,
             req: Option<Req>,
-            redispatches: u8,
             // Wakes the request at its budget's deadline if the backend is not ready.
             deadline: Option<Pin<Box<Sleep>>>,
         },
         Calling { #[pin] call: S::Future, guard: Option<InFlight<S>> },
-        Done,
+        // The call's outcome was returned; `failed` is the member whose call failed, for
+        // a resend (see `ResponseFuture::resend`).
+        Done { failed: Option<Arc<Endpoint<S>>> },
     }
 }
 
@@ -65,21 +68,50 @@ where
     #[inline]
     pub(crate) fn ready(guard: InFlight<S>, req: Req) -> Self {
         let service = guard.endpoint().service.clone();
-        let state =
-            State::Readying { service, guard: Some(guard), req: Some(req), redispatches: 0, deadline: None };
-        Self { state, key: None, budget: None }
+        let state = State::Readying { service, guard: Some(guard), req: Some(req), deadline: None };
+        Self { state, key: None, budget: None, moves: 0 }
     }
 
     /// A request waiting for an endpoint, within `budget`.
     pub(crate) fn waiting(wait: Wait<S>, req: Req, budget: WaitBudget) -> Self {
-        Self { state: State::Waiting { wait, req: Some(req) }, key: None, budget: Some(budget) }
+        Self { state: State::Waiting { wait, req: Some(req) }, key: None, budget: Some(budget), moves: 0 }
     }
 
     /// Marks the request as keyed: if its backend cannot take it, it moves only to
-    /// another replica of the same slice.
+    /// another replica of the same slice (or, with `NoReplicaPolicy::FallBackToSubset`,
+    /// to the subset when no other replica is ready).
     pub(crate) fn keyed(mut self, key: SliceKey) -> Self {
         self.key = Some(key);
         self
+    }
+
+    /// Sends `req` to another member after this future's call failed with an error
+    /// that proves the request never reached its backend (a connection that could not be
+    /// made, say): `req` must be a copy of the request that call was given. The failed
+    /// member was taken out of rotation when its call failed; the request moves as one
+    /// refused at readiness does (to another replica of its slice if keyed, at most twice
+    /// in all, within the same wait budget). Poll the future again for the new outcome.
+    ///
+    /// # Errors
+    ///
+    /// `req` back, and the future stays finished, when the call did not fail, the
+    /// request has moved too often, or no other member is ready.
+    pub fn resend(self: Pin<&mut Self>, req: Req) -> Result<(), Req> {
+        let this = self.project();
+        let mut state = this.state;
+        let failed = match state.as_mut().project() {
+            StateProj::Done { failed } => failed.take(),
+            _ => None,
+        };
+        let Some(failed) = failed else { return Err(req) };
+        *this.moves += 1;
+        match another_endpoint(&failed, *this.moves, this.key) {
+            Some(endpoint) => {
+                state.set(State::readying(endpoint, Some(req), this.key.is_some()));
+                Ok(())
+            }
+            None => Err(req),
+        }
     }
 }
 
@@ -88,28 +120,34 @@ where
     S: Service<Req> + Clone,
 {
     /// The request, counted in flight on `endpoint`, waiting for its readiness.
-    fn readying(endpoint: Arc<Endpoint<S>>, req: Option<Req>, redispatches: u8) -> Self {
+    fn readying(endpoint: Arc<Endpoint<S>>, req: Option<Req>, keyed: bool) -> Self {
         let guard = InFlight::start(endpoint);
+        let guard = if keyed { guard.keyed() } else { guard };
         let service = guard.endpoint().service.clone();
-        State::Readying { service, guard: Some(guard), req, redispatches, deadline: None }
+        State::Readying { service, guard: Some(guard), req, deadline: None }
     }
 }
 
 /// The most times one request moves to another member because the chosen one could
-/// not take it (its `poll_ready` failed, so nothing was sent).
-const MAX_REDISPATCHES: u8 = 2;
+/// not take it (nothing was sent).
+const MAX_MOVES: u8 = 2;
 
 /// Another ready member than `failed` (for a keyed request, another ready replica of
-/// its slice), unless the request has moved too often.
+/// its slice, or the subset when the policy falls back: then `key` is cleared), unless
+/// the request has moved too often (`moves` counts this move).
 fn another_endpoint<S>(
     failed: &Arc<Endpoint<S>>,
-    redispatches: u8,
-    key: Option<SliceKey>,
+    moves: u8,
+    key: &mut Option<SliceKey>,
 ) -> Option<Arc<Endpoint<S>>> {
-    if redispatches > MAX_REDISPATCHES {
+    if moves > MAX_MOVES {
         return None;
     }
-    failed.rotation.upgrade()?.another(failed, key)
+    let picked = failed.rotation.upgrade()?.another(failed, *key)?;
+    if !picked.keyed {
+        *key = None;
+    }
+    Some(picked.endpoint)
 }
 
 impl<S, Req> Future for ResponseFuture<S, Req>
@@ -121,34 +159,40 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let (key, budget) = (this.key, this.budget);
+        let (key, budget, moves) = (this.key, this.budget, this.moves);
         let mut state = this.state;
         loop {
             match state.as_mut().project() {
                 StateProj::Waiting { wait, req } => {
-                    let picked = ready!(wait.as_mut().poll(cx)).map_err(BoxError::from)?;
+                    let picked = match ready!(wait.as_mut().poll(cx)) {
+                        Ok(picked) => picked,
+                        Err(error) => {
+                            state.set(State::Done { failed: None });
+                            return Poll::Ready(Err(error.into()));
+                        }
+                    };
                     if !picked.keyed {
                         // Fell back to the subset: it may now move like an unkeyed request.
                         *key = None;
                     }
                     let req = req.take();
-                    state.set(State::readying(picked.endpoint, req, 0));
+                    state.set(State::readying(picked.endpoint, req, key.is_some()));
                 }
-                StateProj::Readying { service, guard, req, redispatches, deadline } => {
+                StateProj::Readying { service, guard, req, deadline } => {
                     // The member the request leaves, and the error to return if no other
                     // member can take it. Either way nothing was sent, so moving is safe.
                     let (left, give_up): (InFlight<S>, BoxError) = match service.poll_ready(cx) {
                         Poll::Ready(Ok(())) => {
+                            let guard = guard.take().map(InFlight::sent);
                             let call = service.call(req.take().expect("request taken once"));
-                            let guard = guard.take();
                             state.set(State::Calling { call, guard });
                             continue;
                         }
                         Poll::Ready(Err(e)) => {
                             // The backend cannot take requests (its connection is gone).
-                            let failed = guard.take().expect("guard held until the call");
-                            failed.failed();
-                            (failed, e.into())
+                            let refused = guard.take().expect("guard held until the call");
+                            refused.eject();
+                            (refused, e.into())
                         }
                         Poll::Pending => {
                             // Not ready: wait, within the request's one budget.
@@ -171,30 +215,34 @@ where
                             (stuck, budget.exhausted().into())
                         }
                     };
-                    let redispatches = *redispatches + 1;
-                    match another_endpoint(left.endpoint(), redispatches, *key) {
+                    *moves += 1;
+                    match another_endpoint(left.endpoint(), *moves, key) {
                         Some(endpoint) => {
                             let req = req.take();
-                            state.set(State::readying(endpoint, req, redispatches));
+                            state.set(State::readying(endpoint, req, key.is_some()));
                         }
                         None => {
-                            state.set(State::Done);
+                            state.set(State::Done { failed: None });
                             return Poll::Ready(Err(give_up));
                         }
                     }
                 }
                 StateProj::Calling { call, guard } => {
                     let result = ready!(call.poll(cx));
+                    let mut failed = None;
                     if let Some(g) = guard.as_ref() {
                         match &result {
                             Ok(_) => g.succeeded(),
-                            Err(_) => g.failed(),
+                            Err(_) => {
+                                g.failed();
+                                failed = Some(g.endpoint().clone());
+                            }
                         }
                     }
-                    state.set(State::Done);
+                    state.set(State::Done { failed });
                     return Poll::Ready(result.map_err(Into::into));
                 }
-                StateProj::Done => panic!("ResponseFuture polled after completion"),
+                StateProj::Done { .. } => panic!("ResponseFuture polled after completion"),
             }
         }
     }

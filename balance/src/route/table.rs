@@ -9,10 +9,10 @@ use steady_slice::SliceKey;
 use steady_subset::prng::SplitMix64;
 use tokio::sync::watch;
 
-use super::endpoint::{Endpoint, Rotation};
+use super::endpoint::{Endpoint, Picked, Rotation};
 use super::pick::{fresh_rng, p2c, p2c_other};
 use super::slices::SliceTable;
-use crate::config::Waits;
+use crate::config::{NoReplicaPolicy, Waits};
 
 /// What requests route over: the ready members of the subset in preference order, the
 /// affinity connections, and the assignment in force.
@@ -62,7 +62,8 @@ pub(crate) struct Counters {
     pub(crate) affinity_opened: AtomicU64,
     /// Panics the control task survived.
     pub(crate) control_restarts: AtomicU64,
-    /// Requests and failures of connections already closed (live ones count on their endpoint).
+    /// Requests and failures of connections out of rotation, draining or closed (those in
+    /// the published table count on their endpoint).
     pub(crate) closed_requests: AtomicU64,
     pub(crate) closed_failures: AtomicU64,
     pub(crate) closed_keyed: AtomicU64,
@@ -108,13 +109,21 @@ impl<S> Shared<S> {
 }
 
 impl<S: Send + Sync> Rotation<S> for Shared<S> {
-    fn another(&self, failed: &Endpoint<S>, key: Option<SliceKey>) -> Option<Arc<Endpoint<S>>> {
+    fn another(&self, failed: &Endpoint<S>, key: Option<SliceKey>) -> Option<Picked<S>> {
         let table = self.table.load();
         let mut rng = fresh_rng();
-        match (key, table.slices.as_ref()) {
-            (Some(key), Some(slices)) => p2c_other(slices.ready(slices.index(key)), failed.id, &mut rng),
-            (Some(_), None) | (None, _) => p2c_other(&table.members, failed.id, &mut rng),
+        if let (Some(key), Some(slices)) = (key, table.slices.as_ref()) {
+            if let Some(endpoint) = p2c_other(slices.ready(slices.index(key)), failed.id, &mut rng) {
+                return Some(Picked { endpoint, keyed: true });
+            }
+            if self.waits.no_replica == NoReplicaPolicy::Fail {
+                return None;
+            }
+            // No other replica: the policy falls back to the subset.
+            Counters::add(&self.counters.keyed_fallbacks, 1);
         }
+        let endpoint = p2c_other(&table.members, failed.id, &mut rng)?;
+        Some(Picked { endpoint, keyed: false })
     }
 
     fn waits(&self) -> Waits {

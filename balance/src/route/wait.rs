@@ -3,7 +3,6 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +10,7 @@ use steady_slice::SliceKey;
 use steady_subset::prng::SplitMix64;
 use tokio::time::Instant;
 
-use super::endpoint::Endpoint;
+use super::endpoint::{Endpoint, Picked};
 use super::pick::fresh_rng;
 use super::table::{Counters, RoutingTable, Shared};
 use crate::config::{NoReplicaPolicy, Waits};
@@ -71,15 +70,6 @@ impl WaitBudget {
     }
 }
 
-/// What the slow path found: an endpoint, and whether the request still routes by its
-/// key there (false once it fell back to the subset, so that it may then move to any
-/// member like an unkeyed request).
-#[derive(Debug)]
-pub(crate) struct Picked<S> {
-    pub(crate) endpoint: Arc<Endpoint<S>>,
-    pub(crate) keyed: bool,
-}
-
 /// The slow path's wait for a ready endpoint.
 pub(crate) type Wait<S> = Pin<Box<dyn Future<Output = Result<Picked<S>, BalanceError>> + Send>>;
 
@@ -119,7 +109,6 @@ pub(crate) fn wait_for_replica<S: Send + Sync + 'static>(
         })
         .await;
         if let Some(endpoint) = found {
-            endpoint.keyed.fetch_add(1, Ordering::Relaxed);
             return Ok(Picked { endpoint, keyed: true });
         }
         no_replica(shared, key, budget).await
