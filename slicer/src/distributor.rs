@@ -24,6 +24,12 @@ pub const MAX_JOB_NAME_LEN: usize = 256;
 /// that already has watchers, always works.
 pub const MAX_UNPUBLISHED_JOBS: usize = 1024;
 
+/// How many watch streams may be open at once, over all jobs, unless
+/// [`Distributor::with_max_watchers`] says otherwise. A Watch request beyond it fails with
+/// `RESOURCE_EXHAUSTED`: each stream holds a little memory and a task's attention, and a
+/// remote peer must not be able to open them without bound.
+pub const MAX_WATCHERS: usize = 65_536;
+
 /// The server side: holds the current assignment of each job and streams every newer
 /// one to every watcher of that job.
 ///
@@ -44,6 +50,7 @@ pub struct Distributor {
     /// Bumped by [`Distributor::close_watchers`]: every open stream ends.
     epoch: watch::Sender<u64>,
     max_unpublished_jobs: usize,
+    max_watchers: usize,
 }
 
 /// The jobs a distributor holds: every published job, and every unpublished job with
@@ -53,6 +60,8 @@ struct Jobs {
     by_name: HashMap<String, watch::Sender<Option<Assignment>>>,
     /// How many entries of `by_name` hold no assignment yet.
     unpublished: usize,
+    /// Watch streams open now, over all jobs.
+    watchers: usize,
 }
 
 impl Default for Distributor {
@@ -61,6 +70,7 @@ impl Default for Distributor {
             jobs: Arc::default(),
             epoch: watch::Sender::new(0),
             max_unpublished_jobs: MAX_UNPUBLISHED_JOBS,
+            max_watchers: MAX_WATCHERS,
         }
     }
 }
@@ -81,6 +91,13 @@ impl Distributor {
     /// before cloning the distributor: the limit is each clone's own.
     pub fn with_max_unpublished_jobs(mut self, max: usize) -> Self {
         self.max_unpublished_jobs = max;
+        self
+    }
+
+    /// Sets how many watch streams may be open at once, over all jobs, instead of
+    /// [`MAX_WATCHERS`]. Like the job limit, it is each clone's own: set it before cloning.
+    pub fn with_max_watchers(mut self, max: usize) -> Self {
+        self.max_watchers = max;
         self
     }
 
@@ -107,7 +124,7 @@ impl Distributor {
         // job could remove its entry between our finding it and filling it, and the
         // assignment would be lost with the entry.
         let mut jobs = self.lock();
-        let Jobs { by_name, unpublished } = &mut *jobs;
+        let Jobs { by_name, unpublished, .. } = &mut *jobs;
         let Some(sender) = by_name.get(job) else {
             by_name.insert(job.to_owned(), watch::Sender::new(Some(assignment)));
             return true;
@@ -152,6 +169,12 @@ impl Distributor {
     /// unpublished job.
     fn subscribe(&self, job: String) -> Result<Subscription, Status> {
         let mut jobs = self.lock();
+        if jobs.watchers >= self.max_watchers {
+            return Err(Status::resource_exhausted(format!(
+                "{} watch streams are open (limit {})",
+                jobs.watchers, self.max_watchers
+            )));
+        }
         let updates = match jobs.by_name.get(&job) {
             Some(sender) => sender.subscribe(),
             None if jobs.unpublished >= self.max_unpublished_jobs => {
@@ -168,6 +191,7 @@ impl Distributor {
                 updates
             }
         };
+        jobs.watchers += 1;
         Ok(Subscription { updates: Some(updates), job, jobs: self.jobs.clone() })
     }
 }
@@ -194,7 +218,8 @@ impl Drop for Subscription {
         // watchers subscribe under the same lock, so the count cannot grow meanwhile.
         drop(self.updates.take());
         let mut jobs = self.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let Jobs { by_name, unpublished } = &mut *jobs;
+        let Jobs { by_name, unpublished, watchers } = &mut *jobs;
+        *watchers -= 1;
         let entry = by_name.get(&self.job);
         debug_assert!(entry.is_some(), "a watched job keeps its entry while it has watchers");
         if entry.is_some_and(|sender| sender.receiver_count() == 0 && sender.borrow().is_none()) {

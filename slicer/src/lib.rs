@@ -43,5 +43,5 @@
 mod distributor;
 mod slicelet;
 
-pub use distributor::{Distributor, WatchStream, MAX_JOB_NAME_LEN, MAX_UNPUBLISHED_JOBS};
+pub use distributor::{Distributor, WatchStream, MAX_JOB_NAME_LEN, MAX_UNPUBLISHED_JOBS, MAX_WATCHERS};
 pub use slicelet::{Slicelet, SliceletLayer, SliceletService};

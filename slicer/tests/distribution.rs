@@ -320,3 +320,21 @@ async fn watchers_beyond_the_unpublished_job_limit_are_resource_exhausted() {
         .await;
     open_watch(&mut client, "waiting-5").await.expect("a slot freed by the last watcher");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_streams_beyond_the_limit_are_resource_exhausted_even_for_a_published_job() {
+    let distributor = Distributor::new().with_max_watchers(3);
+    distributor.publish("published", Assignment::single(1, vec![0]).unwrap());
+    let (addr, _stop) = serve(distributor.service()).await;
+    let mut client = AssignmentDistributorClient::new(endpoint(addr).connect().await.unwrap());
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(open_watch(&mut client, "published").await.unwrap());
+    }
+    let status = open_watch(&mut client, "published").await.expect_err("over the limit");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status}");
+    // A stream that closes frees its place.
+    drop(held.pop());
+    eventually("a free place", || distributor.watchers("published") == 2).await;
+    open_watch(&mut client, "published").await.expect("a place freed by a closed stream");
+}
