@@ -43,15 +43,19 @@ use crate::stats::BalanceStats;
 ///
 /// # Errors
 ///
-/// * [`BalanceError::NoReadyBackends`](crate::BalanceError::NoReadyBackends) (boxed) when no member is ready and none becomes
-///   ready within [`BalanceConfig::no_backend_wait`]. A request never hangs.
-/// * [`BalanceError::NoReplica`](crate::BalanceError::NoReplica) (boxed) for a keyed request whose replicas are all
-///   unusable, when the policy is [`NoReplicaPolicy::Fail`](crate::NoReplicaPolicy::Fail).
+/// * [`BalanceError::NoReadyBackends`](crate::BalanceError::NoReadyBackends) (boxed)
+///   when no member is ready and none becomes ready within the request's wait budget
+///   ([`BalanceConfig::no_backend_wait`] for all its waits together). A request never
+///   hangs.
+/// * [`BalanceError::NoReplica`](crate::BalanceError::NoReplica) (boxed) for a keyed
+///   request whose replicas are all unusable, when the policy is
+///   [`NoReplicaPolicy::Fail`](crate::NoReplicaPolicy::Fail).
 /// * The backend's own error, boxed, when its service fails the call. That backend is
 ///   then taken out of rotation and reconnected with backoff; the next backend in the
 ///   frontend's order stands in for it meanwhile. A request that the chosen backend
 ///   could not take (its `poll_ready` failed, or stayed pending past the wait) was not
-///   sent, and moves to another member instead (at most twice).
+///   sent, and moves to another member instead (at most twice); so may one whose call
+///   failed in a way that proves it unsent, through [`ResponseFuture::resend`].
 ///
 /// # Notes for tower users
 ///

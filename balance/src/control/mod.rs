@@ -148,8 +148,8 @@ where
     ///
     /// A panic is caught, logged and counted (`BalanceStats::control_restarts`); the task
     /// then rebuilds its membership from the last job view, keeping the connections that
-    /// work (see `recover`). The routing table in force stays published meanwhile, so requests never meet a dead
-    /// balancer. Restarts that follow each other within a minute wait 10 ms, 20 ms, ...
+    /// work (see `recover`). The routing table in force stays published meanwhile, so
+    /// requests never meet a dead balancer. Restarts that follow each other within a minute wait 10 ms, 20 ms, ...
     /// up to 10 s before running again, so a panic that repeats does not spin.
     pub(crate) async fn supervise(mut self) {
         let mut consecutive = 0u32;

@@ -14,8 +14,8 @@ use tokio::sync::mpsc;
 use crate::config::{Load, Waits};
 
 /// A member picked for a request that had none (the slow path) or had to move: the
-/// endpoint, and whether the request still routes by its key there (false once it fell back to the subset, so that it may then move to any
-/// member like an unkeyed request).
+/// endpoint, and whether the request still routes by its key there (false once it fell
+/// back to the subset, so that it may then move to any member like an unkeyed request).
 #[derive(Debug)]
 pub(crate) struct Picked<S> {
     pub(crate) endpoint: Arc<Endpoint<S>>,
