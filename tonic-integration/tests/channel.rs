@@ -114,7 +114,8 @@ async fn planned_removal_loses_no_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_for_a_backend_that_died_while_idle_moves_to_another_member() {
     let mut backends = start_backends(3).await;
-    let channel = SteadyChannel::builder(BalanceConfig::new(0, 3)).from_endpoints(endpoints(&backends)).unwrap();
+    let channel =
+        SteadyChannel::builder(BalanceConfig::new(0, 3)).from_endpoints(endpoints(&backends)).unwrap();
     eventually("three members", || channel.stats().members.len() == 3).await;
     let mut client = EchoClient::new(channel.clone());
     for _ in 0..6 {
@@ -125,7 +126,8 @@ async fn a_request_for_a_backend_that_died_while_idle_moves_to_another_member() 
     tokio::time::sleep(Duration::from_millis(200)).await;
     // Requests picked for it were never sent: they move on, and none fails.
     for i in 0..30 {
-        let task = echo(&mut client, None, b"x").await.unwrap_or_else(|s| panic!("request {i} failed: {s:?}"));
+        let task =
+            echo(&mut client, None, b"x").await.unwrap_or_else(|s| panic!("request {i} failed: {s:?}"));
         assert_ne!(task, 0);
     }
     let stats = channel.stats();
