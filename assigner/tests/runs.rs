@@ -141,7 +141,9 @@ fn initial_weighted_move_assignment_is_fine_grained() {
     let load = Load::none();
     let input = RunInput { previous: None, tasks: &tasks, load: &load, replicas: ReplicaLimits::default() };
     let first = WeightedMove::default().assign(&input).unwrap();
-    // No load: nothing merges below... merges of zero-load slices are allowed down to 50 per task.
-    assert!(first.report.slices >= 500 && first.report.slices <= 1000, "{}", first.report);
+    // 100 equal slices per task; with no load nothing is below the mean slice load (0),
+    // so nothing merges, and nothing is hot, so nothing splits.
+    assert_eq!(first.report.slices, 1000, "{}", first.report);
+    assert_eq!(first.report.slices_per_task.min, 100);
     assert_eq!(imbalance(&[1.0, 1.0]), 1.0);
 }
