@@ -7,6 +7,9 @@
 //! * `steady-lab grid ...` summarises utilisation and backend churn over the article's grid.
 //! * `steady-lab resize` resizes a job of real tonic servers under load (the article's
 //!   figure 5 on real connections).
+//! * `steady-lab assign --algorithm NAME --tasks T --load FILE [--previous FILE]
+//!   [--max-replicas R]` runs one assigner run: the next assignment as one line of JSON
+//!   on stdout, the report on stderr. **Also a contract**: see `assign.rs`.
 //! * `steady-lab figures --out DIR` draws the evaluation figures (SVG).
 //! * `steady-lab report --out FILE.md` measures every scenario family, draws the figures
 //!   next to the report and writes the markdown tables (`docs/` is made this way).
@@ -23,6 +26,7 @@ use steady_lab::{figures, report};
 use steady_subset::quality::Scenario;
 use steady_subset::Algorithm;
 
+mod assign;
 mod grid;
 mod quality;
 mod resize;
@@ -54,6 +58,9 @@ enum Command {
     /// Resize a backend job of real tonic servers under load, Rocksteadier and
     /// Deterministic side by side: connections, failures and latency per step, and an SVG.
     Resize(resize::ResizeArgs),
+    /// Run one assigner run: the next assignment as one line of JSON on stdout, the
+    /// run's report on stderr.
+    Assign(assign::AssignArgs),
     /// Draw the evaluation figures (SVG) into a directory.
     Figures {
         /// The directory to write the figures to (created if needed).
@@ -120,6 +127,7 @@ fn main() -> ExitCode {
         Command::Quality(args) => quality::run(&mut out, &args),
         Command::Grid(args) => grid::run(&mut out, &args),
         Command::Resize(args) => resize::run(&mut out, &args),
+        Command::Assign(args) => assign::run(&mut out, &args),
         Command::Figures { out: dir, run } => run.measure().and_then(|results| {
             for f in figures::draw_all(&results, &dir)? {
                 writeln!(out, "{}", dir.join(&f.file).display())?;

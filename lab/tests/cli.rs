@@ -116,3 +116,124 @@ fn resize_reports_each_step_for_both_algorithms_and_writes_the_svg() {
     assert!(svg_text.contains("<svg") && svg_text.contains("rocksteadier"));
     let _ = std::fs::remove_file(svg);
 }
+
+/// A file in the temporary directory, unique to this test process.
+fn temp_file(name: &str, contents: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("steady-assign-{}-{name}", std::process::id()));
+    std::fs::write(&path, contents).unwrap();
+    path
+}
+
+#[test]
+fn assign_prints_a_valid_assignment_and_a_newer_generation_from_a_previous_one() {
+    // A hot key with half of the load, and 200 keys with the rest.
+    let mut keys: Vec<String> =
+        (0..200u64).map(|k| format!("[{}, 1.0]", k.wrapping_mul(0x9E37_79B9_7F4A_7C15))).collect();
+    keys.push("[18446744073709551615, 200.0]".to_string());
+    let load = temp_file("load.json", &format!("{{\"keys\": [{}]}}", keys.join(", ")));
+    let load = load.to_str().unwrap();
+    for name in ["weighted-move", "rotation", "lpt", "static", "consistent", "consistent-load-aware"] {
+        let first =
+            lab(&["assign", "--algorithm", name, "--tasks", "6", "--load", load, "--max-replicas", "3"]);
+        let text = stdout(&first);
+        assert_eq!(text.lines().count(), 1, "{name}: {text}");
+        assert!(String::from_utf8_lossy(&first.stderr).contains("generation=1"), "{name}");
+        let a: steady_slice::Assignment = serde_json::from_str(&text).expect("a valid assignment");
+        assert_eq!(a.generation(), 1);
+        assert!(a.slices().iter().all(|s| s.replicas.iter().all(|&t| t < 6) && s.replicas.len() <= 3));
+        // One task fewer: the next run must move slices off task 5, so a newer generation.
+        let previous = temp_file(&format!("{name}-previous.json"), &text);
+        let second = lab(&[
+            "assign",
+            "--algorithm",
+            name,
+            "--tasks",
+            "5",
+            "--load",
+            load,
+            "--previous",
+            previous.to_str().unwrap(),
+            "--max-replicas",
+            "3",
+        ]);
+        let b: steady_slice::Assignment = serde_json::from_str(&stdout(&second)).unwrap();
+        assert!(b.generation() > a.generation(), "{name}");
+        assert!(b.slices().iter().all(|s| s.replicas.iter().all(|&t| t < 5)), "{name}");
+        let _ = std::fs::remove_file(previous);
+    }
+}
+
+#[test]
+fn assign_refuses_bad_input_with_one_line() {
+    let good = temp_file("good.json", r#"{"keys": [[1, 2.0]]}"#);
+    let negative = temp_file("negative.json", r#"{"keys": [[1, -2.0]]}"#);
+    let malformed = temp_file("malformed.json", r#"{"keys": [[1, 2.0]"#);
+    let invalid =
+        temp_file("invalid.json", r#"{"generation": 3, "slices": [{"start": 5, "replicas": [0]}]}"#);
+    let zero = temp_file("zero.json", r#"{"generation": 0, "slices": [{"start": 0, "replicas": [0]}]}"#);
+    let p = |f: &std::path::PathBuf| f.to_str().unwrap().to_string();
+    let cases: Vec<Vec<String>> = vec![
+        vec!["--algorithm".into(), "slicer".into(), "--tasks".into(), "3".into(), "--load".into(), p(&good)],
+        vec!["--algorithm".into(), "lpt".into(), "--tasks".into(), "0".into(), "--load".into(), p(&good)],
+        vec!["--algorithm".into(), "lpt".into(), "--tasks".into(), "3".into(), "--load".into(), p(&negative)],
+        vec![
+            "--algorithm".into(),
+            "lpt".into(),
+            "--tasks".into(),
+            "3".into(),
+            "--load".into(),
+            p(&malformed),
+        ],
+        vec![
+            "--algorithm".into(),
+            "lpt".into(),
+            "--tasks".into(),
+            "3".into(),
+            "--load".into(),
+            "/nonexistent".into(),
+        ],
+        vec![
+            "--algorithm".into(),
+            "weighted-move".into(),
+            "--tasks".into(),
+            "3".into(),
+            "--load".into(),
+            p(&good),
+            "--previous".into(),
+            p(&invalid),
+        ],
+        vec![
+            "--algorithm".into(),
+            "weighted-move".into(),
+            "--tasks".into(),
+            "3".into(),
+            "--load".into(),
+            p(&good),
+            "--previous".into(),
+            p(&zero),
+        ],
+        vec![
+            "--algorithm".into(),
+            "static".into(),
+            "--tasks".into(),
+            "3".into(),
+            "--load".into(),
+            p(&good),
+            "--max-replicas".into(),
+            "0".into(),
+        ],
+    ];
+    for case in cases {
+        let mut args = vec!["assign"];
+        args.extend(case.iter().map(String::as_str));
+        let o = lab(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{case:?} succeeded");
+        assert!(o.stdout.is_empty(), "{case:?}");
+        assert_eq!(err.lines().count(), 1, "{case:?}: {err}");
+        assert!(err.starts_with("steady-lab: ") && !err.contains("panicked"), "{case:?}: {err}");
+    }
+    for f in [good, negative, malformed, invalid, zero] {
+        let _ = std::fs::remove_file(f);
+    }
+}

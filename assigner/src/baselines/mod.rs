@@ -1,0 +1,4 @@
+//! The baselines every evaluation shows beside the load-aware assigners.
+
+pub(crate) mod consistent;
+pub(crate) mod static_ranges;

@@ -1,0 +1,519 @@
+//! [`WeightedMove`]: Slicer's sharding algorithm (seed 000 §4.4.1; DESIGN §6).
+//!
+//! One run, in phases:
+//! 1. **Forced moves.** Replicas on tasks that are gone or draining are replaced by the
+//!    least loaded serving tasks (heaviest slices first), keeping each slice's replica
+//!    count. Not charged to any budget.
+//! 2. **Replica limits.** Slices with fewer than `min` replicas get replicas on the least
+//!    loaded tasks; slices with more than `max` lose their replicas on the most loaded
+//!    ones. Also forced, so not charged either (the limits are configuration).
+//!
+//! Then, unless the imbalance is under [`WeightedMoveConfig::suppress_below`]:
+//!
+//! 3. **Merges.** Left to right, two adjacent slices merge while there are more than
+//!    `min_slices_per_task` slices per serving task, their combined load is below the
+//!    mean slice load, no receiving task would end above the busiest task's load, and
+//!    the key space moved in this phase stays within `merge_budget`. Slices with the
+//!    same replicas merge for free; otherwise the smaller range moves onto the larger's
+//!    replicas and its share of the key space is charged.
+//! 4. **Weighted moves.** Repeatedly take the busiest task and, for each of its slices,
+//!    score three moves: reassign the slice to the least loaded task, add a replica on
+//!    the least loaded task (within `max`), or remove the busy task's replica (within
+//!    `min`). Apply the move with the highest weight = benefit / cost, until no move has
+//!    a positive benefit that fits in what is left of `move_budget`.
+//! 5. **Splits.** Slices carrying at least `split_factor` times the mean slice load
+//!    (measured when the phase starts) are split in place, hottest first, while there
+//!    are fewer than `max_slices_per_task` slices per serving task.
+//!
+//! # Choices the paper leaves open
+//!
+//! * **Benefit**: the drop of the peak load among the tasks the move touches (the busy
+//!   task, the receiving task, and for a change of replica count every replica of the
+//!   slice): `max(before) - max(after)`. Since the busy task is the busiest, a move
+//!   with a positive benefit never raises the job's imbalance.
+//! * **Cost**: the slice's share of the key space, for all three moves. Removing a
+//!   replica moves no key to a new owner, but it changes the keys' owner set (clients
+//!   still sending to the removed replica misroute), and it is what
+//!   `steady_slice::Assignment::diff` counts, so the budget bounds the measured churn:
+//!   the churn of a run is at most forced churn + `merge_budget` + `move_budget`.
+//! * **Budget edge**: a move is applied only if it fits in the budget left, so a run
+//!   never exceeds it; moves that do not fit are skipped in favour of smaller ones.
+//! * **Split point**: the load median of the slice where per-key load is known (the
+//!   boundary before or after the key that reaches half the load, whichever is closer to
+//!   half; repeated splits isolate a hot key), the midpoint of the range otherwise.
+//! * **Suppression**: Slicer suppresses rebalancing when the busiest task is under 25%
+//!   CPU, an absolute level we do not see. We compare the imbalance with
+//!   `suppress_below` instead; its default 1.0 never suppresses. Suppressed runs also
+//!   skip merges and splits, so a quiet job publishes nothing.
+//! * **Initial assignment**: without a previous assignment the run starts from
+//!   [`crate::initial`]'s fine-grained round-robin and applies phases 3 to 5 to it.
+
+use std::time::Instant;
+
+use crate::error::AssignError;
+use crate::initial;
+use crate::load::Load;
+use crate::pieces::{imbalance, pieces_of, Piece};
+use crate::report::{finish, Moves, Outcome, RunNotes};
+use crate::{serving_of, Assigner, RunInput};
+
+/// Weighted-move's constants; the defaults are the paper's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WeightedMoveConfig {
+    /// Merges stop at this many slices per serving task (paper: 50).
+    pub min_slices_per_task: usize,
+    /// Splits stop at this many slices per serving task (paper: 150).
+    pub max_slices_per_task: usize,
+    /// The key-space share merges may move per run (paper: 1%).
+    pub merge_budget: f64,
+    /// The key-space share weighted moves may move per run (paper: 9%).
+    pub move_budget: f64,
+    /// A slice is split when its load is at least this times the mean slice load
+    /// (paper: 2).
+    pub split_factor: f64,
+    /// Nothing moves while the imbalance is below this (default 1.0: never suppressed;
+    /// see the module documentation).
+    pub suppress_below: f64,
+    /// Slices per task of the initial assignment (Slicer's static model: 100).
+    pub initial_slices_per_task: usize,
+    /// A bound on weighted moves per run, so a run's time is bounded even with a budget
+    /// too large for the slices' sizes (default 100,000).
+    pub max_moves: usize,
+}
+
+impl Default for WeightedMoveConfig {
+    fn default() -> Self {
+        Self {
+            min_slices_per_task: 50,
+            max_slices_per_task: 150,
+            merge_budget: 0.01,
+            move_budget: 0.09,
+            split_factor: 2.0,
+            suppress_below: 1.0,
+            initial_slices_per_task: initial::SLICES_PER_TASK,
+            max_moves: 100_000,
+        }
+    }
+}
+
+impl WeightedMoveConfig {
+    /// Checks every field's range.
+    ///
+    /// # Errors
+    ///
+    /// [`AssignError::BadConfig`] naming the first field out of range.
+    pub fn validate(&self) -> Result<(), AssignError> {
+        let bad = |field, expected| Err(AssignError::BadConfig { field, expected });
+        let fraction = |x: f64| x.is_finite() && (0.0..=1.0).contains(&x);
+        if self.max_slices_per_task < self.min_slices_per_task {
+            return bad("max_slices_per_task", "at least min_slices_per_task");
+        }
+        if !fraction(self.merge_budget) {
+            return bad("merge_budget", "a fraction of the key space in [0, 1]");
+        }
+        if !fraction(self.move_budget) {
+            return bad("move_budget", "a fraction of the key space in [0, 1]");
+        }
+        if !(self.split_factor.is_finite() && self.split_factor >= 1.0) {
+            return bad("split_factor", "a finite number at least 1");
+        }
+        if !(self.suppress_below.is_finite() && self.suppress_below >= 0.0) {
+            return bad("suppress_below", "a finite non-negative imbalance");
+        }
+        if self.initial_slices_per_task == 0 {
+            return bad("initial_slices_per_task", "at least 1");
+        }
+        Ok(())
+    }
+}
+
+/// Slicer's weighted-move assigner; see the module documentation for the phases.
+///
+/// Cost: phases 1 to 3 and 5 are `O(slices * tasks)` at worst; phase 4 is
+/// `O(moves * slices per task * replicas)`.
+#[derive(Debug, Clone, Default)]
+pub struct WeightedMove {
+    config: WeightedMoveConfig,
+}
+
+impl WeightedMove {
+    /// An assigner with `config`.
+    ///
+    /// # Errors
+    ///
+    /// As [`WeightedMoveConfig::validate`].
+    pub fn new(config: WeightedMoveConfig) -> Result<Self, AssignError> {
+        config.validate()?;
+        Ok(Self { config })
+    }
+
+    /// Its configuration.
+    pub fn config(&self) -> &WeightedMoveConfig {
+        &self.config
+    }
+}
+
+impl Assigner for WeightedMove {
+    fn name(&self) -> &'static str {
+        "weighted-move"
+    }
+
+    fn assign(&self, input: &RunInput<'_>) -> Result<Outcome, AssignError> {
+        let started = Instant::now();
+        let serving = serving_of(input.tasks)?;
+        let (min_r, max_r) = input.replicas.effective(serving.len());
+        let pieces = match input.previous {
+            Some(previous) => pieces_of(previous, input.load),
+            None => initial::round_robin(&serving, self.config.initial_slices_per_task, min_r, input.load),
+        };
+        let mut run = Run::new(&self.config, &serving, pieces, min_r, max_r, input.load);
+        run.fit_replica_counts();
+        let suppressed = imbalance(&run.loads) < self.config.suppress_below;
+        if !suppressed {
+            run.merge_cold_neighbours();
+            run.weighted_moves();
+            run.split_hot_slices();
+        }
+        // Back from positions among the serving tasks to task indices.
+        for p in &mut run.pieces {
+            for r in &mut p.replicas {
+                *r = serving[*r as usize];
+            }
+        }
+        let notes = RunNotes {
+            moves: run.moves,
+            forced_churn: run.forced_churn,
+            suppressed,
+            count_changed_ranges: false,
+        };
+        finish(self.name(), input.previous, &run.pieces, &serving, input.load, notes, started)
+    }
+}
+
+/// The state of one run. Replicas are positions in the serving task list, so task loads
+/// are a plain vector.
+#[derive(Debug)]
+struct Run<'a> {
+    config: &'a WeightedMoveConfig,
+    pieces: Vec<Piece>,
+    loads: Vec<f64>,
+    min_r: usize,
+    max_r: usize,
+    load: &'a Load,
+    moves: Moves,
+    forced_churn: f64,
+}
+
+impl<'a> Run<'a> {
+    /// Phase 1: maps replicas to serving positions, replacing those on tasks that are
+    /// not serving by the least loaded serving tasks, heaviest slices first.
+    fn new(
+        config: &'a WeightedMoveConfig,
+        serving: &[u32],
+        mut pieces: Vec<Piece>,
+        min_r: usize,
+        max_r: usize,
+        load: &'a Load,
+    ) -> Self {
+        let mut lost = Vec::new();
+        for (i, p) in pieces.iter_mut().enumerate() {
+            let wanted = p.replicas.len();
+            p.replicas =
+                p.replicas.iter().filter_map(|t| serving.binary_search(t).ok().map(|x| x as u32)).collect();
+            if p.replicas.len() < wanted {
+                lost.push((i, wanted));
+            }
+        }
+        let mut loads = vec![0.0; serving.len()];
+        for p in &pieces {
+            for &r in &p.replicas {
+                loads[r as usize] += p.per_replica();
+            }
+        }
+        let mut run =
+            Self { config, pieces, loads, min_r, max_r, load, moves: Moves::default(), forced_churn: 0.0 };
+        lost.sort_by(|a, b| run.pieces[b.0].load.total_cmp(&run.pieces[a.0].load));
+        for (i, wanted) in lost {
+            let target = wanted.clamp(min_r, max_r);
+            let mut replicas = run.pieces[i].replicas.clone();
+            while replicas.len() < target {
+                let Some(cold) = run.coldest_outside(&replicas) else { break };
+                replicas.push(cold);
+                run.moves.forced += 1;
+            }
+            run.forced_churn += run.pieces[i].fraction();
+            run.set_replicas(i, replicas);
+        }
+        run
+    }
+
+    /// Phase 2: every slice's replica count within `[min_r, max_r]`.
+    fn fit_replica_counts(&mut self) {
+        for i in 0..self.pieces.len() {
+            let mut replicas = self.pieces[i].replicas.clone();
+            if replicas.len() >= self.min_r && replicas.len() <= self.max_r {
+                continue;
+            }
+            while replicas.len() < self.min_r {
+                let Some(cold) = self.coldest_outside(&replicas) else { break };
+                replicas.push(cold);
+                self.moves.forced += 1;
+            }
+            while replicas.len() > self.max_r {
+                let busiest = (0..replicas.len())
+                    .max_by(|&a, &b| {
+                        self.loads[replicas[a] as usize].total_cmp(&self.loads[replicas[b] as usize])
+                    })
+                    .expect("more than max_r >= 1 replicas");
+                replicas.swap_remove(busiest);
+                self.moves.forced += 1;
+            }
+            self.forced_churn += self.pieces[i].fraction();
+            self.set_replicas(i, replicas);
+        }
+    }
+
+    /// Phase 3: merges adjacent cold slices, left to right, within the merge budget.
+    fn merge_cold_neighbours(&mut self) {
+        let n = self.loads.len();
+        let total: f64 = self.pieces.iter().map(|p| p.load).sum();
+        let floor = self.config.min_slices_per_task.saturating_mul(n);
+        if self.pieces.len() <= floor {
+            return;
+        }
+        let mut used = 0.0;
+        let mut count = self.pieces.len();
+        let mut merged: Vec<Piece> = Vec::with_capacity(count);
+        for next in std::mem::take(&mut self.pieces) {
+            let Some(last) = merged.last_mut() else {
+                merged.push(next);
+                continue;
+            };
+            let combined = last.load + next.load;
+            if count <= floor || combined >= total / count as f64 {
+                merged.push(next);
+                continue;
+            }
+            if same_set(&last.replicas, &next.replicas) {
+                last.end = next.end;
+                last.load = combined;
+                count -= 1;
+                self.moves.merged += 1;
+                continue;
+            }
+            // The smaller range moves onto the larger's replicas.
+            let (mover, receiver) =
+                if next.fraction() <= last.fraction() { (&next, &*last) } else { (&*last, &next) };
+            let cost = mover.fraction();
+            let gain = mover.load / receiver.replicas.len() as f64;
+            let max = self.loads.iter().copied().fold(0.0, f64::max);
+            let fits = used + cost <= self.config.merge_budget
+                && receiver.replicas.iter().all(|&r| {
+                    let shed = if mover.replicas.contains(&r) { mover.per_replica() } else { 0.0 };
+                    self.loads[r as usize] + gain - shed <= max
+                });
+            if !fits {
+                merged.push(next);
+                continue;
+            }
+            for &r in &mover.replicas {
+                self.loads[r as usize] -= mover.per_replica();
+            }
+            for &r in &receiver.replicas {
+                self.loads[r as usize] += gain;
+            }
+            let replicas = receiver.replicas.clone();
+            used += cost;
+            last.end = next.end;
+            last.load = combined;
+            last.replicas = replicas;
+            count -= 1;
+            self.moves.merged += 1;
+        }
+        self.pieces = merged;
+    }
+
+    /// Phase 4: the best-weighted move off the busiest task, again and again, within the
+    /// move budget.
+    fn weighted_moves(&mut self) {
+        let n = self.loads.len();
+        if n < 2 {
+            return;
+        }
+        let mut on: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (i, p) in self.pieces.iter().enumerate() {
+            for &r in &p.replicas {
+                on[r as usize].push(i);
+            }
+        }
+        let total: f64 = self.loads.iter().sum();
+        let epsilon = 1e-12 * (total / n as f64).max(f64::MIN_POSITIVE);
+        let mut used = 0.0;
+        for _ in 0..self.config.max_moves {
+            let hot = argmax(&self.loads);
+            let cold = argmin(&self.loads);
+            let (lh, lc) = (self.loads[hot], self.loads[cold]);
+            if lh - lc <= epsilon {
+                break;
+            }
+            let mut best: Option<(f64, usize, Kind)> = None;
+            for &i in &on[hot] {
+                let p = &self.pieces[i];
+                let cost = p.fraction();
+                if p.load <= 0.0 || used + cost > self.config.move_budget {
+                    continue;
+                }
+                let r = p.replicas.len();
+                let share = p.per_replica();
+                let has_cold = p.replicas.contains(&(cold as u32));
+                let mut consider = |benefit: f64, kind: Kind| {
+                    if benefit > epsilon && best.is_none_or(|(w, _, _)| benefit / cost > w) {
+                        best = Some((benefit / cost, i, kind));
+                    }
+                };
+                if !has_cold {
+                    consider(lh - (lh - share).max(lc + share), Kind::Reassign);
+                }
+                if !has_cold && r < self.max_r {
+                    let new_share = p.load / (r + 1) as f64;
+                    let drop = share - new_share;
+                    let peak = p
+                        .replicas
+                        .iter()
+                        .map(|&x| self.loads[x as usize] - drop)
+                        .fold(lc + new_share, f64::max);
+                    consider(lh - peak, Kind::AddReplica);
+                }
+                if r > self.min_r {
+                    let gain = p.load / (r - 1) as f64 - share;
+                    let peak = p
+                        .replicas
+                        .iter()
+                        .filter(|&&x| x as usize != hot)
+                        .map(|&x| self.loads[x as usize] + gain)
+                        .fold(lh - share, f64::max);
+                    consider(lh - peak, Kind::RemoveReplica);
+                }
+            }
+            let Some((_, i, kind)) = best else { break };
+            used += self.pieces[i].fraction();
+            let mut replicas = self.pieces[i].replicas.clone();
+            match kind {
+                Kind::Reassign => {
+                    let at = replicas.iter().position(|&x| x as usize == hot).expect("the slice is on hot");
+                    replicas[at] = cold as u32;
+                    remove_value(&mut on[hot], i);
+                    on[cold].push(i);
+                    self.moves.moved += 1;
+                }
+                Kind::AddReplica => {
+                    replicas.push(cold as u32);
+                    on[cold].push(i);
+                    self.moves.replicas_added += 1;
+                }
+                Kind::RemoveReplica => {
+                    replicas.retain(|&x| x as usize != hot);
+                    remove_value(&mut on[hot], i);
+                    self.moves.replicas_removed += 1;
+                }
+            }
+            self.set_replicas(i, replicas);
+        }
+    }
+
+    /// Phase 5: splits hot slices in place (same replicas), hottest first.
+    fn split_hot_slices(&mut self) {
+        let limit = self.config.max_slices_per_task.saturating_mul(self.loads.len());
+        let total: f64 = self.pieces.iter().map(|p| p.load).sum();
+        if total <= 0.0 || self.pieces.is_empty() {
+            return;
+        }
+        let threshold = self.config.split_factor * total / self.pieces.len() as f64;
+        // Each pass splits every hot slice once; a hot key is isolated in a few passes.
+        for _ in 0..64 {
+            if self.pieces.len() >= limit {
+                return;
+            }
+            let mut hot: Vec<(usize, u64)> = (0..self.pieces.len())
+                .filter(|&i| self.pieces[i].load >= threshold)
+                .filter_map(|i| {
+                    self.load.split_point(self.pieces[i].start, self.pieces[i].end).map(|s| (i, s))
+                })
+                .collect();
+            if hot.is_empty() {
+                return;
+            }
+            hot.sort_by(|a, b| self.pieces[b.0].load.total_cmp(&self.pieces[a.0].load));
+            hot.truncate(limit - self.pieces.len());
+            hot.sort_unstable_by_key(|h| h.0);
+            let mut split = Vec::with_capacity(self.pieces.len() + hot.len());
+            let mut next = hot.iter().peekable();
+            for (i, p) in std::mem::take(&mut self.pieces).into_iter().enumerate() {
+                match next.peek() {
+                    Some(&&(j, at)) if j == i => {
+                        next.next();
+                        let left = Piece {
+                            start: p.start,
+                            end: u128::from(at),
+                            replicas: p.replicas.clone(),
+                            load: self.load.between(p.start, u128::from(at)),
+                        };
+                        let right = Piece { start: at, end: p.end, load: (p.load - left.load).max(0.0), ..p };
+                        split.push(left);
+                        split.push(right);
+                        self.moves.split += 1;
+                    }
+                    _ => split.push(p),
+                }
+            }
+            self.pieces = split;
+        }
+    }
+
+    /// The least loaded serving position not in `exclude`.
+    fn coldest_outside(&self, exclude: &[u32]) -> Option<u32> {
+        (0..self.loads.len() as u32)
+            .filter(|t| !exclude.contains(t))
+            .min_by(|&a, &b| self.loads[a as usize].total_cmp(&self.loads[b as usize]))
+    }
+
+    /// Gives piece `i` the replicas `replicas`, moving its load between tasks.
+    fn set_replicas(&mut self, i: usize, replicas: Vec<u32>) {
+        let p = &mut self.pieces[i];
+        let old = p.per_replica();
+        for &r in &p.replicas {
+            self.loads[r as usize] -= old;
+        }
+        p.replicas = replicas;
+        let new = p.per_replica();
+        for &r in &p.replicas {
+            self.loads[r as usize] += new;
+        }
+    }
+}
+
+/// The three moves of phase 4.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Reassign,
+    AddReplica,
+    RemoveReplica,
+}
+
+fn argmax(loads: &[f64]) -> usize {
+    (0..loads.len()).max_by(|&a, &b| loads[a].total_cmp(&loads[b]).then(b.cmp(&a))).unwrap_or(0)
+}
+
+fn argmin(loads: &[f64]) -> usize {
+    (0..loads.len()).min_by(|&a, &b| loads[a].total_cmp(&loads[b]).then(a.cmp(&b))).unwrap_or(0)
+}
+
+fn remove_value(list: &mut Vec<usize>, value: usize) {
+    if let Some(at) = list.iter().position(|&x| x == value) {
+        list.swap_remove(at);
+    }
+}
+
+fn same_set(a: &[u32], b: &[u32]) -> bool {
+    a.len() == b.len() && a.iter().all(|x| b.contains(x))
+}
