@@ -26,16 +26,20 @@ fn dependencies(krate: &str) -> BTreeSet<String> {
 }
 
 #[test]
-fn the_model_crates_depend_on_std_xxhash_and_optional_serde_only() {
+fn the_model_and_assigner_crates_depend_on_std_and_the_model_only() {
     assert_eq!(dependencies("subset"), BTreeSet::new());
     let slice = dependencies("slice");
     let allowed: BTreeSet<String> = ["xxhash-rust", "serde"].map(String::from).into();
     assert!(slice.is_subset(&allowed), "steady-slice depends on {slice:?}");
+    // The assigner is plain computation over the model: no runtime, no RPC, no store.
+    let assigner = dependencies("assigner");
+    let allowed: BTreeSet<String> = ["steady-slice"].map(String::from).into();
+    assert!(assigner.is_subset(&allowed), "steady-assigner depends on {assigner:?}");
 }
 
 #[test]
 fn the_client_crates_never_depend_on_the_server_side() {
-    for krate in ["balance", "tonic-integration"] {
+    for krate in ["balance", "tonic-integration", "slice"] {
         let deps = dependencies(krate);
         for server in ["steady-slicer", "steady-assigner", "steady-discovery", "etcd-client"] {
             assert!(!deps.contains(server), "{krate} depends on {server}");
