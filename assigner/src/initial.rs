@@ -12,7 +12,7 @@ use crate::pieces::{equal_ranges, Piece};
 /// `k, k+1, .. k+replicas-1` (mod the number of tasks), with their loads.
 pub(crate) fn round_robin(tasks: &[u32], per_task: usize, replicas: usize, load: &Load) -> Vec<Piece> {
     let n = tasks.len();
-    let m = (per_task.max(1) * n).clamp(1, steady_slice::MAX_SLICES);
+    let m = per_task.max(1).saturating_mul(n).clamp(1, steady_slice::MAX_SLICES);
     let mut pieces = equal_ranges(m, load);
     for (k, p) in pieces.iter_mut().enumerate() {
         p.replicas = (0..replicas.min(n)).map(|j| tasks[(k + j) % n]).collect();

@@ -11,7 +11,7 @@
 use std::time::Instant;
 
 use crate::error::AssignError;
-use crate::pieces::equal_ranges;
+use crate::pieces::{bins_per_task, equal_ranges};
 use crate::report::{finish, Outcome, RunNotes};
 use crate::{serving_of, Assigner, RunInput};
 
@@ -52,7 +52,7 @@ impl Assigner for Lpt {
         let serving = serving_of(input.tasks)?;
         let n = serving.len();
         let (replicas, _) = input.replicas.effective(n);
-        let m = (self.bins_per_task.min(steady_slice::MAX_SLICES / n).max(1)) * n;
+        let m = bins_per_task(self.bins_per_task, n) * n;
         let mut bins = equal_ranges(m, input.load);
         let before: Vec<Vec<usize>> = bins
             .iter()

@@ -50,6 +50,12 @@ pub(crate) fn equal_start(k: usize, m: usize) -> u64 {
     ((k as u128) << 64).checked_div(m as u128).unwrap_or(0) as u64
 }
 
+/// How many fixed bins per task an assigner over `n` tasks can have when it asks for
+/// `per_task`: at least one, and few enough that `n` times as many fit in an assignment.
+pub(crate) fn bins_per_task(per_task: usize, n: usize) -> usize {
+    per_task.min(steady_slice::MAX_SLICES / n.max(1)).max(1)
+}
+
 /// `m` equal ranges, with their loads and no replicas yet.
 pub(crate) fn equal_ranges(m: usize, load: &Load) -> Vec<Piece> {
     (0..m)

@@ -20,7 +20,7 @@ use std::time::Instant;
 use steady_slice::Assignment;
 
 use crate::error::AssignError;
-use crate::pieces::{equal_ranges, equal_start, Piece};
+use crate::pieces::{bins_per_task, equal_ranges, equal_start, Piece};
 use crate::report::{finish, Outcome, RunNotes};
 use crate::{serving_of, Assigner, RunInput};
 
@@ -103,7 +103,7 @@ impl Assigner for Rotation {
         let serving = serving_of(input.tasks)?;
         let n = serving.len();
         let (replicas, _) = input.replicas.effective(n);
-        let c = self.bins_per_task.min(steady_slice::MAX_SLICES / n).max(1);
+        let c = bins_per_task(self.bins_per_task, n);
         let this = Self { bins_per_task: c, ..self.clone() };
         let bins = equal_ranges(c * n, input.load);
         debug_assert!(bins.iter().enumerate().all(|(b, p)| p.start == equal_start(b, c * n)));

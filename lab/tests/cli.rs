@@ -172,56 +172,20 @@ fn assign_refuses_bad_input_with_one_line() {
         temp_file("invalid.json", r#"{"generation": 3, "slices": [{"start": 5, "replicas": [0]}]}"#);
     let zero = temp_file("zero.json", r#"{"generation": 0, "slices": [{"start": 0, "replicas": [0]}]}"#);
     let p = |f: &std::path::PathBuf| f.to_str().unwrap().to_string();
+    // `assign --algorithm A --tasks T --load L` and any further arguments.
+    let case = |algorithm: &str, tasks: &str, load: String, more: &[String]| -> Vec<String> {
+        let head = ["--algorithm", algorithm, "--tasks", tasks, "--load"].map(String::from);
+        head.into_iter().chain([load]).chain(more.iter().cloned()).collect()
+    };
     let cases: Vec<Vec<String>> = vec![
-        vec!["--algorithm".into(), "slicer".into(), "--tasks".into(), "3".into(), "--load".into(), p(&good)],
-        vec!["--algorithm".into(), "lpt".into(), "--tasks".into(), "0".into(), "--load".into(), p(&good)],
-        vec!["--algorithm".into(), "lpt".into(), "--tasks".into(), "3".into(), "--load".into(), p(&negative)],
-        vec![
-            "--algorithm".into(),
-            "lpt".into(),
-            "--tasks".into(),
-            "3".into(),
-            "--load".into(),
-            p(&malformed),
-        ],
-        vec![
-            "--algorithm".into(),
-            "lpt".into(),
-            "--tasks".into(),
-            "3".into(),
-            "--load".into(),
-            "/nonexistent".into(),
-        ],
-        vec![
-            "--algorithm".into(),
-            "weighted-move".into(),
-            "--tasks".into(),
-            "3".into(),
-            "--load".into(),
-            p(&good),
-            "--previous".into(),
-            p(&invalid),
-        ],
-        vec![
-            "--algorithm".into(),
-            "weighted-move".into(),
-            "--tasks".into(),
-            "3".into(),
-            "--load".into(),
-            p(&good),
-            "--previous".into(),
-            p(&zero),
-        ],
-        vec![
-            "--algorithm".into(),
-            "static".into(),
-            "--tasks".into(),
-            "3".into(),
-            "--load".into(),
-            p(&good),
-            "--max-replicas".into(),
-            "0".into(),
-        ],
+        case("slicer", "3", p(&good), &[]),
+        case("lpt", "0", p(&good), &[]),
+        case("lpt", "3", p(&negative), &[]),
+        case("lpt", "3", p(&malformed), &[]),
+        case("lpt", "3", "/nonexistent".into(), &[]),
+        case("weighted-move", "3", p(&good), &["--previous".into(), p(&invalid)]),
+        case("weighted-move", "3", p(&good), &["--previous".into(), p(&zero)]),
+        case("static", "3", p(&good), &["--max-replicas".into(), "0".into()]),
     ];
     for case in cases {
         let mut args = vec!["assign"];

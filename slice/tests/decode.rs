@@ -6,21 +6,13 @@ mod support {
 }
 
 use steady_slice::{Assignment, Slice, SliceKey};
+use steady_subset::prng::SplitMix64;
 use support::decode_check::check_assignment_bytes;
-
-/// SplitMix64, inlined so that this test needs nothing but the crate under test.
-fn next(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
 
 #[test]
 fn decode_fuzz_logic_holds_on_fixed_seeds() {
-    let mut state = 2026;
-    let mut below = |n: u64| next(&mut state) % n;
+    let mut rng = SplitMix64::new(2026);
+    let mut below = |n: u64| rng.below(n);
     for _ in 0..400 {
         let slices = below(5) + 1;
         let mut parts: Vec<Slice> = Vec::new();

@@ -103,18 +103,20 @@ impl Buffered {
         }
     }
 
+    /// The frames read, data then trailers (cloning `Bytes` only bumps a count).
+    fn frames(&self) -> VecDeque<Frame<Bytes>> {
+        let data = self.data.iter().cloned().map(Frame::data);
+        data.chain(self.trailers.clone().map(Frame::trailers)).collect()
+    }
+
     /// A body of the frames read, complete.
     fn copy(&self) -> Replay {
-        let mut frames: VecDeque<Frame<Bytes>> = self.data.iter().cloned().map(Frame::data).collect();
-        frames.extend(self.trailers.clone().map(Frame::trailers));
-        Replay { frames, error: None, rest: None }
+        Replay { frames: self.frames(), error: None, rest: None }
     }
 
     /// A body of the frames read, then `rest`.
     fn then(self, rest: Body) -> Replay {
-        let mut frames: VecDeque<Frame<Bytes>> = self.data.into_iter().map(Frame::data).collect();
-        frames.extend(self.trailers.map(Frame::trailers));
-        Replay { frames, error: self.error, rest: Some(rest) }
+        Replay { frames: self.frames(), error: self.error, rest: Some(rest) }
     }
 }
 

@@ -196,18 +196,10 @@ where
                         }
                         Poll::Pending => {
                             // Not ready: wait, within the request's one budget.
-                            let budget = match budget {
-                                Some(budget) => *budget,
-                                None => {
-                                    let rotation =
-                                        guard.as_ref().and_then(|g| g.endpoint().rotation.upgrade());
-                                    // No balancer any more: no budget to wait in.
-                                    let waits = rotation.map(|r| r.waits());
-                                    *budget.insert(waits.map_or_else(WaitBudget::none, |w| {
-                                        WaitBudget::start(&w, key.is_some())
-                                    }))
-                                }
-                            };
+                            let budget = *budget.get_or_insert_with(|| {
+                                let endpoint = guard.as_ref().expect("guard held until the call").endpoint();
+                                WaitBudget::for_endpoint(endpoint, key.is_some())
+                            });
                             let sleep = deadline
                                 .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(budget.deadline())));
                             ready!(sleep.as_mut().poll(cx));

@@ -41,9 +41,13 @@ impl WaitBudget {
         Self::lasting(budget)
     }
 
-    /// A budget that has run out already (for a request whose balancer is gone).
-    pub(crate) fn none() -> Self {
-        Self::lasting(Duration::ZERO)
+    /// A budget starting now for a request on `endpoint`, from its balancer's waits; one
+    /// that has run out already when the balancer is gone.
+    pub(crate) fn for_endpoint<S>(endpoint: &Endpoint<S>, keyed: bool) -> Self {
+        match endpoint.rotation.upgrade() {
+            Some(rotation) => Self::start(&rotation.waits(), keyed),
+            None => Self::lasting(Duration::ZERO),
+        }
     }
 
     fn lasting(budget: Duration) -> Self {
