@@ -88,9 +88,7 @@ impl BalanceStats {
             requests: c.closed_requests.load(Ordering::Relaxed)
                 + members.iter().map(|m| m.requests).sum::<u64>()
                 + table.affinity.iter().map(|e| e.requests.load(Ordering::Relaxed)).sum::<u64>(),
-            failures: c.closed_failures.load(Ordering::Relaxed)
-                + members.iter().map(|m| m.failures).sum::<u64>()
-                + table.affinity.iter().map(|e| e.failures.load(Ordering::Relaxed)).sum::<u64>(),
+            failures: c.call_failures.load(Ordering::Relaxed),
             no_backend: c.no_backend.load(Ordering::Relaxed),
             subset: table.wanted.clone(),
             members,

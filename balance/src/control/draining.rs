@@ -1,9 +1,10 @@
 //! Connections out of rotation, waiting for their requests in flight to finish.
 //!
-//! A connection's counts join those of the connections out of rotation when it is
-//! retired (it is in no published table by then), and whatever its last requests add
+//! A connection's request counts join those of the connections out of rotation when it
+//! is retired (it is in no published table by then), and whatever its last requests add
 //! joins them when it closes: `BalanceStats` counts every request once, whether its
-//! connection is open, draining or closed.
+//! connection is open, draining or closed. (Failed calls are counted by the balancer as
+//! they fail, not here.)
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -21,7 +22,6 @@ pub(super) struct Draining<S> {
 #[derive(Clone, Copy, Default)]
 struct Folded {
     requests: u64,
-    failures: u64,
     keyed: u64,
 }
 
@@ -31,11 +31,9 @@ impl Folded {
     fn fold<S>(self, endpoint: &Endpoint<S>, counters: &Counters) -> Self {
         let now = Folded {
             requests: endpoint.requests.load(Ordering::Relaxed),
-            failures: endpoint.failures.load(Ordering::Relaxed),
             keyed: endpoint.keyed.load(Ordering::Relaxed),
         };
         Counters::add(&counters.closed_requests, now.requests - self.requests);
-        Counters::add(&counters.closed_failures, now.failures - self.failures);
         Counters::add(&counters.closed_keyed, now.keyed - self.keyed);
         now
     }

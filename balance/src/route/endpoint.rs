@@ -37,6 +37,10 @@ pub(crate) trait Rotation<S>: Send + Sync {
 
     /// The configured waits.
     fn waits(&self) -> Waits;
+
+    /// A call failed on one of the balancer's connections: counted in the balancer's
+    /// total at once, whatever becomes of the connection.
+    fn call_failed(&self);
 }
 
 /// What requests tell the control task.
@@ -194,6 +198,10 @@ impl<S> InFlight<S> {
     /// The backend failed the call: count it, and take the endpoint out of rotation.
     pub(crate) fn failed(&self) {
         self.endpoint.failures.fetch_add(1, Ordering::Relaxed);
+        // The failure path only: an upgrade costs little next to a failed call.
+        if let Some(rotation) = self.endpoint.rotation.upgrade() {
+            rotation.call_failed();
+        }
         self.eject();
     }
 
@@ -271,6 +279,7 @@ pub(crate) fn nowhere<S>() -> Weak<dyn Rotation<S>> {
         fn waits(&self) -> Waits {
             unreachable!("never upgraded")
         }
+        fn call_failed(&self) {}
     }
     Weak::<Nowhere>::new()
 }

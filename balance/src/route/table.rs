@@ -62,10 +62,13 @@ pub(crate) struct Counters {
     pub(crate) affinity_opened: AtomicU64,
     /// Panics the control task survived.
     pub(crate) control_restarts: AtomicU64,
-    /// Requests and failures of connections out of rotation, draining or closed (those in
-    /// the published table count on their endpoint).
+    /// Requests of connections out of rotation, draining or closed (those in the
+    /// published table count on their endpoint).
     pub(crate) closed_requests: AtomicU64,
-    pub(crate) closed_failures: AtomicU64,
+    /// Calls failed on any connection, counted when they fail (a failure ends in
+    /// retiring its connection, so counting it on the connection alone would race with
+    /// the retirement).
+    pub(crate) call_failures: AtomicU64,
     pub(crate) closed_keyed: AtomicU64,
 }
 
@@ -128,5 +131,9 @@ impl<S: Send + Sync> Rotation<S> for Shared<S> {
 
     fn waits(&self) -> Waits {
         self.waits
+    }
+
+    fn call_failed(&self) {
+        Counters::add(&self.counters.call_failures, 1);
     }
 }
