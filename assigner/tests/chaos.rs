@@ -91,14 +91,16 @@ fn weighted_move_keeps_the_busiest_task_near_the_mean_through_chaos() {
     println!("all rounds p50/p90/p99/max: {all:?}");
     println!("hot rounds p50/p90/p99/max: {with_hot:?}");
     // Frozen bounds. Measured (debug and release alike; the run is deterministic):
-    // all rounds p50 0.0004, p90 0.109, p99 0.356, max 0.592; rounds with the hot key
-    // p50 0.003, p90 0.167.
+    // all rounds p50 0.0004, p90 0.082, p99 0.336, max 0.510; rounds with the hot key
+    // p50 0.003, p90 0.125. (Before displacing moves and splits under suppression:
+    // p90 0.109, p99 0.356, max 0.592, hot p90 0.167.)
     // * p50: with 300 keys over 6-8 tasks at 50-150 slices per task, a typical run ends
     //   nearly balanced, even with a fresh load map, within its 9% budget.
     // * p90: the rounds after a task leaves (its slices land where phase 1 puts them) or
     //   the hot key changes: 9% of the key space is not always enough to finish. With
     //   six tasks and the hot key on four replicas (1/8 of the load each, the mean is 1/6)
-    //   a residual excess of 1/6 is common.
+    //   a residual excess of 1/6 is common; displacing moves (weighted_move/moves.rs)
+    //   clear part of it.
     // * p99 and max: a hot key seen for the first time sits in an ordinary slice; splits
     //   come last in a run, so this run can only replicate or move the whole slice, and
     //   the next run finishes the job.
@@ -106,8 +108,8 @@ fn weighted_move_keeps_the_busiest_task_near_the_mean_through_chaos() {
     // is held at 1% (measured 0.04%), so a change of arithmetic passes and a regression
     // that widens the tail or unbalances the typical round does not.
     assert!(all[0] <= 0.01, "p50 {all:?}");
-    assert!(all[1] <= 0.15, "p90 {all:?}");
-    assert!(all[2] <= 0.45, "p99 {all:?}");
-    assert!(all[3] <= 0.75, "max {all:?}");
-    assert!(with_hot[0] <= 0.02 && with_hot[1] <= 0.22, "hot rounds {with_hot:?}");
+    assert!(all[1] <= 0.11, "p90 {all:?}");
+    assert!(all[2] <= 0.44, "p99 {all:?}");
+    assert!(all[3] <= 0.67, "max {all:?}");
+    assert!(with_hot[0] <= 0.02 && with_hot[1] <= 0.17, "hot rounds {with_hot:?}");
 }

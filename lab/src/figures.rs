@@ -47,7 +47,7 @@ fn stroke(i: usize, n: usize) -> u32 {
 }
 
 /// Tick labels without float noise: `20`, `0.1`, `0.25`.
-fn tick(v: &f64) -> String {
+pub(crate) fn tick(v: &f64) -> String {
     let rounded = (v * 1e6).round() / 1e6;
     if rounded.fract() == 0.0 {
         format!("{rounded:.0}")
@@ -56,8 +56,8 @@ fn tick(v: &f64) -> String {
     }
 }
 
-const FONT: (&str, u32) = ("sans-serif", 15);
-const CAPTION: (&str, u32) = ("sans-serif", 17);
+pub(crate) const FONT: (&str, u32) = ("sans-serif", 15);
+pub(crate) const CAPTION: (&str, u32) = ("sans-serif", 17);
 
 /// Draws every figure into `dir` (created if needed) and lists them.
 ///

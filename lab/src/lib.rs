@@ -9,5 +9,6 @@
 pub mod experiments;
 pub mod figures;
 pub mod report;
+pub mod sharding;
 pub mod stats;
 pub mod sweep;

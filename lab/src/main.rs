@@ -10,6 +10,8 @@
 //! * `steady-lab assign --algorithm NAME --tasks T --load FILE [--previous FILE]
 //!   [--max-replicas R]` runs one assigner run: the next assignment as one line of JSON
 //!   on stdout, the report on stderr. **Also a contract**: see `assign.rs`.
+//! * `steady-lab sharding [--scenario PREFIX] [--assigner NAME] [--quick] [--figures DIR]`
+//!   simulates the assigners over the sharding scenarios and prints their tables.
 //! * `steady-lab figures --out DIR` draws the evaluation figures (SVG).
 //! * `steady-lab report --out FILE.md` measures every scenario family, draws the figures
 //!   next to the report and writes the markdown tables (`docs/` is made this way).
@@ -22,6 +24,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use steady_lab::experiments::{self, LabConfig, LabResults};
 use steady_lab::sweep::Sweep;
+use steady_lab::sharding::{self, Scenario as ShardingScenario};
 use steady_lab::{figures, report};
 use steady_subset::quality::Scenario;
 use steady_subset::Algorithm;
@@ -30,6 +33,7 @@ mod assign;
 mod grid;
 mod quality;
 mod resize;
+mod sharding_command;
 
 /// Evaluate steady's subsetting algorithms.
 #[derive(Debug, Parser)]
@@ -61,6 +65,9 @@ enum Command {
     /// Run one assigner run: the next assignment as one line of JSON on stdout, the
     /// run's report on stderr.
     Assign(assign::AssignArgs),
+    /// Simulate the assigners (weighted-move, rotation, LPT and the baselines) over the
+    /// standard sharding scenarios and print their tables.
+    Sharding(sharding_command::ShardingArgs),
     /// Draw the evaluation figures (SVG) into a directory.
     Figures {
         /// The directory to write the figures to (created if needed).
@@ -69,8 +76,8 @@ enum Command {
         #[command(flatten)]
         run: RunArgs,
     },
-    /// Measure every scenario family and write the markdown report, with its figures in
-    /// a `figures/` directory beside it.
+    /// Measure every scenario family (subsets, then the sharding simulation) and write the
+    /// markdown report, with its figures in a `figures/` directory beside it.
     Report {
         /// The report file, e.g. docs/report.md.
         #[arg(long)]
@@ -128,6 +135,7 @@ fn main() -> ExitCode {
         Command::Grid(args) => grid::run(&mut out, &args),
         Command::Resize(args) => resize::run(&mut out, &args),
         Command::Assign(args) => assign::run(&mut out, &args),
+        Command::Sharding(args) => sharding_command::run(&mut out, &args),
         Command::Figures { out: dir, run } => run.measure().and_then(|results| {
             for f in figures::draw_all(&results, &dir)? {
                 writeln!(out, "{}", dir.join(&f.file).display())?;
@@ -137,7 +145,12 @@ fn main() -> ExitCode {
         Command::Report { out: file, run } => run.measure().and_then(|results| {
             let dir = file.parent().map(|p| p.join("figures")).unwrap_or_else(|| PathBuf::from("figures"));
             let drawn = figures::draw_all(&results, &dir)?;
-            std::fs::write(&file, report::render(&results, &drawn, "figures"))?;
+            let mut text = report::render(&results, &drawn, "figures");
+            let runs = sharding::run_all(&ShardingScenario::standard(), &sharding::ASSIGNERS, &Sweep::new(run.threads))?;
+            let drawn = sharding::figures::draw_all(&runs, &dir)?;
+            text.push('\n');
+            text.push_str(&sharding::report::section(&runs, &drawn, "figures"));
+            std::fs::write(&file, text)?;
             writeln!(out, "{}", file.display())?;
             Ok(())
         }),
