@@ -42,6 +42,10 @@
 
 mod distributor;
 mod slicelet;
+pub mod store;
 
 pub use distributor::{Distributor, WatchStream, MAX_JOB_NAME_LEN, MAX_UNPUBLISHED_JOBS, MAX_WATCHERS};
 pub use slicelet::{Slicelet, SliceletLayer, SliceletService};
+pub use store::{AssignmentStore, Leadership, MemoryStore, StoreError};
+#[cfg(feature = "etcd")]
+pub use store::{EtcdConfig, EtcdStore};
