@@ -99,6 +99,7 @@ impl std::error::Error for StoreError {
 }
 
 impl StoreError {
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
     pub(crate) fn unavailable(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
         Self::Unavailable(e.into())
     }

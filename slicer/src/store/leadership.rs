@@ -33,8 +33,9 @@ pub struct Leadership {
 #[derive(Debug)]
 pub(crate) enum Term {
     Memory(MemoryTerm),
+    /// Boxed: an etcd client is a few KiB.
     #[cfg(feature = "etcd")]
-    Etcd(EtcdTerm),
+    Etcd(Box<EtcdTerm>),
 }
 
 impl fmt::Debug for Leadership {

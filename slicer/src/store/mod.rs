@@ -127,6 +127,7 @@ impl Snapshot {
     }
 
     /// Decodes a stored value (`None`: the key is absent).
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
     pub(crate) fn decode(job: &str, revision: Revision, value: Option<&[u8]>) -> Self {
         let stored = match value.map(decode_value) {
             None => Stored::Nothing,
@@ -278,6 +279,7 @@ pub(crate) fn check_write(
 }
 
 /// Decodes a stored value, refusing one above [`MAX_ASSIGNMENT_BYTES`] unread.
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
 pub(crate) fn decode_value(bytes: &[u8]) -> Result<Assignment, ValueError> {
     if bytes.len() > MAX_ASSIGNMENT_BYTES {
         return Err(ValueError::TooLarge { bytes: bytes.len() });

@@ -238,7 +238,7 @@ pub(super) async fn campaign(
             let held = lease.held.clone();
             tracing::info!(job, candidate, lease = id, fence = revision, "campaign: leading");
             let term = EtcdTerm { lease, leader_key: leader_key.into_bytes(), fence: revision };
-            return Ok(Leadership::new(job, candidate, held, Term::Etcd(term)));
+            return Ok(Leadership::new(job, candidate, held, Term::Etcd(Box::new(term))));
         }
         let leader = response.op_responses().into_iter().find_map(|op| match op {
             TxnOpResponse::Get(get) => {
