@@ -2,7 +2,7 @@
 # The project's test command (README, `.ci/run`): installs Debian's etcd-server when no
 # `etcd` is on PATH, then runs the whole workspace's tests with the etcd tests mandatory
 # (STEADY_REQUIRE_ETCD=1: a test that cannot start etcd fails instead of skipping).
-# Extra arguments go to `cargo test`, e.g. `scripts/test.sh -p steady-slicer`.
+# Extra arguments go to `cargo test`, e.g. `scripts/test.sh -- --nocapture`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

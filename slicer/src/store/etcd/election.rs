@@ -104,14 +104,13 @@ async fn keep_alive(
         }
         let sent = Instant::now();
         match tokio::time::timeout(timeout.min(period), renew(&mut client, id, &mut renewals)).await {
-            Ok(Ok(Some(granted))) if granted > 0 => expires = sent + Duration::from_secs(granted as u64),
-            Ok(Ok(_)) | Ok(Err(EtcdError::LeaseKeepAliveError(_))) => {
-                // etcd no longer knows the lease (it lapsed or was revoked).
+            Ok(Renewal::Renewed(granted)) => expires = sent + Duration::from_secs(granted),
+            Ok(Renewal::Gone) => {
                 held.send_replace(false);
-                tracing::warn!(lease = id, "leadership: lease gone");
+                tracing::warn!(lease = id, "leadership: etcd no longer knows the lease (lapsed or revoked)");
                 return;
             }
-            Ok(Err(error)) => {
+            Ok(Renewal::Failed(error)) => {
                 tracing::warn!(lease = id, %error, "leadership: lease renewal failed; retrying");
                 renewals = None;
             }
@@ -123,22 +122,45 @@ async fn keep_alive(
     }
 }
 
-/// One renewal: the TTL etcd granted (0 or `None`: the lease is gone).
+/// What one renewal found.
+enum Renewal {
+    /// The lease lives on for this many seconds.
+    Renewed(u64),
+    /// etcd does not know the lease any more: the term is over.
+    Gone,
+    /// No answer (a broken stream, an unreachable etcd): try again while time is left.
+    Failed(String),
+}
+
+/// One renewal, on the keep-alive stream (opened first if needed).
 async fn renew(
     client: &mut Client,
     id: i64,
     renewals: &mut Option<(LeaseKeeper, LeaseKeepAliveStream)>,
-) -> Result<Option<i64>, EtcdError> {
+) -> Renewal {
+    let granted = |ttl: i64| if ttl > 0 { Renewal::Renewed(ttl as u64) } else { Renewal::Gone };
     if let Some((keeper, responses)) = renewals.as_mut() {
-        keeper.keep_alive().await?;
-        return Ok(responses.message().await?.map(|r| r.ttl()));
+        if let Err(error) = keeper.keep_alive().await {
+            return Renewal::Failed(error.to_string());
+        }
+        return match responses.message().await {
+            Ok(Some(response)) => granted(response.ttl()),
+            Ok(None) => Renewal::Failed("keep-alive stream ended".to_owned()),
+            Err(error) => Renewal::Failed(error.to_string()),
+        };
     }
-    // Opening the stream renews once (and fails with LeaseKeepAliveError when etcd no
-    // longer knows the lease).
-    let (keeper, responses) = client.lease_keep_alive(id).await?;
-    *renewals = Some((keeper, responses));
-    let mut leases = client.lease_client();
-    Ok(Some(leases.time_to_live(id, None).await?.ttl()))
+    // Opening the stream renews once; etcd-client reports a lease etcd does not know
+    // (a first answer with TTL 0) as this error, and only then.
+    match client.lease_keep_alive(id).await {
+        Ok(opened) => *renewals = Some(opened),
+        Err(EtcdError::LeaseKeepAliveError(message)) if message == "lease not found" => return Renewal::Gone,
+        Err(error) => return Renewal::Failed(error.to_string()),
+    }
+    // The opening renewal's TTL is not handed out: ask for it.
+    match client.lease_client().time_to_live(id, None).await {
+        Ok(response) => granted(response.ttl()),
+        Err(error) => Renewal::Failed(error.to_string()),
+    }
 }
 
 /// A term of an [`EtcdStore`] job: the lease and the leader key it created.
