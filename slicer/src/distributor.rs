@@ -76,7 +76,7 @@ impl Default for Distributor {
 }
 
 /// Whether `job` is a name watchers may use: 1 to [`MAX_JOB_NAME_LEN`] bytes.
-fn valid_job_name(job: &str) -> bool {
+pub(crate) fn valid_job_name(job: &str) -> bool {
     (1..=MAX_JOB_NAME_LEN).contains(&job.len())
 }
 

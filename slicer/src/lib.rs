@@ -8,13 +8,19 @@
 //!   [`MAX_UNPUBLISHED_JOBS`]).
 //! * [`Slicelet`]: a backend task's view of the assignment: which slices it holds, and
 //!   a server layer that counts requests for keys it does not hold (misroutes).
+//! * [`store`]: where each job's assignment lives and who may write it: the
+//!   [`AssignmentStore`] trait (read with a revision, write conditioned on it and fenced
+//!   by a [`Leadership`], watch, campaign), the embedded [`MemoryStore`], and
+//!   [`EtcdStore`] (feature `etcd`) for Assigners on several machines.
 //!
 //! # Dependencies
 //!
 //! `steady-slice` (the model), `steady-tonic` (the proto and its conversions), tonic and
 //! tokio. A client that only wants the channel does not compile this crate; this crate
-//! never depends on the balancer's internals. The assigner and the etcd-backed stores
-//! join it here, behind their own features, so that the channel never pulls them in.
+//! never depends on the balancer's internals. The etcd-backed store is behind the `etcd`
+//! feature (on by default; `default-features = false` leaves out `etcd-client`), and the
+//! channel never pulls any of this in. Building `etcd-client` runs protoc: the workspace's
+//! `.cargo/config.toml` points it at the protoc cargo fetched for `steady-tonic`.
 //!
 //! # Example
 //!
@@ -42,6 +48,10 @@
 
 mod distributor;
 mod slicelet;
+pub mod store;
 
 pub use distributor::{Distributor, WatchStream, MAX_JOB_NAME_LEN, MAX_UNPUBLISHED_JOBS, MAX_WATCHERS};
 pub use slicelet::{Slicelet, SliceletLayer, SliceletService};
+pub use store::{AssignmentStore, Leadership, MemoryStore, StoreError};
+#[cfg(feature = "etcd")]
+pub use store::{EtcdConfig, EtcdStore};

@@ -38,6 +38,17 @@ fn the_model_and_assigner_crates_depend_on_std_and_the_model_only() {
 }
 
 #[test]
+fn the_test_support_crate_is_std_only_and_the_etcd_client_is_an_optional_feature_of_the_slicer() {
+    // steady-testing starts etcd as a process and asks it over plain HTTP: any crate's
+    // tests can use it without compiling an etcd client.
+    assert_eq!(dependencies("testing"), BTreeSet::new());
+    let manifest = std::fs::read_to_string(workspace().join("slicer/Cargo.toml")).unwrap();
+    let etcd = manifest.lines().find(|l| l.starts_with("etcd-client")).expect("slicer uses etcd-client");
+    assert!(etcd.contains("optional = true"), "etcd-client must stay optional: {etcd}");
+    assert!(manifest.contains("etcd = [\"dep:etcd-client\"]"), "the `etcd` feature brings etcd-client");
+}
+
+#[test]
 fn the_client_crates_never_depend_on_the_server_side() {
     for krate in ["balance", "tonic-integration", "slice"] {
         let deps = dependencies(krate);

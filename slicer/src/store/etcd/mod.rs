@@ -1,0 +1,266 @@
+//! [`EtcdStore`]: assignments and leader election on an etcd cluster.
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, Txn, TxnOp, TxnOpResponse};
+use steady_slice::Assignment;
+
+use super::leadership::Term;
+use super::{
+    check_name, check_write, AssignmentStore, AssignmentWatch, Leadership, Revision, Snapshot, StoreError,
+    StoreFuture,
+};
+
+mod election;
+mod watch;
+
+pub(crate) use election::EtcdTerm;
+
+/// The key prefix of an [`EtcdStore`] unless [`EtcdConfig::key_prefix`] says otherwise.
+pub const DEFAULT_KEY_PREFIX: &str = "/steady/jobs/";
+
+/// The longest [`EtcdConfig::key_prefix`], in bytes.
+const MAX_PREFIX_LEN: usize = 256;
+
+/// How an [`EtcdStore`] reaches etcd and names its keys.
+#[derive(Debug, Clone)]
+pub struct EtcdConfig {
+    endpoints: Vec<String>,
+    key_prefix: String,
+    lease_ttl: Duration,
+    request_timeout: Duration,
+}
+
+impl EtcdConfig {
+    /// The cluster at `endpoints` (`http://host:port`), with the defaults: keys under
+    /// [`DEFAULT_KEY_PREFIX`], a 5 s lease for leaderships, 5 s per request.
+    pub fn new<E: Into<String>>(endpoints: impl IntoIterator<Item = E>) -> Self {
+        Self {
+            endpoints: endpoints.into_iter().map(Into::into).collect(),
+            key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
+            lease_ttl: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// Puts the store's keys under `prefix` (1 to 256 bytes) instead of
+    /// [`DEFAULT_KEY_PREFIX`].
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// A leadership's lease: whole seconds, 1 s to 1 hour (default 5 s). A standby takes
+    /// over within about this long after a leader stops renewing. etcd raises a TTL below
+    /// its minimum (1.5 election timeouts: 2 s with its default settings).
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = ttl;
+        self
+    }
+
+    /// How long one request to etcd may take, 1 ms to 1 hour (default 5 s): past it the
+    /// operation fails with [`StoreError::Unavailable`].
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    fn validate(&self) -> Result<(), StoreError> {
+        let invalid = |field, reason| Err(StoreError::InvalidConfig { field, reason });
+        if self.endpoints.is_empty() {
+            return invalid("endpoints", "at least one endpoint is needed");
+        }
+        if !(1..=MAX_PREFIX_LEN).contains(&self.key_prefix.len()) {
+            return invalid("key_prefix", "1 to 256 bytes");
+        }
+        let ttl = self.lease_ttl;
+        if ttl.subsec_nanos() != 0 || !(1..=3600).contains(&ttl.as_secs()) {
+            return invalid("lease_ttl", "whole seconds, 1 s to 1 hour");
+        }
+        let timeout = self.request_timeout;
+        if timeout < Duration::from_millis(1) || timeout > Duration::from_secs(3600) {
+            return invalid("request_timeout", "1 ms to 1 hour");
+        }
+        Ok(())
+    }
+}
+
+/// The [`AssignmentStore`] on an etcd cluster (v3 API, etcd 3.4 or later), for Assigners
+/// on several machines: one elected writer per job, standbys that take over when its
+/// lease lapses, and watchers that follow the job's key directly.
+///
+/// # Keys and values (a contract)
+///
+/// For a job `J` and the prefix `P` ([`DEFAULT_KEY_PREFIX`], `/steady/jobs/`):
+///
+/// * `P J /assignment`: the job's current assignment in steady-slice's frozen binary
+///   format (`Assignment::encode`, version 1, magic `STAS`), at most
+///   [`super::MAX_ASSIGNMENT_BYTES`]. Its `mod_revision` is the [`Revision`] a write is
+///   conditioned on. Any etcd client may read and watch it; writers other than this store
+///   must keep generations increasing, and a value that does not decode is rejected by
+///   readers (the last good assignment stays).
+/// * `P J /leader`: the current leader's candidate name (UTF-8), attached to its lease
+///   (so it disappears when the lease lapses or is revoked). Its `create_revision`
+///   identifies the term.
+///
+/// # Operations
+///
+/// * A write is one transaction: `If(mod_revision(assignment) == read revision AND
+///   create_revision(leader) == term AND lease(leader) == term's lease) Then(put)`. When
+///   it fails, the leader key, read in the same transaction, tells
+///   [`StoreError::NotLeader`] (the term is over) from [`StoreError::Conflict`].
+/// * A campaign grants a lease of [`EtcdConfig::lease_ttl`], keeps it alive (every third
+///   of the TTL), and creates the leader key if absent (`If(create_revision(leader) == 0)`),
+///   else waits for its deletion and tries again.
+/// * A watch reads the key, then follows it with an etcd watch from the next revision,
+///   so nothing between the two is missed; after an error it re-establishes the watch
+///   from the revision after the last it saw, with backoff (50 ms doubling to 2 s). If that
+///   revision was compacted away it reads the key again (the newest value is what counts).
+///
+/// Each request is bounded by [`EtcdConfig::request_timeout`]; HTTP/2 keep-alives detect a
+/// dead connection under a watch.
+#[derive(Clone)]
+pub struct EtcdStore {
+    client: Client,
+    config: EtcdConfig,
+}
+
+impl fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdStore").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+impl EtcdStore {
+    /// Connects to the cluster `config` names.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::InvalidConfig`] for a configuration value out of range;
+    /// [`StoreError::Unavailable`] when no endpoint can be reached within the request
+    /// timeout.
+    pub async fn connect(config: EtcdConfig) -> Result<Self, StoreError> {
+        config.validate()?;
+        let timeout = config.request_timeout;
+        let options = ConnectOptions::new()
+            .with_connect_timeout(timeout)
+            .with_keep_alive(Duration::from_secs(1), timeout)
+            .with_keep_alive_while_idle(true);
+        let client = bounded(timeout, "connect", Client::connect(&config.endpoints, Some(options))).await?;
+        Ok(Self { client, config })
+    }
+
+    /// The configuration it runs with.
+    pub fn config(&self) -> &EtcdConfig {
+        &self.config
+    }
+
+    /// The key of `job`'s assignment (see "Keys and values").
+    pub fn assignment_key(&self, job: &str) -> String {
+        format!("{}{job}/assignment", self.config.key_prefix)
+    }
+
+    /// The key of `job`'s leader (see "Keys and values").
+    pub fn leader_key(&self, job: &str) -> String {
+        format!("{}{job}/leader", self.config.key_prefix)
+    }
+
+    fn timeout(&self) -> Duration {
+        self.config.request_timeout
+    }
+}
+
+/// Runs one etcd request within `timeout`, as a [`StoreError`].
+async fn bounded<T>(
+    timeout: Duration,
+    what: &'static str,
+    request: impl Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(timeout, request).await {
+        Ok(result) => result.map_err(StoreError::unavailable),
+        Err(_) => Err(StoreError::unavailable(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("etcd {what}: no answer in {timeout:?}"),
+        ))),
+    }
+}
+
+impl AssignmentStore for EtcdStore {
+    fn read<'a>(&'a self, job: &'a str) -> StoreFuture<'a, Snapshot> {
+        Box::pin(async move {
+            check_name("job", job)?;
+            let mut kv = self.client.kv_client();
+            let response = bounded(self.timeout(), "get", kv.get(self.assignment_key(job), None)).await?;
+            Ok(match response.kvs().first() {
+                Some(kv) => Snapshot::decode(job, Revision::new(kv.mod_revision()), Some(kv.value())),
+                None => Snapshot::nothing(job, Revision::ABSENT),
+            })
+        })
+    }
+
+    fn write<'a>(
+        &'a self,
+        leadership: &'a Leadership,
+        previous: &'a Snapshot,
+        next: &'a Assignment,
+    ) -> StoreFuture<'a, Snapshot> {
+        Box::pin(async move {
+            let bytes = check_write(leadership, previous, next)?;
+            let Term::Etcd(term) = leadership.term() else { return Err(StoreError::NotLeader) };
+            let leader_key = self.leader_key(leadership.job());
+            if term.leader_key() != leader_key.as_bytes() {
+                return Err(StoreError::NotLeader);
+            }
+            let assignment_key = self.assignment_key(leadership.job());
+            let txn = Txn::new()
+                .when([
+                    Compare::mod_revision(
+                        assignment_key.clone(),
+                        CompareOp::Equal,
+                        previous.revision().get(),
+                    ),
+                    Compare::create_revision(leader_key.clone(), CompareOp::Equal, term.fence()),
+                    Compare::lease(leader_key.clone(), CompareOp::Equal, term.lease()),
+                ])
+                .and_then([TxnOp::put(assignment_key, bytes, None)])
+                .or_else([TxnOp::get(leader_key, None)]);
+            let mut kv = self.client.kv_client();
+            let response = bounded(self.timeout(), "write transaction", kv.txn(txn)).await?;
+            if response.succeeded() {
+                let revision = response.header().map_or(0, |h| h.revision());
+                return Ok(Snapshot::valid(leadership.job(), Revision::new(revision), next.clone()));
+            }
+            // Which condition failed: the term is checked first, so that a deposed writer
+            // learns that it is deposed whatever its revision.
+            let still_leads = response.op_responses().into_iter().any(|op| match op {
+                TxnOpResponse::Get(get) => get
+                    .kvs()
+                    .first()
+                    .is_some_and(|kv| kv.create_revision() == term.fence() && kv.lease() == term.lease()),
+                _ => false,
+            });
+            Err(if still_leads { StoreError::Conflict } else { StoreError::NotLeader })
+        })
+    }
+
+    fn watch(&self, job: &str, known_generation: u64) -> Result<AssignmentWatch, StoreError> {
+        check_name("job", job)?;
+        Ok(watch::follow(
+            self.client.clone(),
+            job,
+            self.assignment_key(job),
+            known_generation,
+            self.timeout(),
+        ))
+    }
+
+    fn campaign<'a>(&'a self, job: &'a str, candidate: &'a str) -> StoreFuture<'a, Leadership> {
+        Box::pin(async move {
+            check_name("job", job)?;
+            check_name("candidate", candidate)?;
+            election::campaign(self, job, candidate).await
+        })
+    }
+}

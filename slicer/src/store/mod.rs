@@ -1,0 +1,288 @@
+//! Assignment stores: where the Assigner of each job keeps the job's current assignment,
+//! writes each new generation, and holds the election that makes it the job's one writer
+//! (DESIGN §7; Slicer's check-and-write, in our words).
+//!
+//! * [`AssignmentStore`]: the trait an Assigner service is written against (object safe:
+//!   `Arc<dyn AssignmentStore>` works). [`AssignmentStore::read`] gives a [`Snapshot`]
+//!   (the assignment and the [`Revision`] it was read at); [`AssignmentStore::write`]
+//!   writes a newer generation *conditioned on that revision* (compare-and-swap) and
+//!   *fenced* by a [`Leadership`]; [`AssignmentStore::watch`] follows the job as an
+//!   [`AssignmentWatch`] stream; [`AssignmentStore::campaign`] waits to become the job's
+//!   writer.
+//! * [`MemoryStore`]: the embedded default, in one process (tokio watch channels).
+//! * `EtcdStore` (feature `etcd`, on by default): the same on an etcd cluster, so that
+//!   Assigners on several machines elect one writer and a standby takes over when the
+//!   writer dies. Its keys and values are a contract: see the `EtcdStore` docs.
+//!
+//! # The write protocol
+//!
+//! ```text
+//! leadership = store.campaign(job, me)          // waits while another candidate leads
+//! loop:
+//!     snapshot = store.read(job)
+//!     next     = assign(snapshot.assignment(), load)   // generation > snapshot.generation()
+//!     match store.write(&leadership, &snapshot, &next):
+//!         Ok(_)                      => done
+//!         Err(StoreError::Conflict)  => re-read and retry (someone wrote meanwhile)
+//!         Err(StoreError::NotLeader) => stop writing: this term is over
+//! ```
+//!
+//! A write succeeds only if the job's assignment is still at the snapshot's revision
+//! *and* the leadership's term is still the job's current term, checked by the store in
+//! one step. So a writer that lost a race, or was deposed without knowing it (a paused
+//! process whose lease lapsed), changes nothing: its write fails with a typed error.
+//!
+//! # Bounds
+//!
+//! Job and candidate names are 1 to [`MAX_JOB_NAME_LEN`] bytes, an encoded assignment at
+//! most [`MAX_ASSIGNMENT_BYTES`]: a value above it is neither written nor decoded.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+
+use steady_slice::Assignment;
+
+use crate::distributor::valid_job_name;
+#[cfg(doc)]
+use crate::MAX_JOB_NAME_LEN;
+
+mod error;
+#[cfg(feature = "etcd")]
+mod etcd;
+mod leadership;
+mod memory;
+mod watch;
+
+pub use error::{StoreError, ValueError};
+#[cfg(feature = "etcd")]
+pub use etcd::{EtcdConfig, EtcdStore, DEFAULT_KEY_PREFIX};
+pub use leadership::Leadership;
+pub use memory::{MemoryStore, MAX_STORED_JOBS};
+pub use watch::{AssignmentWatch, RejectedValue};
+
+/// The largest encoded assignment (steady-slice's binary codec) a store writes or reads:
+/// 1 MiB, below etcd's default request limit of 1.5 MiB. It holds 15,000 slices of up to
+/// 14 replicas each (an encoded slice takes 10 bytes plus 4 per replica). A larger
+/// assignment is refused on write ([`StoreError::TooLarge`]); a larger stored value is
+/// rejected without decoding ([`ValueError::TooLarge`]).
+pub const MAX_ASSIGNMENT_BYTES: usize = 1 << 20;
+
+/// What the store methods return: a boxed future, so the trait stays object safe.
+pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+/// Where a job's assignment stands in its store: it increases with every change of the
+/// job's key. `Revision::ABSENT` (0) means the key was never written. In etcd it is the
+/// key's `mod_revision`; in a [`MemoryStore`], a counter of the store's writes.
+///
+/// Only a store makes them: a write conditioned on a revision can only name one that was
+/// read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Revision(i64);
+
+impl Revision {
+    /// The revision of a key that holds nothing.
+    pub const ABSENT: Revision = Revision(0);
+
+    pub(crate) fn new(revision: i64) -> Self {
+        Self(revision)
+    }
+
+    /// The number (etcd's `mod_revision` for an [`EtcdStore`]).
+    pub fn get(self) -> i64 {
+        self.0
+    }
+}
+
+impl fmt::Display for Revision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "revision {}", self.0)
+    }
+}
+
+/// A job's assignment as one read saw it, and the revision it saw: what a write is
+/// conditioned on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    job: String,
+    revision: Revision,
+    stored: Stored,
+}
+
+/// What a job's key held when read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Stored {
+    Nothing,
+    Valid(Assignment),
+    Rejected(ValueError),
+}
+
+impl Snapshot {
+    pub(crate) fn nothing(job: &str, revision: Revision) -> Self {
+        Self { job: job.to_owned(), revision, stored: Stored::Nothing }
+    }
+
+    pub(crate) fn valid(job: &str, revision: Revision, assignment: Assignment) -> Self {
+        Self { job: job.to_owned(), revision, stored: Stored::Valid(assignment) }
+    }
+
+    /// Decodes a stored value (`None`: the key is absent).
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    pub(crate) fn decode(job: &str, revision: Revision, value: Option<&[u8]>) -> Self {
+        let stored = match value.map(decode_value) {
+            None => Stored::Nothing,
+            Some(Ok(a)) => Stored::Valid(a),
+            Some(Err(e)) => Stored::Rejected(e),
+        };
+        Self { job: job.to_owned(), revision, stored }
+    }
+
+    /// The job read.
+    pub fn job(&self) -> &str {
+        &self.job
+    }
+
+    /// The revision the job's key was at ([`Revision::ABSENT`] if never written).
+    pub fn revision(&self) -> Revision {
+        self.revision
+    }
+
+    /// The assignment stored (`None`: nothing, or a value that is not a valid assignment,
+    /// see [`Snapshot::rejected`]).
+    pub fn assignment(&self) -> Option<&Assignment> {
+        match &self.stored {
+            Stored::Valid(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// Why the stored value is not an assignment, when it is not (someone wrote the key
+    /// around the store). A write may replace it with any generation.
+    pub fn rejected(&self) -> Option<&ValueError> {
+        match &self.stored {
+            Stored::Rejected(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The stored assignment's generation (0: none). A write must offer a higher one.
+    pub fn generation(&self) -> u64 {
+        self.assignment().map_or(0, Assignment::generation)
+    }
+
+    /// The assignment itself (`None` as for [`Snapshot::assignment`]).
+    pub fn into_assignment(self) -> Option<Assignment> {
+        match self.stored {
+            Stored::Valid(a) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+/// A per-job assignment store with one elected writer per job. Implemented by
+/// [`MemoryStore`] and `EtcdStore`; the behaviour below is what both guarantee (the
+/// tests `slicer/tests/store.rs` run one specification against both).
+///
+/// Every method bounds its waits except [`AssignmentStore::campaign`], which waits as
+/// long as another candidate leads (wrap it in a timeout, or drop it, to give up).
+pub trait AssignmentStore: fmt::Debug + Send + Sync + 'static {
+    /// The job's current assignment and the revision it is at.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::InvalidName`] for a job name of 0 or more than [`MAX_JOB_NAME_LEN`]
+    /// bytes; [`StoreError::Unavailable`] when the store cannot answer in time. A stored
+    /// value that is not a valid assignment is not an error: see [`Snapshot::rejected`].
+    fn read<'a>(&'a self, job: &'a str) -> StoreFuture<'a, Snapshot>;
+
+    /// Writes `next` as the job's assignment if the job is still at `previous`'s
+    /// revision and `leadership` still holds the job's current term; returns the new
+    /// snapshot (so the writer can write again without reading).
+    ///
+    /// The job is `leadership`'s; `previous` must be a snapshot of the same job.
+    ///
+    /// # Errors
+    ///
+    /// Checked before anything is sent: [`StoreError::WrongJob`] when `previous` is of
+    /// another job; [`StoreError::NotNewer`] when `next`'s generation is not above
+    /// `previous`'s; [`StoreError::TooLarge`] above [`MAX_ASSIGNMENT_BYTES`]. Then, from
+    /// the store, nothing written: [`StoreError::NotLeader`] when the term is over (a
+    /// deposed writer, whatever the revision), [`StoreError::Conflict`] when the job
+    /// changed since `previous` (re-read and retry), [`StoreError::Unavailable`] when it
+    /// cannot answer in time (the write may or may not have happened: re-read).
+    fn write<'a>(
+        &'a self,
+        leadership: &'a Leadership,
+        previous: &'a Snapshot,
+        next: &'a Assignment,
+    ) -> StoreFuture<'a, Snapshot>;
+
+    /// The job's assignments with a generation above `known_generation` (0: all), in
+    /// order: the current one first if it qualifies, then each newer one written. An
+    /// older or equal generation is skipped. A stored value that is not a valid
+    /// assignment comes through as an error and is counted
+    /// ([`AssignmentWatch::rejected`]); the stream carries on, so a follower keeps its
+    /// last good assignment. It never ends on its own: trouble reaching the store is
+    /// retried with backoff. Between two items it may skip generations that were
+    /// replaced before it saw them, never the newest.
+    ///
+    /// Feed it to `SteadyChannel::follow_assignments` or `Balance::follow_assignments`
+    /// to follow the store directly (the backup distribution path).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::InvalidName`] for a bad job name;
+    /// [`StoreError::TooManyJobs`] from a full [`MemoryStore`].
+    fn watch(&self, job: &str, known_generation: u64) -> Result<AssignmentWatch, StoreError>;
+
+    /// Waits until `candidate` is the job's one writer, and returns its [`Leadership`]
+    /// (held until resigned, dropped, or lost). While another candidate leads, it waits
+    /// for that term to end (a resignation, or in etcd its lease lapsing).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::InvalidName`] for a bad job or candidate name;
+    /// [`StoreError::Unavailable`] when the store cannot be reached (after bounded
+    /// retries); [`StoreError::TooManyJobs`] from a full [`MemoryStore`].
+    fn campaign<'a>(&'a self, job: &'a str, candidate: &'a str) -> StoreFuture<'a, Leadership>;
+}
+
+/// Refuses names no store may hold (see [`StoreError::InvalidName`]).
+pub(crate) fn check_name(what: &'static str, name: &str) -> Result<(), StoreError> {
+    if valid_job_name(name) {
+        Ok(())
+    } else {
+        Err(StoreError::InvalidName { what, len: name.len() })
+    }
+}
+
+/// The checks every store makes before a write reaches it.
+pub(crate) fn check_write(
+    leadership: &Leadership,
+    previous: &Snapshot,
+    next: &Assignment,
+) -> Result<Vec<u8>, StoreError> {
+    if previous.job() != leadership.job() {
+        return Err(StoreError::WrongJob {
+            snapshot: previous.job().to_owned(),
+            leadership: leadership.job().to_owned(),
+        });
+    }
+    if next.generation() <= previous.generation() {
+        return Err(StoreError::NotNewer { stored: previous.generation(), offered: next.generation() });
+    }
+    let bytes = next.encode();
+    if bytes.len() > MAX_ASSIGNMENT_BYTES {
+        return Err(StoreError::TooLarge { bytes: bytes.len() });
+    }
+    Ok(bytes)
+}
+
+/// Decodes a stored value, refusing one above [`MAX_ASSIGNMENT_BYTES`] unread.
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+pub(crate) fn decode_value(bytes: &[u8]) -> Result<Assignment, ValueError> {
+    if bytes.len() > MAX_ASSIGNMENT_BYTES {
+        return Err(ValueError::TooLarge { bytes: bytes.len() });
+    }
+    Assignment::decode(bytes).map_err(ValueError::Decode)
+}

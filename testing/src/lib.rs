@@ -1,0 +1,277 @@
+//! Test support shared by steady's crates (a dev-dependency only; not published).
+//!
+//! * [`Etcd`]: a real, single-member `etcd` server on 127.0.0.1, on free ports, with its
+//!   data in a temporary directory, killed and removed on drop. Tests that need etcd
+//!   start one each, so they run in parallel without sharing state.
+//!
+//! # When `etcd` is missing
+//!
+//! [`Etcd::start`] returns `None` after printing what to install (Debian's
+//! `etcd-server`) and the test returns early: a developer without etcd sees the etcd
+//! tests skipped, with the reason, in the test output. With the environment variable
+//! [`REQUIRE_ETCD`] (`STEADY_REQUIRE_ETCD`) set to anything but `0`, as `scripts/test.sh`
+//! and so `.ci/run` set it, a missing `etcd` is a test failure instead: CI can never pass
+//! by skipping them.
+//!
+//! ```no_run
+//! # fn test() {
+//! let Some(etcd) = steady_testing::Etcd::start() else { return };
+//! let endpoint = etcd.endpoint(); // "http://127.0.0.1:<port>"
+//! # let _ = endpoint;
+//! # }
+//! ```
+//!
+//! # Dependencies
+//!
+//! std only: the harness starts the `etcd` binary and asks its `/health` over plain
+//! HTTP/1.1, so it compiles no etcd client and any crate's tests can use it.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// The environment variable that makes the etcd tests mandatory: when it is set (to
+/// anything but `0`), [`Etcd::start`] panics instead of skipping when it cannot start
+/// `etcd`.
+pub const REQUIRE_ETCD: &str = "STEADY_REQUIRE_ETCD";
+
+/// The environment variable naming the `etcd` binary to run (default: `etcd` on PATH).
+pub const ETCD_BIN: &str = "STEADY_ETCD_BIN";
+
+/// How long [`Etcd::start`] and [`Etcd::restart`] wait for the server to answer.
+pub const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How many times [`Etcd::start`] picks new ports when the server dies at once (another
+/// process took a port between our picking it and etcd binding it).
+const PORT_ATTEMPTS: usize = 5;
+
+/// A running single-member `etcd` on 127.0.0.1, for one test.
+///
+/// Its client and peer ports were free when it started (bound to port 0, then released;
+/// a race for them is retried with new ports). Its data directory is a fresh temporary
+/// directory. Dropping it kills the server and removes the directory, so a failing test
+/// leaves nothing running.
+#[derive(Debug)]
+pub struct Etcd {
+    child: Option<Child>,
+    dir: PathBuf,
+    client: SocketAddr,
+    peer: SocketAddr,
+}
+
+impl Etcd {
+    /// Starts a server and waits (at most [`START_TIMEOUT`]) until it reports healthy.
+    ///
+    /// Returns `None` when `etcd` is not installed and the etcd tests are not mandatory
+    /// (see [`REQUIRE_ETCD`]), after printing a line saying the test is skipped and what
+    /// to install.
+    ///
+    /// # Panics
+    ///
+    /// When `etcd` is missing and [`REQUIRE_ETCD`] is set, or when it is installed but
+    /// does not come up healthy: the panic message names the cause and holds the end of
+    /// the server's log.
+    pub fn start() -> Option<Self> {
+        let binary = binary();
+        if Command::new(&binary).arg("--version").output().is_err() {
+            let message = format!(
+                "`{binary}` not found: install Debian's etcd-server (`apt-get install etcd-server`, \
+                 or run scripts/test.sh, which does) or set {ETCD_BIN}"
+            );
+            if required() {
+                panic!("{message}; {REQUIRE_ETCD} is set, so the etcd tests may not be skipped");
+            }
+            // Straight to stderr, not eprintln!: the test harness captures the print
+            // macros, and a skip must show in the default output.
+            let _ = writeln!(std::io::stderr(), "SKIPPED (etcd test): {message}");
+            return None;
+        }
+        let (client, peer) = free_ports();
+        let mut etcd = Self { child: None, dir: temp_dir(), client, peer };
+        let mut failures = Vec::new();
+        for _ in 0..PORT_ATTEMPTS {
+            match etcd.launch() {
+                Ok(()) => return Some(etcd),
+                Err(failure) => {
+                    failures.push(failure);
+                    let _ = std::fs::remove_dir_all(etcd.dir.join("data"));
+                    (etcd.client, etcd.peer) = free_ports();
+                }
+            }
+        }
+        panic!("etcd did not start in {PORT_ATTEMPTS} attempts:\n{}", failures.join("\n"));
+    }
+
+    /// The client URL, `http://127.0.0.1:<port>`, for an etcd client.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.client)
+    }
+
+    /// Kills the server at once (SIGKILL: no clean shutdown), keeping its data and ports.
+    pub fn kill(&mut self) {
+        self.stop();
+    }
+
+    /// Starts the server again on the same ports and data after [`Etcd::kill`], and waits
+    /// (at most [`START_TIMEOUT`]) until it is healthy.
+    ///
+    /// # Panics
+    ///
+    /// When it does not come up healthy (for instance, another process took its port).
+    pub fn restart(&mut self) {
+        self.stop();
+        if let Err(failure) = self.launch() {
+            panic!("etcd did not restart: {failure}");
+        }
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.join("etcd.log")
+    }
+
+    /// Spawns the server and waits until it is healthy, or says why not.
+    fn launch(&mut self) -> Result<(), String> {
+        std::fs::create_dir_all(&self.dir).map_err(|e| format!("cannot create {:?}: {e}", self.dir))?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .map_err(|e| format!("cannot open the log: {e}"))?;
+        let client = format!("http://{}", self.client);
+        let peer = format!("http://{}", self.peer);
+        let child = Command::new(binary())
+            .arg("--name=steady-test")
+            .arg(format!("--data-dir={}", self.dir.join("data").display()))
+            .arg(format!("--listen-client-urls={client}"))
+            .arg(format!("--advertise-client-urls={client}"))
+            .arg(format!("--listen-peer-urls={peer}"))
+            .arg(format!("--initial-advertise-peer-urls={peer}"))
+            .arg(format!("--initial-cluster=steady-test={peer}"))
+            .arg("--logger=zap")
+            .arg("--log-level=warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("cannot run etcd: {e}"))?;
+        self.child = Some(child);
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                self.child = None;
+                return Err(format!("etcd exited with {status}; its log ends:\n{}", self.log_tail()));
+            }
+            if healthy(self.client) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                self.stop();
+                return Err(format!(
+                    "etcd not healthy after {START_TIMEOUT:?}; its log ends:\n{}",
+                    self.log_tail()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn binary() -> String {
+    std::env::var(ETCD_BIN).unwrap_or_else(|_| "etcd".to_owned())
+}
+
+fn required() -> bool {
+    std::env::var_os(REQUIRE_ETCD).is_some_and(|v| v != "0" && !v.is_empty())
+}
+
+/// Two distinct ports that were free a moment ago (the kernel's picks for port 0,
+/// released).
+fn free_ports() -> (SocketAddr, SocketAddr) {
+    let port = || {
+        TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .and_then(|l| l.local_addr())
+            .expect("bind a loopback port")
+    };
+    let client = port();
+    loop {
+        let peer = port();
+        if peer != client {
+            return (client, peer);
+        }
+    }
+}
+
+/// A directory name no other test (of this process or another) uses.
+fn temp_dir() -> PathBuf {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let name = format!("steady-etcd-{}-{}-{nanos}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+    Path::new(&std::env::temp_dir()).join(name)
+}
+
+/// Whether the server at `addr` answers `GET /health` with `"health":"true"`.
+fn healthy(addr: SocketAddr) -> bool {
+    let ask = || -> std::io::Result<String> {
+        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
+        stream.set_read_timeout(Some(Duration::from_secs(1)))?;
+        stream.set_write_timeout(Some(Duration::from_secs(1)))?;
+        stream.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")?;
+        let mut response = String::new();
+        stream.take(64 * 1024).read_to_string(&mut response)?;
+        Ok(response)
+    };
+    ask().is_ok_and(|r| r.replace(' ', "").contains("\"health\":\"true\""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_started_etcd_answers_and_is_gone_after_drop() {
+        let Some(etcd) = Etcd::start() else { return };
+        let (client, dir) = (etcd.client, etcd.dir.clone());
+        assert!(healthy(client));
+        assert!(etcd.endpoint().starts_with("http://127.0.0.1:"));
+        drop(etcd);
+        assert!(!healthy(client), "the server still answers after drop");
+        assert!(!dir.exists(), "the data directory is still there");
+    }
+
+    #[test]
+    fn a_killed_etcd_restarts_on_the_same_port() {
+        let Some(mut etcd) = Etcd::start() else { return };
+        let endpoint = etcd.endpoint();
+        etcd.kill();
+        assert!(!healthy(etcd.client));
+        etcd.restart();
+        assert!(healthy(etcd.client));
+        assert_eq!(etcd.endpoint(), endpoint);
+    }
+}
