@@ -23,8 +23,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use steady_lab::experiments::{self, LabConfig, LabResults};
-use steady_lab::sweep::Sweep;
 use steady_lab::sharding::{self, Scenario as ShardingScenario};
+use steady_lab::sweep::Sweep;
 use steady_lab::{figures, report};
 use steady_subset::quality::Scenario;
 use steady_subset::Algorithm;
@@ -146,7 +146,11 @@ fn main() -> ExitCode {
             let dir = file.parent().map(|p| p.join("figures")).unwrap_or_else(|| PathBuf::from("figures"));
             let drawn = figures::draw_all(&results, &dir)?;
             let mut text = report::render(&results, &drawn, "figures");
-            let runs = sharding::run_all(&ShardingScenario::standard(), &sharding::ASSIGNERS, &Sweep::new(run.threads))?;
+            let runs = sharding::run_all(
+                &ShardingScenario::standard(),
+                &sharding::ASSIGNERS,
+                &Sweep::new(run.threads),
+            )?;
             let drawn = sharding::figures::draw_all(&runs, &dir)?;
             text.push('\n');
             text.push_str(&sharding::report::section(&runs, &drawn, "figures"));
