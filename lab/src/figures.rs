@@ -210,7 +210,7 @@ where
 }
 
 /// The legend box.
-fn legend<'a, X, Y>(
+pub(crate) fn legend<'a, X, Y>(
     chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
     position: SeriesLabelPosition,
 ) -> DrawResult<()>

@@ -7,7 +7,7 @@ use plotters::prelude::*;
 
 use super::simulate::Run;
 use super::summary::summarise;
-use crate::figures::{tick, DrawResult, Figure, CAPTION, FONT};
+use crate::figures::{legend, tick, DrawResult, Figure, CAPTION, FONT};
 
 /// A stable colour per assigner.
 pub fn colour(assigner: &str) -> RGBColor {
@@ -99,13 +99,7 @@ fn over_time(run: &Run, dir: &Path, file: &str, title: &'static str) -> DrawResu
         ))?
         .label("floor (hottest key over max replicas)")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK.stroke_width(1)));
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(FONT)
-        .draw()?;
+    legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     root.present()?;
     Ok(Figure { file: file.to_owned(), title })
 }
@@ -152,13 +146,7 @@ fn churn_against_imbalance(runs: &[Run], dir: &Path) -> DrawResult<Figure> {
             .label(name)
             .legend(move |(x, y)| Circle::new((x + 8, y), 5, c.filled()));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(FONT)
-        .draw()?;
+    legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     root.present()?;
     Ok(Figure { file: file.to_owned(), title: "Key churn against imbalance per assigner" })
 }
