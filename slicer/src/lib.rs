@@ -47,6 +47,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
 
 mod distributor;
+pub mod load;
 mod slicelet;
 pub mod store;
 
