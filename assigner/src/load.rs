@@ -8,25 +8,31 @@ use crate::error::AssignError;
 pub(crate) const SPACE: f64 = 18_446_744_073_709_551_616.0;
 
 /// Observed load (requests per second by default) over the key space: load at single
-/// keys (the heaviest keys Slicelets report, or every key a simulator knows), plus an
-/// optional uniform part spread evenly over the key space (what an assigner falls back
-/// to when reports are stale). Keys not listed carry only the uniform part.
+/// keys (the heaviest keys Slicelets report, or every key a simulator knows), load spread
+/// evenly over ranges (what Slicelets measure per slice), plus an optional uniform part
+/// spread evenly over the whole key space (what an assigner falls back to when reports
+/// are stale). Keys not covered carry only the uniform part.
 ///
 /// A slice's load is the load of its keys; each of its replicas carries that load divided
-/// by the number of replicas. Queries cost `O(log keys)`: the per-key loads are kept
-/// sorted with prefix sums.
+/// by the number of replicas. Queries cost `O(log keys + log ranges)`: the per-key loads
+/// are kept sorted with prefix sums, the ranges as a step function with prefix sums.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Load {
     keys: Vec<u64>,
     /// `prefix[i]`: the load of `keys[..i]`.
     prefix: Vec<f64>,
+    /// Range loads as a step function: between `bounds[i]` and `bounds[i + 1]` the load
+    /// per key is `density[i]`; `below_bound[i]` is the range load below `bounds[i]`.
+    bounds: Vec<u128>,
+    density: Vec<f64>,
+    below_bound: Vec<f64>,
     uniform: f64,
 }
 
 impl Load {
     /// No load at all.
     pub fn none() -> Self {
-        Self { keys: Vec::new(), prefix: vec![0.0], uniform: 0.0 }
+        Self { prefix: vec![0.0], ..Self::default() }
     }
 
     /// Load at single keys; a key listed twice carries the sum.
@@ -60,7 +66,64 @@ impl Load {
                 prefix.push(sum);
             }
         }
-        Ok(Self { keys, prefix, uniform: 0.0 })
+        Ok(Self { keys, prefix, ..Self::none() })
+    }
+
+    /// Adds load spread evenly over each range; ranges may overlap (their loads add up,
+    /// as the reports of a slice's replicas do). Replaces ranges added before.
+    ///
+    /// # Errors
+    ///
+    /// [`AssignError::BadLoad`] (with the range's start) for a negative, NaN or infinite
+    /// load, or a sum that overflows to infinity.
+    pub fn with_ranges(
+        mut self,
+        ranges: impl IntoIterator<Item = (KeyRange, f64)>,
+    ) -> Result<Self, AssignError> {
+        // Density changes at each range's ends; a sweep turns them into a step function.
+        // (where, density, whether a range starts there)
+        let mut steps: Vec<(u128, f64, bool)> = Vec::new();
+        for (range, load) in ranges {
+            if !load.is_finite() || load < 0.0 {
+                return Err(AssignError::BadLoad { key: range.start(), load });
+            }
+            let start = u128::from(range.start().get());
+            let end = range.end().map_or(1u128 << 64, |e| u128::from(e.get()));
+            let density = load / (end - start) as f64;
+            steps.push((start, density, true));
+            steps.push((end, density, false));
+        }
+        steps.sort_by_key(|s| s.0);
+        let (mut bounds, mut density, mut below_bound) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut current, mut below) = (0.0f64, 0.0f64);
+        let mut active = 0usize;
+        for (at, change, starts) in steps {
+            if let Some(&last) = bounds.last() {
+                below += current * (at - last) as f64;
+                if !below.is_finite() {
+                    return Err(AssignError::BadLoad {
+                        key: SliceKey(at.min(u128::from(u64::MAX)) as u64),
+                        load: below,
+                    });
+                }
+            }
+            // Back to no range at all: exactly zero, not the rounding residue of the
+            // sums, which would otherwise spread over the whole gap that follows.
+            active = if starts { active + 1 } else { active - 1 };
+            let change = if starts { change } else { -change };
+            current = if active == 0 { 0.0 } else { (current + change).max(0.0) };
+            if bounds.last() == Some(&at) {
+                *density.last_mut().expect("pushed with the bound") = current;
+            } else {
+                bounds.push(at);
+                density.push(current);
+                below_bound.push(below);
+            }
+        }
+        self.bounds = bounds;
+        self.density = density;
+        self.below_bound = below_bound;
+        Ok(self)
     }
 
     /// Adds `total` load spread evenly over the whole key space.
@@ -78,7 +141,7 @@ impl Load {
 
     /// The load of the whole key space.
     pub fn total(&self) -> f64 {
-        self.prefix.last().copied().unwrap_or(0.0) + self.uniform
+        self.prefix.last().copied().unwrap_or(0.0) + self.below_ranges(1u128 << 64) + self.uniform
     }
 
     /// The load of the keys of `range`.
@@ -95,7 +158,16 @@ impl Load {
     /// The load of the keys below `key`.
     fn below(&self, key: u128) -> f64 {
         let i = self.keys.partition_point(|&k| u128::from(k) < key);
-        self.prefix[i] + self.uniform * (key as f64 / SPACE)
+        self.prefix[i] + self.below_ranges(key) + self.uniform * (key as f64 / SPACE)
+    }
+
+    /// The range load below `key`.
+    fn below_ranges(&self, key: u128) -> f64 {
+        let i = self.bounds.partition_point(|&b| b <= key);
+        if i == 0 {
+            return 0.0;
+        }
+        self.below_bound[i - 1] + self.density[i - 1] * (key - self.bounds[i - 1]) as f64
     }
 
     /// Where to split `[start, end)` in two: the load median where keys carry load (the
@@ -195,6 +267,29 @@ mod tests {
         assert!(Load::from_points([(SliceKey(1), -1.0)]).is_err());
         assert!(Load::from_points([(SliceKey(1), f64::NAN)]).is_err());
         assert!(Load::none().with_uniform(f64::INFINITY).is_err());
+    }
+
+    #[test]
+    fn range_loads_spread_evenly_and_overlapping_ranges_add_up() {
+        let r = |a: u64, b: Option<u64>| KeyRange::new(SliceKey(a), b.map(SliceKey));
+        let load = Load::from_points([(SliceKey(50), 7.0)])
+            .unwrap()
+            .with_ranges([(r(0, Some(100)), 10.0), (r(50, Some(150)), 20.0), (r(1 << 63, None), 4.0)])
+            .unwrap();
+        assert_eq!(load.total(), 41.0);
+        assert_eq!(load.between(0, 50), 5.0);
+        // 5 of the first range, 10 of the second, and the point at 50.
+        assert_eq!(load.between(50, 100), 22.0);
+        assert_eq!(load.between(100, 200), 10.0);
+        assert_eq!(load.between(1 << 63, (1 << 63) + (1 << 62)), 2.0);
+        // The load median of an evenly loaded range is its middle.
+        assert_eq!(Load::none().with_ranges([(r(0, Some(100)), 8.0)]).unwrap().split_point(0, 100), Some(50));
+        assert!(Load::none().with_ranges([(r(0, Some(1)), -1.0)]).is_err());
+        // A range without load between loaded ones changes nothing.
+        let gap = Load::none()
+            .with_ranges([(r(0, Some(10)), 1.0), (r(5, Some(20)), 0.0), (r(30, Some(40)), 1.0)])
+            .unwrap();
+        assert_eq!((gap.between(10, 30), gap.total()), (0.0, 2.0));
     }
 
     #[test]

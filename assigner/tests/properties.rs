@@ -10,17 +10,29 @@ use steady_assigner::{
     WeightedMoveConfig, NAMES,
 };
 
-/// Random per-key loads, plus a hot key carrying `hot` (up to 90%) of the total.
+/// Random per-key loads, plus a hot key carrying `hot` (up to 90%) of the total, plus
+/// range loads as Slicelets report them (possibly overlapping, as replicas' reports do).
 fn load_strategy() -> impl Strategy<Value = Load> {
-    (prop::collection::vec((any::<u64>(), 0.0..100.0f64), 0..200), any::<u64>(), 0.0..0.9f64).prop_map(
-        |(mut points, hot_key, hot)| {
+    (
+        prop::collection::vec((any::<u64>(), 0.0..100.0f64), 0..200),
+        any::<u64>(),
+        0.0..0.9f64,
+        prop::collection::vec((any::<u64>(), any::<u64>(), 0.0..1000.0f64), 0..20),
+    )
+        .prop_map(|(mut points, hot_key, hot, ranges)| {
             let rest: f64 = points.iter().map(|p| p.1).sum();
             if rest > 0.0 && hot > 0.0 {
                 points.push((hot_key, rest * hot / (1.0 - hot)));
             }
-            Load::from_points(points.into_iter().map(|(k, l)| (SliceKey(k), l))).unwrap()
-        },
-    )
+            let ranges = ranges.into_iter().filter(|(a, b, _)| a != b).map(|(a, b, load)| {
+                let (lo, hi) = (a.min(b), a.max(b));
+                (steady_slice::KeyRange::new(SliceKey(lo), Some(SliceKey(hi))), load)
+            });
+            Load::from_points(points.into_iter().map(|(k, l)| (SliceKey(k), l)))
+                .unwrap()
+                .with_ranges(ranges)
+                .unwrap()
+        })
 }
 
 /// A job of `before` serving tasks, then each task (and up to 4 new ones) serving,
