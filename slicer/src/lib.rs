@@ -12,6 +12,12 @@
 //!   [`AssignmentStore`] trait (read with a revision, write conditioned on it and fenced
 //!   by a [`Leadership`], watch, campaign), the embedded [`MemoryStore`], and
 //!   [`EtcdStore`] (feature `etcd`) for Assigners on several machines.
+//! * [`load`]: the load reports Slicelets send ([`load::LoadReport`]) and the Assigner's
+//!   bounded book of them ([`load::LoadBook`]).
+//! * [`assigner`] (feature `assigner`, on by default): the Assigner service: one job's
+//!   loop that campaigns in a store, runs a `steady-assigner` algorithm on the estimated
+//!   load on a cadence and at once on a task-set change, and writes and distributes each
+//!   new generation, rate-limited.
 //!
 //! # Dependencies
 //!
@@ -46,6 +52,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
 
+#[cfg(feature = "assigner")]
+pub mod assigner;
 mod distributor;
 pub mod load;
 mod slicelet;

@@ -1,0 +1,124 @@
+//! From the Slicelets' reports to the load an assigner run balances.
+
+use steady_assigner::{Load, SliceKey};
+use steady_slice::{Assignment, KeyRange};
+
+use crate::load::Received;
+
+/// The load of a job estimated from its tasks' fresh reports.
+///
+/// * Each reported slice's rate is spread evenly over the slice's range in the
+///   generation the report was taken under, minus the rates of the hot keys inside it,
+///   which are placed at their keys (so splits can isolate them).
+/// * A serving task with no fresh report is assumed to carry, on each slice it holds in
+///   `current`, the mean rate per key (and per replica) of the reported slices.
+/// * With no fresh report at all the load is unknown: uniform, so the run only keeps
+///   replica counts within limits and moves slices off leaving tasks.
+pub fn estimate(fresh: &[Received], current: Option<&Assignment>, serving: &[u32]) -> Load {
+    if fresh.is_empty() {
+        return Load::none().with_uniform(1.0).expect("1 is a valid load");
+    }
+    let mut ranges: Vec<(KeyRange, f64)> = Vec::new();
+    let mut points: Vec<(SliceKey, f64)> = Vec::new();
+    // Reported rate over the key space it covered, per replica: for the unreported.
+    let (mut rate, mut covered) = (0.0, 0.0);
+    for received in fresh {
+        let a = &received.assignment;
+        let hot = received.report.hot_keys();
+        for &(start, slice_rate) in received.report.slices() {
+            let i = a.slice_index(start);
+            if a.slices()[i].start != start {
+                // Not a slice of that generation: the report is inconsistent; skip it.
+                continue;
+            }
+            let range = a.range(i);
+            let inside: f64 = hot.iter().filter(|(k, _)| range.contains(*k)).map(|h| h.1).sum();
+            ranges.push((range, (slice_rate - inside).max(0.0)));
+            rate += slice_rate;
+            covered += range.fraction() / a.slices()[i].replicas.len() as f64;
+        }
+        points.extend(hot.iter().copied());
+    }
+    if let Some(current) = current {
+        let density = if covered > 0.0 { rate / covered } else { 0.0 };
+        let reported: Vec<u32> = fresh.iter().map(|r| r.report.task()).collect();
+        for (i, slice) in current.slices().iter().enumerate() {
+            let missing =
+                slice.replicas.iter().filter(|t| serving.contains(t) && !reported.contains(t)).count();
+            if missing > 0 && density > 0.0 {
+                let range = current.range(i);
+                let share = density * range.fraction() / slice.replicas.len() as f64;
+                ranges.push((range, share * missing as f64));
+            }
+        }
+    }
+    Load::from_points(points)
+        .and_then(|load| load.with_ranges(ranges))
+        .unwrap_or_else(|_| Load::none().with_uniform(1.0).expect("1 is a valid load"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use steady_slice::Slice;
+
+    use super::*;
+    use crate::load::LoadReport;
+
+    fn received(
+        task: u32,
+        a: &Arc<Assignment>,
+        slices: Vec<(SliceKey, f64)>,
+        hot: Vec<(SliceKey, f64)>,
+    ) -> Received {
+        Received {
+            report: LoadReport::new("job", task, a.generation(), slices, hot).unwrap(),
+            at: Instant::now(),
+            assignment: a.clone(),
+        }
+    }
+
+    #[test]
+    fn reports_become_range_loads_with_hot_keys_at_their_keys() {
+        let half = 1u64 << 63;
+        let a = Arc::new(
+            Assignment::new(
+                3,
+                vec![
+                    Slice { start: SliceKey(0), replicas: vec![0] },
+                    Slice { start: SliceKey(half), replicas: vec![1] },
+                ],
+            )
+            .unwrap(),
+        );
+        let fresh = [
+            received(0, &a, vec![(SliceKey(0), 100.0)], vec![(SliceKey(7), 60.0)]),
+            received(1, &a, vec![(SliceKey(half), 40.0)], vec![]),
+        ];
+        let load = estimate(&fresh, Some(&a), &[0, 1]);
+        assert!((load.total() - 140.0).abs() < 1e-9, "{}", load.total());
+        assert!((load.of_range(KeyRange::new(SliceKey(7), Some(SliceKey(8)))) - 60.0).abs() < 1e-6);
+        assert!((load.of_range(KeyRange::new(SliceKey(half), None)) - 40.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn an_unreported_task_is_assumed_average_and_no_reports_mean_uniform_load() {
+        let half = 1u64 << 63;
+        let a = Arc::new(
+            Assignment::new(
+                3,
+                vec![
+                    Slice { start: SliceKey(0), replicas: vec![0] },
+                    Slice { start: SliceKey(half), replicas: vec![1] },
+                ],
+            )
+            .unwrap(),
+        );
+        let load = estimate(&[received(0, &a, vec![(SliceKey(0), 100.0)], vec![])], Some(&a), &[0, 1]);
+        assert!((load.of_range(KeyRange::new(SliceKey(half), None)) - 100.0).abs() < 1e-6);
+        let unknown = estimate(&[], Some(&a), &[0, 1]);
+        assert_eq!(unknown.of_range(KeyRange::new(SliceKey(0), Some(SliceKey(half)))), 0.5);
+    }
+}

@@ -1,0 +1,222 @@
+//! The Assigner service: publishes, rebalances on reports, reacts to task-set changes at
+//! once within its rate limit, publishes nothing unchanged, and hands over to a standby
+//! (in memory and on a real etcd).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use steady_assigner::{by_name, Assigner, Assignment, SliceKey, TaskState, Tasks};
+use steady_slicer::assigner::{AssignerConfig, AssignerHandle, AssignerService};
+use steady_slicer::load::{LoadBook, LoadReport};
+use steady_slicer::store::{AssignmentStore, EtcdConfig, EtcdStore, MemoryStore};
+use steady_slicer::Distributor;
+use steady_testing::Etcd;
+use tokio::sync::watch;
+
+const JOB: &str = "users";
+
+fn config() -> AssignerConfig {
+    AssignerConfig {
+        cadence: Duration::from_millis(50),
+        min_interval: Duration::from_millis(20),
+        backoff: Duration::from_millis(20),
+        ..AssignerConfig::default()
+    }
+}
+
+fn weighted_move() -> Arc<dyn Assigner + Send + Sync> {
+    Arc::from(by_name("weighted-move").unwrap())
+}
+
+struct Job {
+    store: Arc<dyn AssignmentStore>,
+    distributor: Distributor,
+    book: LoadBook,
+    tasks: watch::Sender<Tasks>,
+}
+
+impl Job {
+    fn new(store: Arc<dyn AssignmentStore>, tasks: u32) -> Self {
+        let (tx, _) = watch::channel(Tasks::serving(0..tasks).unwrap());
+        Self { store, distributor: Distributor::new(), book: LoadBook::new(), tasks: tx }
+    }
+
+    fn spawn(&self, candidate: &str, config: AssignerConfig) -> AssignerHandle {
+        AssignerService::new(
+            JOB,
+            candidate,
+            weighted_move(),
+            self.store.clone(),
+            self.distributor.clone(),
+            self.book.clone(),
+        )
+        .config(config)
+        .spawn(self.tasks.subscribe())
+    }
+
+    /// Waits (bounded) until the Distributor holds an assignment that satisfies `test`.
+    async fn until(&self, what: &str, test: impl Fn(&Assignment) -> bool) -> Assignment {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(a) = self.distributor.current(JOB).filter(|a| test(a)) {
+                return a;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}: {:?}",
+                self.distributor.current(JOB).map(|a| a.generation())
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Each task reports its slices with `rate(task)` requests per second in total.
+    fn report(&self, a: &Assignment, rate: impl Fn(u32) -> f64) {
+        for task in 0..64u32 {
+            let mine: Vec<SliceKey> =
+                a.slices().iter().filter(|s| s.replicas.contains(&task)).map(|s| s.start).collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let each = rate(task) / mine.len() as f64;
+            let report = LoadReport::new(
+                JOB,
+                task,
+                a.generation(),
+                mine.into_iter().map(|s| (s, each)).collect(),
+                vec![],
+            )
+            .unwrap();
+            self.book.accept(report).unwrap();
+        }
+    }
+}
+
+fn share_of(a: &Assignment, task: u32) -> f64 {
+    (0..a.slices().len())
+        .filter(|&i| a.slices()[i].replicas.contains(&task))
+        .map(|i| a.range(i).fraction())
+        .sum()
+}
+
+#[tokio::test]
+async fn the_first_generation_is_published_and_a_hot_task_is_relieved() {
+    let job = Job::new(Arc::new(MemoryStore::new()), 4);
+    let _assigner = job.spawn("a", config());
+    let first = job.until("the first generation", |_| true).await;
+    assert_eq!(job.store.read(JOB).await.unwrap().generation(), first.generation());
+    let before = share_of(&first, 0);
+    // Task 0 reports four times the load of the others: keys move off it.
+    job.report(&first, |t| if t == 0 { 400.0 } else { 100.0 });
+    let later = job.until("a rebalanced generation", |a| a.generation() > first.generation()).await;
+    assert!(share_of(&later, 0) < before, "{} !< {before}", share_of(&later, 0));
+    // Reports for an unknown generation or task are dropped and counted.
+    let stale = LoadReport::new(JOB, 1, later.generation() + 100, vec![], vec![]).unwrap();
+    assert!(job.book.accept(stale).is_err());
+    assert!(job.book.dropped() >= 1);
+}
+
+#[tokio::test]
+async fn a_draining_task_loses_its_slices_at_once_and_publications_are_rate_limited() {
+    let job = Job::new(Arc::new(MemoryStore::new()), 4);
+    let slow = AssignerConfig {
+        cadence: Duration::from_secs(3600),
+        min_interval: Duration::from_millis(200),
+        ..config()
+    };
+    let assigner = job.spawn("a", slow);
+    let first = job.until("the first generation", |_| true).await;
+    let changed = Instant::now();
+    job.tasks.send_replace(
+        Tasks::new((0..4).map(|t| (t, if t == 3 { TaskState::Draining } else { TaskState::Serving })))
+            .unwrap(),
+    );
+    // The cadence is an hour: only the task-set change can have caused this run.
+    let drained = job.until("task 3 drained", |a| a.slices().iter().all(|s| !s.replicas.contains(&3))).await;
+    assert!(drained.generation() > first.generation());
+    assert!(changed.elapsed() < Duration::from_secs(2), "{:?}", changed.elapsed());
+    // Ten changes in quick succession: at most one publication per 200 ms.
+    let (published, started) = (assigner.stats().published(), Instant::now());
+    for round in 0..10u32 {
+        let gone = round % 3;
+        job.tasks.send_replace(
+            Tasks::new((0..4).map(|t| (t, if t == gone { TaskState::Gone } else { TaskState::Serving })))
+                .unwrap(),
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let more = assigner.stats().published() - published;
+    let allowed = (started.elapsed().as_millis() / 200 + 1) as u64;
+    assert!(more >= 1 && more <= allowed, "{more} publications, at most {allowed} allowed");
+}
+
+#[tokio::test]
+async fn a_quiet_job_publishes_nothing_new_and_a_killed_assigner_leaves_the_last_assignment() {
+    let job = Job::new(Arc::new(MemoryStore::new()), 3);
+    let assigner = job.spawn("a", config());
+    job.until("the first generation", |_| true).await;
+    // Without reports the load is uniform: after the first few runs nothing changes.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let settled = assigner.stats().published();
+    let runs = assigner.stats().runs();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(assigner.stats().runs() > runs + 3, "runs go on");
+    assert_eq!(assigner.stats().published(), settled, "but publish nothing");
+    let last = job.distributor.current(JOB).unwrap();
+    assigner.kill().await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(job.distributor.current(JOB).unwrap(), last);
+    assert_eq!(job.store.read(JOB).await.unwrap().generation(), last.generation());
+}
+
+#[tokio::test]
+async fn a_standby_takes_over_when_the_leader_dies() {
+    let job = Job::new(Arc::new(MemoryStore::new()), 4);
+    let leader = job.spawn("a", config());
+    let first = job.until("the first generation", |_| true).await;
+    let standby = job.spawn("b", config());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!((leader.stats().terms(), standby.stats().terms()), (1, 0));
+    leader.kill().await;
+    // The standby leads and carries on from the stored generation.
+    job.tasks.send_replace(Tasks::serving(0..5).unwrap());
+    let next =
+        job.until("the standby's generation", |a| a.slices().iter().any(|s| s.replicas.contains(&4))).await;
+    assert!(next.generation() > first.generation());
+    assert_eq!(standby.stats().terms(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_etcd_a_standby_takes_over_within_the_lease() {
+    let Some(etcd) = Etcd::start() else { return };
+    let ttl = Duration::from_secs(2);
+    let connect = || async {
+        let config =
+            EtcdConfig::new([etcd.endpoint()]).lease_ttl(ttl).request_timeout(Duration::from_secs(3));
+        Arc::new(EtcdStore::connect(config).await.unwrap()) as Arc<dyn AssignmentStore>
+    };
+    let job = Job::new(connect().await, 4);
+    let leader = job.spawn("a", config());
+    let first = job.until("the first generation", |_| true).await;
+    // The standby runs on its own connection, as on another machine.
+    let other = Job {
+        store: connect().await,
+        distributor: job.distributor.clone(),
+        book: LoadBook::new(),
+        tasks: job.tasks.clone(),
+    };
+    let standby = other.spawn("b", config());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(standby.stats().terms(), 0);
+    let killed = Instant::now();
+    leader.kill().await;
+    job.tasks.send_replace(Tasks::serving(0..5).unwrap());
+    let next =
+        job.until("the standby's generation", |a| a.slices().iter().any(|s| s.replicas.contains(&4))).await;
+    let failover = killed.elapsed();
+    println!("etcd failover: the standby published {failover:?} after the leader was killed (lease {ttl:?})");
+    assert!(next.generation() > first.generation());
+    // The lease must lapse first (the term was not resigned), then one run.
+    assert!(failover >= ttl / 2 && failover < ttl + Duration::from_secs(2), "{failover:?}");
+}
