@@ -91,6 +91,12 @@ impl MeteredAssignment {
         Self { assignment, counts, held, installed_at: Instant::now() }
     }
 
+    /// Requests counted in this generation, over all its slices.
+    #[cfg(test)]
+    pub(crate) fn counted(&self) -> u64 {
+        self.counts.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    }
+
     /// Counts a request for `key`; returns whether `task` holds its slice.
     #[inline]
     pub(crate) fn count(&self, key: SliceKey, task: u32) -> bool {

@@ -385,6 +385,39 @@ mod tests {
     }
 
     #[test]
+    fn every_request_is_counted_in_exactly_one_generation_across_swaps() {
+        const PER_THREAD: u64 = 200_000;
+        let slicelet = Slicelet::new(0);
+        slicelet.set_assignment(Assignment::single(1, vec![0]).unwrap());
+        let mut generations = vec![slicelet.state.assignment.load_full().unwrap()];
+        let finished = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for t in 0..2u64 {
+                let (slicelet, finished) = (&slicelet, &finished);
+                s.spawn(move || {
+                    for i in 0..PER_THREAD {
+                        slicelet.record(SliceKey(i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ t));
+                    }
+                    finished.fetch_add(1, Ordering::SeqCst);
+                });
+            }
+            // Swap generations under the recording threads until they are done.
+            let mut g = 1;
+            while finished.load(Ordering::SeqCst) < 2 {
+                g += 1;
+                assert!(slicelet.set_assignment(Assignment::single(g, vec![0]).unwrap()));
+                generations.push(slicelet.state.assignment.load_full().unwrap());
+            }
+        });
+        let counted: u64 = generations.iter().map(|g| g.counted()).sum();
+        let swaps = generations.len() - 1;
+        assert_eq!(counted, 2 * PER_THREAD, "lost or double-counted requests across {swaps} swaps");
+        assert_eq!(slicelet.keyed_requests(), 2 * PER_THREAD);
+        let counting = generations.iter().filter(|g| g.counted() > 0).count();
+        assert!(counting >= 2, "the requests spanned {counting} generations: no swap happened under them");
+    }
+
+    #[test]
     fn an_older_generation_is_refused() {
         let slicelet = Slicelet::new(0);
         assert!(slicelet.set_assignment(Assignment::single(2, vec![0]).unwrap()));
