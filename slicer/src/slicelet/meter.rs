@@ -3,6 +3,7 @@
 //! sketch); the reader side turns counts into decayed rates when a report is made.
 
 use std::cell::Cell;
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -106,28 +107,34 @@ impl MeteredAssignment {
     }
 }
 
-/// The request side's per-thread random source for sampling (xorshift64*): no shared
-/// state, so sampling costs no contention.
-fn next_random() -> u64 {
-    thread_local! {
-        static STATE: Cell<u64> = Cell::new(seed());
-    }
-    fn seed() -> u64 {
+/// How many hot-key sketches a meter keeps: each thread feeds one (threads are dealt
+/// to them round-robin), so that threads sampling at once rarely wait for each other's
+/// lock. The report merges them.
+const SKETCH_SHARDS: usize = 8;
+
+thread_local! {
+    /// This thread's sampling state: its random stream (xorshift64*) and its sketch
+    /// shard. Per thread, so sampling shares nothing between threads.
+    static SAMPLER: (Cell<u64>, usize) = {
         // Each thread its own stream: SplitMix64's finaliser over a global counter.
         static THREADS: AtomicU64 = AtomicU64::new(0);
-        let mut z =
-            THREADS.fetch_add(1, Ordering::Relaxed).wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let n = THREADS.fetch_add(1, Ordering::Relaxed);
+        let mut z = n.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        (z ^ (z >> 31)) | 1
-    }
-    STATE.with(|s| {
-        let mut x = s.get();
+        (Cell::new((z ^ (z >> 31)) | 1), n as usize % SKETCH_SHARDS)
+    };
+}
+
+/// A draw from this thread's random stream, and this thread's sketch shard.
+fn next_random() -> (u64, usize) {
+    SAMPLER.with(|(state, shard)| {
+        let mut x = state.get();
         x ^= x >> 12;
         x ^= x << 25;
         x ^= x >> 27;
-        s.set(x);
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        state.set(x);
+        (x.wrapping_mul(0x2545_F491_4F6C_DD1D), *shard)
     })
 }
 
@@ -174,7 +181,8 @@ pub(crate) struct LoadMeter {
     config: MeterConfig,
     /// A request is sampled when a random u64 is below this (`u64::MAX`: all).
     sample_below: u64,
-    sketch: Mutex<HeavyHitters>,
+    /// Hot-key sketches, one per group of threads (see [`SKETCH_SHARDS`]).
+    sketches: Box<[Mutex<HeavyHitters>]>,
     ticks: Mutex<Ticks>,
 }
 
@@ -193,7 +201,9 @@ impl LoadMeter {
         Ok(Self {
             config,
             sample_below,
-            sketch: Mutex::new(HeavyHitters::new(2 * MAX_REPORTED_KEYS)),
+            sketches: (0..SKETCH_SHARDS)
+                .map(|_| Mutex::new(HeavyHitters::new(2 * MAX_REPORTED_KEYS)))
+                .collect(),
             ticks: Mutex::new(Ticks {
                 tracked: None,
                 last_counts: Vec::new(),
@@ -212,8 +222,9 @@ impl LoadMeter {
     /// The request side: feeds `key` to the sketch with probability `1/sample_one_in`.
     #[inline]
     pub(crate) fn sample(&self, key: SliceKey) {
-        if self.sample_below == u64::MAX || next_random() < self.sample_below {
-            lock(&self.sketch).add(key.get(), 1.0);
+        let (draw, shard) = next_random();
+        if draw < self.sample_below || self.sample_below == u64::MAX {
+            lock(&self.sketches[shard]).add(key.get(), 1.0);
         }
     }
 
@@ -230,6 +241,26 @@ impl LoadMeter {
         // -expm1 keeps precision for ticks much shorter than the half-life.
         let mean = -(-halves * std::f64::consts::LN_2).exp_m1() / (halves * std::f64::consts::LN_2);
         (factor, mean)
+    }
+
+    /// Decays every sketch by `factor` and returns the heaviest keys over all of them,
+    /// heaviest first: a key's count is the sum of its counts in the sketches that hold
+    /// it. Each shard's counts are upper bounds of its part of the stream, so the sums
+    /// are upper bounds too, within `W / capacity` overall; a key a shard dropped loses
+    /// at most that shard's `W_s / capacity` from its sum.
+    fn merged_top(&self, factor: f64) -> Vec<(u64, f64)> {
+        let mut sums: HashMap<u64, f64> = HashMap::new();
+        for sketch in self.sketches.iter() {
+            let mut sketch = lock(sketch);
+            sketch.decay(factor);
+            for (key, count) in sketch.top(usize::MAX) {
+                *sums.entry(key).or_default() += count;
+            }
+        }
+        let mut top: Vec<(u64, f64)> = sums.into_iter().collect();
+        top.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        top.truncate(MAX_REPORTED_KEYS);
+        top
     }
 
     /// The reader side: brings the decayed rates up to `now` for `current` (the
@@ -276,11 +307,7 @@ impl LoadMeter {
         let (factor, _) = self.decay(elapsed);
         ticks.key_time = (ticks.key_time + elapsed.as_secs_f64()) * factor;
         ticks.last_key_tick = ticks.last_key_tick.max(now);
-        let top = {
-            let mut sketch = lock(&self.sketch);
-            sketch.decay(factor);
-            sketch.top(MAX_REPORTED_KEYS)
-        };
+        let top = self.merged_top(factor);
         let scale = f64::from(self.config.sample_one_in);
         let hot_keys: Vec<(SliceKey, f64)> = if ticks.key_time > 0.0 {
             top.into_iter()

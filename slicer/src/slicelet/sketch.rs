@@ -43,13 +43,16 @@ struct Counter {
 /// key with more than `1/m` of the weight is among the `m` heaviest counters (at most
 /// `m - 1` others can count as much, since the counts sum to `W`).
 ///
-/// Costs: `add` of a held key is one lookup; of a new key when full, a scan of the
-/// counters for the smallest (`O(capacity)`); [`HeavyHitters::decay`] is `O(capacity)`.
+/// The counters form a min-heap by count, so that the smallest, which a new key takes
+/// over when the sketch is full, is at the root. Costs: `add` is a hash lookup and a
+/// sift of `O(log capacity)` steps; [`HeavyHitters::decay`] is `O(capacity)` (scaling
+/// every count alike keeps the heap in order); [`HeavyHitters::top`] sorts.
 #[derive(Debug)]
 pub(crate) struct HeavyHitters {
     capacity: usize,
-    counters: Vec<Counter>,
-    /// Key -> its position in `counters`.
+    /// A min-heap by `count`.
+    heap: Vec<Counter>,
+    /// Key -> its position in `heap`.
     index: HashMap<u64, usize, BuildHasherDefault<PassThrough>>,
 }
 
@@ -59,7 +62,7 @@ impl HeavyHitters {
         let capacity = capacity.max(1);
         Self {
             capacity,
-            counters: Vec::with_capacity(capacity),
+            heap: Vec::with_capacity(capacity),
             index: HashMap::with_capacity_and_hasher(capacity, BuildHasherDefault::default()),
         }
     }
@@ -68,27 +71,61 @@ impl HeavyHitters {
     pub(crate) fn add(&mut self, key: u64, weight: f64) {
         debug_assert!(weight.is_finite() && weight > 0.0, "weight {weight}");
         if let Some(&i) = self.index.get(&key) {
-            self.counters[i].count += weight;
-            return;
+            self.heap[i].count += weight;
+            self.sift_down(i);
+        } else if self.heap.len() < self.capacity {
+            // Not full: a new counter; its count may be smaller than its parents'.
+            let i = self.heap.len();
+            self.heap.push(Counter { key, count: weight, error: 0.0 });
+            self.index.insert(key, i);
+            self.sift_up(i);
+        } else {
+            // Full: the key takes over the smallest counter (the root), inheriting its
+            // count as its error.
+            let min = self.heap[0];
+            self.index.remove(&min.key);
+            self.heap[0] = Counter { key, count: min.count + weight, error: min.count };
+            self.index.insert(key, 0);
+            self.sift_down(0);
         }
-        if self.counters.len() < self.capacity {
-            self.index.insert(key, self.counters.len());
-            self.counters.push(Counter { key, count: weight, error: 0.0 });
-            return;
+        debug_assert_eq!(self.index.len(), self.heap.len());
+    }
+
+    /// Moves the counter at `i` towards the leaves until no child counts less.
+    fn sift_down(&mut self, mut i: usize) {
+        loop {
+            let (left, right) = (2 * i + 1, 2 * i + 2);
+            let mut smallest = i;
+            if left < self.heap.len() && self.heap[left].count < self.heap[smallest].count {
+                smallest = left;
+            }
+            if right < self.heap.len() && self.heap[right].count < self.heap[smallest].count {
+                smallest = right;
+            }
+            if smallest == i {
+                return;
+            }
+            self.swap(i, smallest);
+            i = smallest;
         }
-        // Full: the key takes over the smallest counter, inheriting its count as error.
-        let (i, min) = self
-            .counters
-            .iter()
-            .enumerate()
-            .min_by(|a, b| a.1.count.total_cmp(&b.1.count))
-            .map(|(i, c)| (i, c.count))
-            .expect("capacity >= 1 and full");
-        let evicted =
-            std::mem::replace(&mut self.counters[i], Counter { key, count: min + weight, error: min });
-        self.index.remove(&evicted.key);
-        self.index.insert(key, i);
-        debug_assert_eq!(self.index.len(), self.counters.len());
+    }
+
+    /// Moves the counter at `i` towards the root until its parent counts no more.
+    fn sift_up(&mut self, mut i: usize) {
+        while i > 0 {
+            let parent = (i - 1) / 2;
+            if self.heap[parent].count <= self.heap[i].count {
+                return;
+            }
+            self.swap(i, parent);
+            i = parent;
+        }
+    }
+
+    fn swap(&mut self, a: usize, b: usize) {
+        self.heap.swap(a, b);
+        self.index.insert(self.heap[a].key, a);
+        self.index.insert(self.heap[b].key, b);
     }
 
     /// Multiplies every count by `factor` (in `0.0..=1.0`): the weights seen so far count
@@ -96,7 +133,7 @@ impl HeavyHitters {
     /// it is the sketch of the same stream with the past weights scaled.
     pub(crate) fn decay(&mut self, factor: f64) {
         debug_assert!((0.0..=1.0).contains(&factor), "factor {factor}");
-        for c in &mut self.counters {
+        for c in &mut self.heap {
             c.count *= factor;
             c.error *= factor;
         }
@@ -105,7 +142,7 @@ impl HeavyHitters {
     /// The `n` heaviest keys with their counts (upper bounds), heaviest first; ties in
     /// key order, so the result is deterministic.
     pub(crate) fn top(&self, n: usize) -> Vec<(u64, f64)> {
-        let mut all: Vec<(u64, f64)> = self.counters.iter().map(|c| (c.key, c.count)).collect();
+        let mut all: Vec<(u64, f64)> = self.heap.iter().map(|c| (c.key, c.count)).collect();
         all.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         all.truncate(n);
         all
@@ -114,7 +151,15 @@ impl HeavyHitters {
     /// The count and error of `key`, if it holds a counter.
     #[cfg(test)]
     fn get(&self, key: u64) -> Option<(f64, f64)> {
-        self.index.get(&key).map(|&i| (self.counters[i].count, self.counters[i].error))
+        self.index.get(&key).map(|&i| (self.heap[i].count, self.heap[i].error))
+    }
+
+    /// Whether the heap and the index agree and the heap is in order.
+    #[cfg(test)]
+    fn is_consistent(&self) -> bool {
+        let ordered = (1..self.heap.len()).all(|i| self.heap[(i - 1) / 2].count <= self.heap[i].count);
+        let indexed = self.heap.iter().enumerate().all(|(i, c)| self.index.get(&c.key) == Some(&i));
+        ordered && indexed && self.index.len() == self.heap.len()
     }
 }
 
@@ -194,6 +239,7 @@ mod tests {
                 sketch.add(key, 1.0);
                 *truth.entry(key).or_default() += 1.0;
             }
+            prop_assert!(sketch.is_consistent());
             let total: f64 = truth.values().sum();
             let top = sketch.top(m);
             for (&key, &weight) in &truth {
