@@ -36,7 +36,10 @@ struct Counters {
 /// restarted, or refused it), it opens a new one after a backoff delay (doubling with
 /// each failure in a row, with jitter; back to the base delay once a stream has lasted
 /// an interval). It never ends on its own and never panics; the report that was being
-/// sent when a stream broke is lost (the next one supersedes it anyway).
+/// sent when a stream broke is lost (the next one supersedes it anyway). A collector
+/// that vanishes without closing the connection (a partition) is noticed only by the
+/// endpoint's HTTP/2 keep-alive: set `Endpoint::http2_keep_alive_interval` and
+/// `keep_alive_timeout` on `endpoint` to bound that.
 ///
 /// **Dropping it stops the task** (as does [`LoadReporter::stop`]): unlike a tokio
 /// `JoinHandle`, it is not detached on drop. Keep it for as long as reports should flow.

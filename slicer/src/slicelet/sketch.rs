@@ -17,7 +17,7 @@ impl Hasher for PassThrough {
     fn write(&mut self, bytes: &[u8]) {
         // Only `write_u64` is used (the keys are u64); fold anything else in anyway.
         for &b in bytes {
-            self.0 = (self.0 << 8 | self.0 >> 56) ^ u64::from(b);
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
         }
     }
 
