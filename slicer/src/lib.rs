@@ -7,7 +7,11 @@
 //!   alike. What remote watchers can make it hold is bounded ([`MAX_JOB_NAME_LEN`],
 //!   [`MAX_UNPUBLISHED_JOBS`]).
 //! * [`Slicelet`]: a backend task's view of the assignment: which slices it holds, and
-//!   a server layer that counts requests for keys it does not hold (misroutes).
+//!   a server layer that counts requests for keys it does not hold (misroutes) and
+//!   measures the task's keyed load (per slice, decayed, and its hot keys), which
+//!   [`Slicelet::report_to`] streams to the Assigner.
+//! * [`load`]: load reports, and the Assigner's side of them: the [`load::LoadCollector`]
+//!   gRPC server and the [`load::LoadBook`] it feeds.
 //! * [`store`]: where each job's assignment lives and who may write it: the
 //!   [`AssignmentStore`] trait (read with a revision, write conditioned on it and fenced
 //!   by a [`Leadership`], watch, campaign), the embedded [`MemoryStore`], and
@@ -60,7 +64,10 @@ mod slicelet;
 pub mod store;
 
 pub use distributor::{Distributor, WatchStream, MAX_JOB_NAME_LEN, MAX_UNPUBLISHED_JOBS, MAX_WATCHERS};
-pub use slicelet::{Slicelet, SliceletLayer, SliceletService};
+pub use slicelet::{
+    LoadReporter, MeterConfig, MeterConfigError, Slicelet, SliceletLayer, SliceletService,
+    MIN_REPORT_INTERVAL,
+};
 pub use store::{AssignmentStore, Leadership, MemoryStore, StoreError};
 #[cfg(feature = "etcd")]
 pub use store::{EtcdConfig, EtcdStore};

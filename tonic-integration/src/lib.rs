@@ -11,6 +11,8 @@
 //!   `proto/assignment.proto` ([`proto`]); it reconnects with backoff, and the channel
 //!   keeps the last good assignment meanwhile. The message converts to and from
 //!   [`steady_slice::Assignment`] with `From`/`TryFrom`.
+//! * [`load_proto`]: the generated code of `proto/load.proto`, the stream on which
+//!   backend tasks report their load (server and conversions in `steady-slicer`).
 //!
 //! The server side (the `Distributor`, the `Slicelet`) is in `steady-slicer`.
 //!
@@ -46,6 +48,15 @@ pub use watch::watch_assignments;
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod proto {
     tonic::include_proto!("steady.assignment.v1");
+}
+
+/// Generated code of `proto/load.proto` (package `steady.load.v1`): the
+/// `LoadCollector.Report` stream on which backend tasks report their keyed load to the
+/// Assigner. The server and the conversions to and from validated reports are in
+/// `steady-slicer` (`steady_slicer::load`).
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod load_proto {
+    tonic::include_proto!("steady.load.v1");
 }
 
 /// Generated code of `proto/echo.proto`: a tiny service for tests, benchmarks and the

@@ -1,31 +1,69 @@
 //! [`Slicelet`]: the backend task's side of keyed routing (Slicer's Slicelet idea): which
-//! slices this backend task holds, and how many requests arrived for keys it does
-//! not hold (misroutes).
+//! slices this backend task holds, how many requests arrived for keys it does not hold
+//! (misroutes), and its keyed load, measured and reported to the Assigner.
+//!
+//! * `meter`: per-slice request counters tied to the assignment in force, a sampled
+//!   heavy-hitters sketch, and the reader-side decay that turns them into rates.
+//! * `sketch`: Space-Saving, the bounded heavy-hitters sketch.
+//! * `layer`: [`SliceletLayer`] / [`SliceletService`], which count every keyed request.
+//! * `reporter`: [`LoadReporter`], the task that streams reports to a `LoadCollector`.
+
+mod layer;
+mod meter;
+mod reporter;
+mod sketch;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::time::Duration;
 
 use arc_swap::{ArcSwapOption, RefCnt};
 use futures_util::{Stream, StreamExt};
 use http::HeaderName;
 use steady_slice::{Assignment, SliceKey};
 use steady_tonic::DEFAULT_KEY_HEADER;
-use tower::{Layer, Service};
+use tonic::transport::Endpoint;
 
-#[derive(Debug, Default)]
+pub use layer::{SliceletLayer, SliceletService};
+pub use meter::{MeterConfig, MeterConfigError};
+pub use reporter::{LoadReporter, MIN_REPORT_INTERVAL};
+
+use crate::load::LoadReport;
+use meter::{LoadMeter, MeteredAssignment};
+
+#[derive(Debug)]
 struct State {
-    assignment: ArcSwapOption<Assignment>,
+    /// The assignment in force with its per-slice counters: swapped as one.
+    assignment: ArcSwapOption<MeteredAssignment>,
     keyed: AtomicU64,
     misrouted: AtomicU64,
+    meter: LoadMeter,
 }
 
-/// What one backend task knows of the assignment, and its misroute counter.
+/// What one backend task knows of the assignment, its misroute counter, and its load
+/// meter.
 ///
 /// Clone it freely; clones share state. Feed it assignments with
 /// [`Slicelet::follow`] (e.g. from `steady_tonic::watch_assignments`) or
 /// [`Slicelet::set_assignment`]; put [`Slicelet::layer`] on the tonic server to count
-/// every keyed request it receives.
+/// every keyed request it receives; read its load with [`Slicelet::load_report`], or
+/// stream it to the Assigner's `LoadCollector` with [`Slicelet::report_to`].
+///
+/// # Load
+///
+/// Every keyed request is counted against the slice that holds its key in the
+/// assignment in force (held by this task or not: a misrouted request is load too, but
+/// only held slices are reported), and one in [`MeterConfig::sample_one_in`] feeds a
+/// heavy-hitters sketch of keys. The request path does an atomic add on the slice's
+/// counter and, when sampled, a short locked update of the sketch; the counts become
+/// decayed rates only when a report is made. (Cost: the `slicelet` bench.)
+///
+/// Each assignment gets fresh counters, installed with it in one atomic swap, so a
+/// request is always counted in the generation it was checked against. Reports are for
+/// the generation in force: a request that read the old generation just before a swap
+/// (the few in flight at that instant) counts in the old one's counters and is not
+/// reported, and the new generation's rates start from its own install (the old one's
+/// rates are not carried over: its slices may differ).
 #[derive(Debug, Clone)]
 pub struct Slicelet {
     task: u32,
@@ -33,17 +71,53 @@ pub struct Slicelet {
 }
 
 impl Slicelet {
-    /// The slicelet of backend task `task`.
+    /// The slicelet of backend task `task`, measuring load with the default
+    /// [`MeterConfig`] (half-life 10 s).
     pub fn new(task: u32) -> Self {
-        Self { task, state: Arc::default() }
+        Self::with_meter(task, MeterConfig::default()).expect("the default meter config is valid")
+    }
+
+    /// The slicelet of backend task `task`, measuring load as `config` says.
+    ///
+    /// # Errors
+    ///
+    /// [`MeterConfigError`] naming the value that cannot be used.
+    pub fn with_meter(task: u32, config: MeterConfig) -> Result<Self, MeterConfigError> {
+        let state = State {
+            assignment: ArcSwapOption::empty(),
+            keyed: AtomicU64::new(0),
+            misrouted: AtomicU64::new(0),
+            meter: LoadMeter::new(config)?,
+        };
+        Ok(Self { task, state: Arc::new(state) })
+    }
+
+    /// The backend task this slicelet speaks for.
+    pub fn task(&self) -> u32 {
+        self.task
+    }
+
+    /// How it measures load.
+    pub fn meter_config(&self) -> MeterConfig {
+        self.state.meter.config()
     }
 
     /// Installs `assignment` if it is newer than the one held; returns whether it was.
     ///
     /// Safe to call from many threads at once: the newest generation offered always
-    /// wins, and the generation held never goes down.
+    /// wins, and the generation held never goes down. Costs `O(slices)` (fresh load
+    /// counters, 8 bytes per slice).
     pub fn set_assignment(&self, assignment: Assignment) -> bool {
-        install_if_newer(&self.state.assignment, assignment, || {})
+        if self
+            .state
+            .assignment
+            .load()
+            .as_ref()
+            .is_some_and(|c| c.assignment.generation() >= assignment.generation())
+        {
+            return false;
+        }
+        install_if_newer(&self.state.assignment, MeteredAssignment::new(assignment, self.task), || {})
     }
 
     /// Follows an assignment source on a task of its own (invalid items are logged and
@@ -71,31 +145,38 @@ impl Slicelet {
 
     /// The generation held (`None` before the first assignment).
     pub fn generation(&self) -> Option<u64> {
-        self.state.assignment.load().as_ref().map(|a| a.generation())
+        self.state.assignment.load().as_ref().map(|a| a.assignment.generation())
     }
 
     /// Whether this task holds `key` (`None` before the first assignment).
     pub fn holds(&self, key: SliceKey) -> Option<bool> {
         let a = self.state.assignment.load();
-        a.as_ref().map(|a| a.slice_for(key).replicas.contains(&self.task))
+        a.as_ref().map(|a| a.assignment.slice_for(key).replicas.contains(&self.task))
     }
 
     /// The start keys of the slices this task holds.
     pub fn held_slices(&self) -> Vec<SliceKey> {
         let a = self.state.assignment.load();
         a.as_ref()
-            .map(|a| a.slices().iter().filter(|s| s.replicas.contains(&self.task)).map(|s| s.start).collect())
+            .map(|a| {
+                let a = &a.assignment;
+                a.slices().iter().filter(|s| s.replicas.contains(&self.task)).map(|s| s.start).collect()
+            })
             .unwrap_or_default()
     }
 
-    /// Records a request with `key`: counts it, and counts a misroute if an assignment
-    /// is held and does not give the key to this task. Returns whether it was misrouted.
+    /// Records a request with `key`: counts it, against its slice in the assignment in
+    /// force and in the hot-key sketch (when sampled), and counts a misroute if an
+    /// assignment is held and does not give the key to this task. Returns whether it
+    /// was misrouted.
+    #[inline]
     pub fn record(&self, key: SliceKey) -> bool {
         self.state.keyed.fetch_add(1, Ordering::Relaxed);
-        let misrouted = self.holds(key) == Some(false);
+        let misrouted = self.state.assignment.load().as_ref().is_some_and(|a| !a.count(key, self.task));
         if misrouted {
             self.state.misrouted.fetch_add(1, Ordering::Relaxed);
         }
+        self.state.meter.sample(key);
         misrouted
     }
 
@@ -109,20 +190,77 @@ impl Slicelet {
         self.state.misrouted.load(Ordering::Relaxed)
     }
 
+    /// This task's load report for `job` now: the decayed rate of every slice it holds in
+    /// the generation in force (ascending by start; the heaviest
+    /// [`MAX_REPORTED_SLICES`](crate::load::MAX_REPORTED_SLICES) if it holds more), and
+    /// the heaviest keys it served.
+    ///
+    /// Each call is a tick of the decay: it reads the counters and brings the rates up to
+    /// now (a lock held for `O(slices held)`), so calls may come at any intervals; the
+    /// request path is never slowed by it beyond that lock's contention with sampled
+    /// requests.
+    ///
+    /// `None` before the first assignment, or when no report could name `job` or this
+    /// task (an empty job name or one over `MAX_JOB_NAME_LEN` bytes; a task over
+    /// `steady_slice::MAX_TASK`).
+    pub fn load_report(&self, job: &str) -> Option<LoadReport> {
+        let current = self.state.assignment.load_full()?;
+        self.state.meter.report_at(&current, job, self.task, tokio::time::Instant::now())
+    }
+
+    /// Streams this task's [`Slicelet::load_report`] for `job` to the `LoadCollector` at
+    /// `endpoint` every `interval`, on a task of its own, reconnecting with
+    /// `steady_balance::Backoff::default()` when the stream breaks (see
+    /// [`LoadReporter`]). Must be called within a tokio runtime.
+    ///
+    /// The reporting stops when the returned [`LoadReporter`] is dropped or stopped.
+    pub fn report_to(&self, endpoint: Endpoint, job: impl Into<String>, interval: Duration) -> LoadReporter {
+        self.report_to_with_backoff(endpoint, job, interval, steady_balance::Backoff::default())
+    }
+
+    /// As [`Slicelet::report_to`], reconnecting after `backoff`.
+    pub fn report_to_with_backoff(
+        &self,
+        endpoint: Endpoint,
+        job: impl Into<String>,
+        interval: Duration,
+        backoff: steady_balance::Backoff,
+    ) -> LoadReporter {
+        LoadReporter::spawn(self.clone(), endpoint, job.into(), interval, backoff)
+    }
+
     /// A tower layer for the server that records every request's slice key (metadata
     /// `x-slice-key` unless [`SliceletLayer::key_header`] names another, hashed as the
     /// client hashes it).
     pub fn layer(&self) -> SliceletLayer {
-        SliceletLayer { slicelet: self.clone(), header: HeaderName::from_static(DEFAULT_KEY_HEADER) }
+        SliceletLayer::new(self.clone(), HeaderName::from_static(DEFAULT_KEY_HEADER))
+    }
+}
+
+/// Something with a generation, as held in a slicelet's slot.
+trait Generation {
+    fn generation(&self) -> u64;
+}
+
+impl Generation for MeteredAssignment {
+    fn generation(&self) -> u64 {
+        self.assignment.generation()
+    }
+}
+
+#[cfg(test)]
+impl Generation for Assignment {
+    fn generation(&self) -> u64 {
+        Assignment::generation(self)
     }
 }
 
 /// Puts `assignment` in `slot` if it is newer than what `slot` holds; returns whether
 /// it did. `before_swap` runs between each comparison and its swap (a test puts a
 /// racing install there).
-fn install_if_newer(
-    slot: &ArcSwapOption<Assignment>,
-    assignment: Assignment,
+fn install_if_newer<T: Generation>(
+    slot: &ArcSwapOption<T>,
+    assignment: T,
     mut before_swap: impl FnMut(),
 ) -> bool {
     let generation = assignment.generation();
@@ -141,59 +279,6 @@ fn install_if_newer(
             return true;
         }
         current = previous;
-    }
-}
-
-/// Records the slice key of every request on a [`Slicelet`] (see [`Slicelet::layer`]).
-#[derive(Debug, Clone)]
-pub struct SliceletLayer {
-    slicelet: Slicelet,
-    header: HeaderName,
-}
-
-impl SliceletLayer {
-    /// Reads slice keys from this metadata entry instead of `x-slice-key`: set it to what
-    /// the clients' `SteadyChannelBuilder::key_header` names.
-    pub fn key_header(mut self, header: HeaderName) -> Self {
-        self.header = header;
-        self
-    }
-}
-
-impl<S> Layer<S> for SliceletLayer {
-    type Service = SliceletService<S>;
-
-    fn layer(&self, inner: S) -> SliceletService<S> {
-        SliceletService { inner, slicelet: self.slicelet.clone(), header: self.header.clone() }
-    }
-}
-
-/// A server-side service that records keyed requests on its [`Slicelet`], then
-/// passes them on unchanged.
-#[derive(Debug, Clone)]
-pub struct SliceletService<S> {
-    inner: S,
-    slicelet: Slicelet,
-    header: HeaderName,
-}
-
-impl<S, B> Service<http::Request<B>> for SliceletService<S>
-where
-    S: Service<http::Request<B>>,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = S::Future;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<B>) -> S::Future {
-        if let Some(value) = req.headers().get(&self.header) {
-            self.slicelet.record(SliceKey::of(value.as_bytes()));
-        }
-        self.inner.call(req)
     }
 }
 
@@ -297,6 +382,39 @@ mod tests {
             }
         }));
         assert_eq!(slot.load().as_ref().map(|a| a.generation()), Some(9));
+    }
+
+    #[test]
+    fn every_request_is_counted_in_exactly_one_generation_across_swaps() {
+        const PER_THREAD: u64 = 200_000;
+        let slicelet = Slicelet::new(0);
+        slicelet.set_assignment(Assignment::single(1, vec![0]).unwrap());
+        let mut generations = vec![slicelet.state.assignment.load_full().unwrap()];
+        let finished = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for t in 0..2u64 {
+                let (slicelet, finished) = (&slicelet, &finished);
+                s.spawn(move || {
+                    for i in 0..PER_THREAD {
+                        slicelet.record(SliceKey(i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ t));
+                    }
+                    finished.fetch_add(1, Ordering::SeqCst);
+                });
+            }
+            // Swap generations under the recording threads until they are done.
+            let mut g = 1;
+            while finished.load(Ordering::SeqCst) < 2 {
+                g += 1;
+                assert!(slicelet.set_assignment(Assignment::single(g, vec![0]).unwrap()));
+                generations.push(slicelet.state.assignment.load_full().unwrap());
+            }
+        });
+        let counted: u64 = generations.iter().map(|g| g.counted()).sum();
+        let swaps = generations.len() - 1;
+        assert_eq!(counted, 2 * PER_THREAD, "lost or double-counted requests across {swaps} swaps");
+        assert_eq!(slicelet.keyed_requests(), 2 * PER_THREAD);
+        let counting = generations.iter().filter(|g| g.counted() > 0).count();
+        assert!(counting >= 2, "the requests spanned {counting} generations: no swap happened under them");
     }
 
     #[test]

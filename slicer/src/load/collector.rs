@@ -1,0 +1,238 @@
+//! [`LoadCollector`]: the server of `LoadCollector.Report`, which takes the Slicelets'
+//! report streams into a [`LoadBook`]. The client is `Slicelet::report_to`.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use steady_tonic::load_proto::load_collector_server::{self, LoadCollectorServer};
+use steady_tonic::load_proto::{self, ReportSummary};
+use tokio::sync::watch;
+use tonic::{Code, Request, Response, Status, Streaming};
+
+use super::book::LoadBook;
+use super::report::{LoadReport, MAX_REPORTED_KEYS, MAX_REPORTED_SLICES};
+#[cfg(doc)]
+use crate::MAX_JOB_NAME_LEN;
+
+/// The largest report message the collector decodes, in bytes: a message with
+/// [`MAX_REPORTED_SLICES`] slices, [`MAX_REPORTED_KEYS`] keys and a job name of
+/// [`MAX_JOB_NAME_LEN`] bytes takes about 84 KiB. A larger one ends its stream with
+/// `OUT_OF_RANGE` before it is buffered (counted as invalid).
+pub const MAX_REPORT_MESSAGE_BYTES: usize = 128 * 1024;
+
+/// How many invalid messages in a row end a stream (with `INVALID_ARGUMENT`), unless
+/// [`LoadCollector::with_max_invalid_in_a_row`] says otherwise: a peer that only sends
+/// garbage gets no more of the collector's work than this per stream.
+pub const MAX_INVALID_IN_A_ROW: u32 = 8;
+
+/// How many report streams may be open at once, unless
+/// [`LoadCollector::with_max_streams`] says otherwise; one more fails with
+/// `RESOURCE_EXHAUSTED`. One per backend task is the expected use.
+pub const MAX_REPORT_STREAMS: usize = 16_384;
+
+// The bound above must hold for the largest valid report (with room for framing).
+const _: () = assert!(MAX_REPORT_MESSAGE_BYTES > (MAX_REPORTED_SLICES + MAX_REPORTED_KEYS) * 20 + 512);
+
+#[derive(Debug, Default)]
+struct Counters {
+    invalid: AtomicU64,
+    streams_ended_invalid: AtomicU64,
+    open_streams: AtomicUsize,
+}
+
+/// The server side of load reporting: validates every report a Slicelet streams and
+/// hands the valid ones to its [`LoadBook`].
+///
+/// Clone it freely (clones share the book, the counters and the stream limit). Serve it
+/// with `tonic::transport::Server::builder().add_service(collector.service())`.
+///
+/// # What a peer can cost
+///
+/// * **Memory**: nothing a peer sends is kept but its task's latest report, in the
+///   [`LoadBook`] (bounded by the jobs and tasks the Assigner names). Messages over
+///   [`MAX_REPORT_MESSAGE_BYTES`] are refused before they are buffered; at most
+///   [`MAX_REPORT_STREAMS`] streams are open at once.
+/// * **Work**: one validation and one [`LoadBook::accept`] per message. A stream that
+///   sends [`MAX_INVALID_IN_A_ROW`] invalid messages in a row is ended. How fast a peer
+///   may send valid reports is the server's to limit (tonic's
+///   `Server::builder().concurrency_limit_per_connection`, HTTP/2 flow control).
+///
+/// # Counters
+///
+/// A message is either *invalid* (it does not decode, its version is not 1, or the
+/// report is not valid: [`LoadCollector::invalid`]) or a valid report, which the book
+/// then *accepts* or *drops* (unknown job, task or generation: [`LoadBook::accepted`],
+/// [`LoadBook::dropped`]). Each stream's own counts come back in its `ReportSummary`.
+#[derive(Debug, Clone)]
+pub struct LoadCollector {
+    book: LoadBook,
+    counters: Arc<Counters>,
+    /// Bumped by [`LoadCollector::close_streams`]: every open stream ends.
+    epoch: watch::Sender<u64>,
+    max_invalid_in_a_row: u32,
+    max_streams: usize,
+}
+
+impl LoadCollector {
+    /// A collector that feeds `book`.
+    pub fn new(book: LoadBook) -> Self {
+        Self {
+            book,
+            counters: Arc::default(),
+            epoch: watch::Sender::new(0),
+            max_invalid_in_a_row: MAX_INVALID_IN_A_ROW,
+            max_streams: MAX_REPORT_STREAMS,
+        }
+    }
+
+    /// Ends a stream after `max` invalid messages in a row instead of
+    /// [`MAX_INVALID_IN_A_ROW`] (at least 1: 0 counts as 1).
+    pub fn with_max_invalid_in_a_row(mut self, max: u32) -> Self {
+        self.max_invalid_in_a_row = max.max(1);
+        self
+    }
+
+    /// Allows `max` open streams at once instead of [`MAX_REPORT_STREAMS`].
+    pub fn with_max_streams(mut self, max: usize) -> Self {
+        self.max_streams = max;
+        self
+    }
+
+    /// The book it feeds.
+    pub fn book(&self) -> &LoadBook {
+        &self.book
+    }
+
+    /// The tonic service to add to a server (decoding messages of at most
+    /// [`MAX_REPORT_MESSAGE_BYTES`]).
+    pub fn service(&self) -> LoadCollectorServer<Self> {
+        LoadCollectorServer::new(self.clone()).max_decoding_message_size(MAX_REPORT_MESSAGE_BYTES)
+    }
+
+    /// Messages refused as invalid so far, over all streams.
+    pub fn invalid(&self) -> u64 {
+        self.counters.invalid.load(Ordering::Relaxed)
+    }
+
+    /// Streams ended for sending too many invalid messages in a row (or one that could
+    /// not be decoded).
+    pub fn streams_ended_invalid(&self) -> u64 {
+        self.counters.streams_ended_invalid.load(Ordering::Relaxed)
+    }
+
+    /// Report streams open now.
+    pub fn open_streams(&self) -> usize {
+        self.counters.open_streams.load(Ordering::Relaxed)
+    }
+
+    /// Ends every open stream with `UNAVAILABLE` (reporters reconnect). Call it before a
+    /// graceful server shutdown, which otherwise waits for the streams, which the
+    /// reporters never end on their own.
+    pub fn close_streams(&self) {
+        self.epoch.send_modify(|e| *e += 1);
+    }
+
+    fn open_stream(&self) -> Result<OpenStream, Status> {
+        let open = &self.counters.open_streams;
+        let admitted = open
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.max_streams).then_some(n + 1));
+        match admitted {
+            Ok(_) => Ok(OpenStream { counters: self.counters.clone() }),
+            Err(n) => Err(Status::resource_exhausted(format!(
+                "{n} report streams are open (limit {})",
+                self.max_streams
+            ))),
+        }
+    }
+
+    /// Counts an invalid message on `summary`; returns whether the stream has sent too
+    /// many in a row.
+    fn count_invalid(&self, summary: &mut ReportSummary, in_a_row: &mut u32) -> bool {
+        self.counters.invalid.fetch_add(1, Ordering::Relaxed);
+        summary.invalid += 1;
+        *in_a_row += 1;
+        *in_a_row >= self.max_invalid_in_a_row
+    }
+}
+
+/// One admitted stream; dropping it frees its place.
+#[derive(Debug)]
+struct OpenStream {
+    counters: Arc<Counters>,
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.counters.open_streams.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[tonic::async_trait]
+impl load_collector_server::LoadCollector for LoadCollector {
+    /// Takes one Slicelet's reports until it ends the stream, then answers with what
+    /// became of them.
+    ///
+    /// # Errors
+    ///
+    /// `RESOURCE_EXHAUSTED` when the most streams allowed are open; `INVALID_ARGUMENT`
+    /// after too many invalid messages in a row; the decoding error (`OUT_OF_RANGE` for a
+    /// message over [`MAX_REPORT_MESSAGE_BYTES`], `INTERNAL` for one that is not
+    /// protobuf); `UNAVAILABLE` after [`LoadCollector::close_streams`].
+    async fn report(
+        &self,
+        request: Request<Streaming<load_proto::LoadReport>>,
+    ) -> Result<Response<ReportSummary>, Status> {
+        let _open = self.open_stream()?;
+        let peer = request.remote_addr();
+        let mut messages = request.into_inner();
+        let mut closed = self.epoch.subscribe();
+        let mut summary = ReportSummary::default();
+        let mut invalid_in_a_row = 0;
+        loop {
+            let message = tokio::select! {
+                // Closing first: a collector shutting down stops reading at once, even from
+                // a peer whose messages are always ready.
+                biased;
+                _ = closed.changed() => return Err(Status::unavailable("the load collector is closing")),
+                message = messages.message() => message,
+            };
+            let message = match message {
+                Ok(Some(message)) => message,
+                Ok(None) => return Ok(Response::new(summary)),
+                Err(status) => {
+                    // A message that does not decode ends the stream (the decoder cannot go
+                    // on); a peer that went away is no one's fault.
+                    if matches!(status.code(), Code::OutOfRange | Code::Internal) {
+                        self.count_invalid(&mut summary, &mut invalid_in_a_row);
+                        self.counters.streams_ended_invalid.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(?peer, %status, "load collector: undecodable report; stream ended");
+                    }
+                    return Err(status);
+                }
+            };
+            let report = match LoadReport::try_from(message) {
+                Ok(report) => report,
+                Err(error) => {
+                    tracing::debug!(?peer, %error, "load collector: invalid report");
+                    if self.count_invalid(&mut summary, &mut invalid_in_a_row) {
+                        self.counters.streams_ended_invalid.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(?peer, invalid_in_a_row, %error, "load collector: stream ended");
+                        return Err(Status::invalid_argument(format!(
+                            "{invalid_in_a_row} invalid load reports in a row; the last: {error}"
+                        )));
+                    }
+                    continue;
+                }
+            };
+            invalid_in_a_row = 0;
+            let (job, task, generation) = (report.job().to_owned(), report.task(), report.generation());
+            match self.book.accept(report) {
+                Ok(()) => summary.accepted += 1,
+                Err(reason) => {
+                    summary.dropped += 1;
+                    tracing::debug!(?peer, %job, task, generation, %reason, "load collector: report dropped");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,294 @@
+//! Load reports end to end: a Slicelet measures the keyed requests its server layer
+//! sees, and streams reports over real loopback gRPC to a `LoadCollector`, which
+//! validates them into a `LoadBook`. Decay is checked on tokio's paused clock; the
+//! servers bind 127.0.0.1:0 and every wait is bounded.
+
+#[path = "../../tonic-integration/tests/support/mod.rs"]
+mod support;
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use steady_balance::Backoff;
+use steady_slice::{Assignment, Slice, SliceKey};
+use steady_slicer::load::{LoadBook, LoadCollector, MAX_INVALID_IN_A_ROW, MAX_REPORT_MESSAGE_BYTES};
+use steady_slicer::{MeterConfig, Slicelet};
+use steady_tonic::load_proto::load_collector_client::LoadCollectorClient;
+use steady_tonic::load_proto::{self, KeyLoad, ReportSummary, SliceLoad};
+use support::{endpoint, eventually, serve};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::Server;
+use tonic::Code;
+use tower::{service_fn, Layer, Service, ServiceExt};
+
+/// Four equal slices: task 0 holds slices 0 and 2, task 1 slices 1 and 3.
+fn four_slices(generation: u64) -> Assignment {
+    Assignment::new(
+        generation,
+        (0..4u64).map(|i| Slice { start: SliceKey(i << 62), replicas: vec![(i % 2) as u32] }).collect(),
+    )
+    .unwrap()
+}
+
+/// The slice of `four_slices` that holds `key`.
+fn slice_of(key: &str) -> usize {
+    (SliceKey::of(key).get() >> 62) as usize
+}
+
+/// A server stack as a backend runs it: the slicelet's layer over a service that answers.
+fn server(slicelet: &Slicelet) -> impl Service<http::Request<()>, Response = (), Error = Infallible> + Clone {
+    slicelet.layer().layer(service_fn(|_: http::Request<()>| async { Ok::<_, Infallible>(()) }))
+}
+
+async fn send(
+    stack: &mut (impl Service<http::Request<()>, Response = (), Error = Infallible> + Clone),
+    key: &str,
+) {
+    let request = http::Request::builder().header("x-slice-key", key).body(()).unwrap();
+    stack.ready().await.unwrap().call(request).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slicelet_counts_per_slice_and_its_decayed_rates_converge_to_the_offered_rate() {
+    let config = MeterConfig { half_life: Duration::from_secs(10), sample_one_in: 1 };
+    let slicelet = Slicelet::with_meter(0, config).unwrap();
+    assert!(slicelet.load_report("users").is_none(), "no assignment, no report");
+    slicelet.set_assignment(four_slices(1));
+    let mut stack = server(&slicelet);
+    // 400 keys, each asked once per second: the offered rate of a slice is the number of
+    // its keys per second.
+    let keys: Vec<String> = (0..400).map(|i| format!("user-{i}")).collect();
+    let mut offered = [0f64; 4];
+    for k in &keys {
+        offered[slice_of(k)] += 1.0;
+    }
+    let mut last = None;
+    for _second in 0..30 {
+        for k in &keys {
+            send(&mut stack, k).await;
+        }
+        tokio::time::advance(Duration::from_secs(1)).await;
+        last = slicelet.load_report("users");
+    }
+    let report = last.take().expect("an assignment is held");
+    assert_eq!((report.job(), report.task(), report.generation()), ("users", 0, 1));
+    // Task 0 holds slices 0 and 2; their rates are what was offered to them.
+    assert_eq!(report.slices().iter().map(|s| s.0).collect::<Vec<_>>(), [SliceKey(0), SliceKey(2 << 62)]);
+    for (&(start, rate), want) in report.slices().iter().zip([offered[0], offered[2]]) {
+        assert!((rate - want).abs() < 1e-6 * want, "slice {start:?}: {rate}/s, offered {want}/s");
+    }
+    // The other half were misroutes: counted as such, and not reported.
+    assert_eq!(slicelet.misrouted() as f64, 30.0 * (offered[1] + offered[3]));
+
+    // The offered rate triples: the estimate follows, within 2% after four half-lives.
+    for _second in 0..40 {
+        for k in &keys {
+            for _ in 0..3 {
+                send(&mut stack, k).await;
+            }
+        }
+        tokio::time::advance(Duration::from_secs(1)).await;
+        last = slicelet.load_report("users");
+    }
+    let report = last.unwrap();
+    let rate = report.slices()[0].1;
+    assert!((rate / (3.0 * offered[0]) - 1.0).abs() < 0.07, "{rate}/s after 40 s at {}/s", 3.0 * offered[0]);
+    let rate_after_8_half_lives = {
+        for _second in 0..40 {
+            for k in &keys {
+                for _ in 0..3 {
+                    send(&mut stack, k).await;
+                }
+            }
+            tokio::time::advance(Duration::from_secs(1)).await;
+        }
+        slicelet.load_report("users").unwrap().slices()[0].1
+    };
+    assert!((rate_after_8_half_lives / (3.0 * offered[0]) - 1.0).abs() < 0.005, "{rate_after_8_half_lives}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_heavy_hitters_find_a_key_with_a_fifth_of_the_traffic() {
+    // Default sampling (one request in 8 feeds the sketch).
+    let slicelet = Slicelet::new(0);
+    slicelet.set_assignment(Assignment::single(1, vec![0]).unwrap());
+    let mut stack = server(&slicelet);
+    // 1,000 requests a second for 30 s: one key in five is "hot", the rest spread over
+    // 5,000 keys (each well under 1/64 of the traffic).
+    let mut rng = steady_subset::prng::SplitMix64::new(3);
+    for _second in 0..30 {
+        for i in 0..1000 {
+            let key = if i % 5 == 0 { "hot".to_owned() } else { format!("cold-{}", rng.next() % 5000) };
+            send(&mut stack, &key).await;
+        }
+        tokio::time::advance(Duration::from_secs(1)).await;
+        slicelet.load_report("job");
+    }
+    let report = slicelet.load_report("job").unwrap();
+    let (key, rate) = report.hot_keys()[0];
+    assert_eq!(key, SliceKey::of("hot"), "the heaviest key reported: {:?}", &report.hot_keys()[..3]);
+    assert!((rate / 200.0 - 1.0).abs() < 0.15, "the hot key's rate: {rate}/s, offered 200/s");
+    assert!(report.hot_keys().len() <= steady_slicer::load::MAX_REPORTED_KEYS);
+    assert!(report.hot_keys()[1].1 < rate / 4.0, "the next key is far colder: {:?}", report.hot_keys()[1]);
+    assert!((report.total() / 1000.0 - 1.0).abs() < 1e-6, "the one slice carries it all: {}", report.total());
+}
+
+/// Sends `messages` on one stream and returns how it ended.
+async fn stream_to(
+    addr: std::net::SocketAddr,
+    messages: Vec<load_proto::LoadReport>,
+) -> Result<ReportSummary, tonic::Status> {
+    let mut client = LoadCollectorClient::connect(endpoint(addr)).await.unwrap();
+    client.report(tokio_stream::iter(messages)).await.map(tonic::Response::into_inner)
+}
+
+fn message(task: u32, generation: u64) -> load_proto::LoadReport {
+    load_proto::LoadReport {
+        version: 1,
+        job: "job".into(),
+        task,
+        generation,
+        slices: vec![SliceLoad { start: 0, rate: 10.0 }, SliceLoad { start: 2 << 62, rate: 5.0 }],
+        hot_keys: vec![KeyLoad { key: 42, rate: 3.0 }],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_stream_over_grpc_into_the_load_book() {
+    let book = LoadBook::new();
+    book.published("job", four_slices(1).into(), [0, 1]);
+    let collector = LoadCollector::new(book.clone());
+    let (addr, _stop) = serve(collector.service()).await;
+    let slicelets: Vec<Slicelet> = (0..2).map(Slicelet::new).collect();
+    let mut reporters = Vec::new();
+    for s in &slicelets {
+        s.set_assignment(four_slices(1));
+        let mut stack = server(s);
+        for k in 0..100 {
+            send(&mut stack, &format!("k{k}")).await;
+        }
+        reporters.push(s.report_to(endpoint(addr), "job", Duration::from_millis(20)));
+    }
+    eventually("a report from each task", || book.fresh("job", Duration::from_secs(60)).len() == 2).await;
+    let fresh = book.fresh("job", Duration::from_secs(60));
+    for (task, received) in fresh.iter().enumerate() {
+        assert_eq!((received.report.task(), received.report.generation()), (task as u32, 1));
+        let starts: Vec<SliceKey> = received.report.slices().iter().map(|s| s.0).collect();
+        assert_eq!(starts, slicelets[task].held_slices(), "task {task} reports the slices it holds");
+        assert!(received.report.total() > 0.0);
+        assert!(!received.report.hot_keys().is_empty());
+    }
+    assert_eq!((book.dropped(), collector.invalid()), (0, 0));
+    assert_eq!(collector.open_streams(), 2);
+    // Dropping a reporter stops it: its stream closes.
+    drop(reporters);
+    eventually("the streams to close", || collector.open_streams() == 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_for_an_unknown_generation_or_task_is_dropped_and_counted() {
+    let book = LoadBook::new();
+    book.published("job", four_slices(1).into(), [0, 1]);
+    let collector = LoadCollector::new(book.clone());
+    let (addr, _stop) = serve(collector.service()).await;
+    let unknown_job = load_proto::LoadReport { job: "other".into(), ..message(0, 1) };
+    let summary =
+        stream_to(addr, vec![message(0, 1), message(0, 2), message(7, 1), unknown_job]).await.unwrap();
+    assert_eq!((summary.accepted, summary.dropped, summary.invalid), (1, 3, 0));
+    assert_eq!((book.accepted(), book.dropped(), collector.invalid()), (1, 3, 0));
+    // And a slicelet ahead of the book (generation 2, unpublished) has its reports dropped.
+    let ahead = Slicelet::new(1);
+    ahead.set_assignment(four_slices(2));
+    let _reporter = ahead.report_to(endpoint(addr), "job", Duration::from_millis(10));
+    eventually("the slicelet's reports to be dropped", || book.dropped() >= 5).await;
+    assert_eq!(
+        book.fresh("job", Duration::from_secs(60)).iter().map(|r| r.report.task()).collect::<Vec<_>>(),
+        [0]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_messages_are_counted_and_a_stream_of_them_is_ended() {
+    let book = LoadBook::new();
+    book.published("job", four_slices(1).into(), [0, 1]);
+    let collector = LoadCollector::new(book.clone());
+    let (addr, _stop) = serve(collector.service()).await;
+    let mut nan = message(0, 1);
+    nan.slices[1].rate = f64::NAN;
+    let version_2 = load_proto::LoadReport { version: 2, ..message(0, 1) };
+    let mut unsorted = message(0, 1);
+    unsorted.slices.reverse();
+    let mut negative_key_rate = message(0, 1);
+    negative_key_rate.hot_keys[0].rate = -1.0;
+    let summary = stream_to(
+        addr,
+        vec![nan.clone(), version_2.clone(), unsorted.clone(), negative_key_rate, message(1, 1)],
+    )
+    .await
+    .unwrap();
+    assert_eq!((summary.accepted, summary.dropped, summary.invalid), (1, 0, 4));
+    assert_eq!((collector.invalid(), book.accepted(), book.dropped()), (4, 1, 0));
+
+    // A stream of nothing but invalid messages is ended after MAX_INVALID_IN_A_ROW.
+    let garbage: Vec<_> =
+        [nan, version_2, unsorted].into_iter().cycle().take(3 * MAX_INVALID_IN_A_ROW as usize).collect();
+    let ended = stream_to(addr, garbage).await.unwrap_err();
+    assert_eq!(ended.code(), Code::InvalidArgument, "{ended}");
+    assert_eq!(collector.invalid(), 4 + u64::from(MAX_INVALID_IN_A_ROW));
+    assert_eq!(collector.streams_ended_invalid(), 1);
+
+    // A message over the size limit is refused before it is buffered, and counted.
+    let huge = load_proto::LoadReport { job: "j".repeat(MAX_REPORT_MESSAGE_BYTES + 1), ..message(0, 1) };
+    let refused = stream_to(addr, vec![huge]).await.unwrap_err();
+    assert_eq!(refused.code(), Code::OutOfRange, "{refused}");
+    assert_eq!(collector.invalid(), 5 + u64::from(MAX_INVALID_IN_A_ROW));
+
+    // The collector still serves.
+    let summary = stream_to(addr, vec![message(0, 1)]).await.unwrap();
+    assert_eq!(summary.accepted, 1);
+    assert_eq!(book.accepted(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reporter_reconnects_after_the_collector_restarts() {
+    let book = LoadBook::new();
+    book.published("job", four_slices(1).into(), [0]);
+    let collector = LoadCollector::new(book.clone());
+    // The collector listens on a port we can reuse after a restart.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let server =
+        tokio::spawn(Server::builder().add_service(collector.service()).serve_with_incoming_shutdown(
+            TcpListenerStream::new(listener),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+    let slicelet = Slicelet::new(0);
+    slicelet.set_assignment(four_slices(1));
+    let backoff = Backoff { base: Duration::from_millis(20), max: Duration::from_millis(100), jitter: 0.5 };
+    let reporter = slicelet.report_to_with_backoff(endpoint(addr), "job", Duration::from_millis(10), backoff);
+    eventually("a first report", || book.accepted() >= 1).await;
+    assert_eq!(reporter.streams_opened(), 1);
+
+    // The collector goes away (its streams closed so that the server can stop)...
+    collector.close_streams();
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), server).await.expect("server stops").unwrap().unwrap();
+    let before = book.accepted();
+    // ...and comes back on the same address: the reporter reconnects on its own.
+    let listener = TcpListener::bind(addr).await.unwrap();
+    let (_stop2, stopped2) = oneshot::channel::<()>();
+    tokio::spawn(Server::builder().add_service(collector.service()).serve_with_incoming_shutdown(
+        TcpListenerStream::new(listener),
+        async {
+            let _ = stopped2.await;
+        },
+    ));
+    eventually("reports after the restart", || book.accepted() > before + 2).await;
+    assert!(reporter.streams_opened() >= 2, "{} streams", reporter.streams_opened());
+    assert_eq!(collector.invalid(), 0);
+}
