@@ -7,6 +7,8 @@
 //! * `steady-lab grid ...` summarises utilisation and backend churn over the article's grid.
 //! * `steady-lab resize` resizes a job of real tonic servers under load (the article's
 //!   figure 5 on real connections).
+//! * `steady-lab slicer [--store memory|etcd --endpoints ...]` runs the keyed Slicer loop
+//!   end to end on real tonic servers (load reports, Assigner, faults).
 //! * `steady-lab assign --algorithm NAME --tasks T --load FILE [--previous FILE]
 //!   [--max-replicas R]` runs one assigner run: the next assignment as one line of JSON
 //!   on stdout, the report on stderr. **Also a contract**: see `assign.rs`.
@@ -34,6 +36,7 @@ mod grid;
 mod quality;
 mod resize;
 mod sharding_command;
+mod slicer_demo;
 
 /// Evaluate steady's subsetting algorithms.
 #[derive(Debug, Parser)]
@@ -62,6 +65,10 @@ enum Command {
     /// Resize a backend job of real tonic servers under load, Rocksteadier and
     /// Deterministic side by side: connections, failures and latency per step, and an SVG.
     Resize(resize::ResizeArgs),
+    /// The keyed Slicer loop end to end on real tonic servers: Slicelets report load, an
+    /// Assigner rebalances, frontends follow; with the Assigner killed and a backend
+    /// drained on the way. Prints a row per step and writes an SVG.
+    Slicer(slicer_demo::SlicerArgs),
     /// Run one assigner run: the next assignment as one line of JSON on stdout, the
     /// run's report on stderr.
     Assign(assign::AssignArgs),
@@ -136,6 +143,7 @@ fn main() -> ExitCode {
         Command::Resize(args) => resize::run(&mut out, &args),
         Command::Assign(args) => assign::run(&mut out, &args),
         Command::Sharding(args) => sharding_command::run(&mut out, &args),
+        Command::Slicer(args) => slicer_demo::run(&mut out, &args),
         Command::Figures { out: dir, run } => run.measure().and_then(|results| {
             for f in figures::draw_all(&results, &dir)? {
                 writeln!(out, "{}", dir.join(&f.file).display())?;
