@@ -6,10 +6,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt};
 use http::HeaderName;
 use steady_balance::{
-    Balance, BalanceConfig, BalanceError, BalanceStats, ConfigError, JobView, KeyExtractor,
+    Balance, BalanceConfig, BalanceError, BalanceStats, ConfigError, JobView, KeyExtractor, Task,
 };
 use steady_slice::{Assignment, SliceKey};
 use tokio::sync::watch;
@@ -164,6 +164,33 @@ impl SteadyChannelBuilder {
         self,
         views: watch::Receiver<JobView<TaskEndpoint>>,
     ) -> Result<SteadyChannel, ConfigError> {
+        self.from_views(WatchStream::new(views))
+    }
+
+    /// A channel following job views of `host:port` addresses (or URIs), as a discovery
+    /// source publishes them (`steady-discovery`: a static list, DNS, an etcd registry).
+    /// An address without a scheme is reached over plain `http://`. An address that is
+    /// not a valid URI is skipped (logged): the balancer sees a hole at its index and the
+    /// next backend in the order stands in.
+    ///
+    /// # Errors
+    ///
+    /// As [`SteadyChannelBuilder::from_endpoints`].
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime.
+    pub fn from_addresses(
+        self,
+        views: watch::Receiver<JobView<String>>,
+    ) -> Result<SteadyChannel, ConfigError> {
+        self.from_views(WatchStream::new(views).map(endpoints_of))
+    }
+
+    fn from_views(
+        self,
+        views: impl Stream<Item = JobView<TaskEndpoint>> + Send + 'static,
+    ) -> Result<SteadyChannel, ConfigError> {
         // An endpoint without a connect timeout of its own gets the balancer's, so that a
         // reconnection inside tonic's channel gives up as a first connection does.
         let timeout = self.config.connect_timeout;
@@ -174,10 +201,29 @@ impl SteadyChannelBuilder {
             };
             async move { endpoint.connect().await.map_err(BoxError::from) }
         });
-        let balance = Balance::new(self.config, connect, WatchStream::new(views))?
+        let balance = Balance::new(self.config, connect, views)?
             .with_key_extractor(MetadataKey { header: self.key_header });
         Ok(SteadyChannel { balance })
     }
+}
+
+/// A view of addresses as a view of endpoints (invalid addresses left out).
+fn endpoints_of(view: JobView<String>) -> JobView<TaskEndpoint> {
+    let tasks = view
+        .tasks
+        .iter()
+        .filter_map(|(&index, task)| {
+            let uri = if task.address.contains("://") { task.address.clone() } else { format!("http://{}", task.address) };
+            match Endpoint::from_shared(uri) {
+                Ok(endpoint) => Some((index, Task { address: TaskEndpoint(endpoint), state: task.state })),
+                Err(error) => {
+                    tracing::warn!(index, address = %task.address, %error, "steady channel: invalid backend address skipped");
+                    None
+                }
+            }
+        })
+        .collect();
+    JobView { size: view.size, tasks: std::sync::Arc::new(tasks) }
 }
 
 /// Turns the balancer's own errors into the gRPC status a client should see.

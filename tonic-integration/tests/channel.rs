@@ -134,3 +134,28 @@ async fn a_request_for_a_backend_that_died_while_idle_moves_to_another_member() 
     assert!(stats.ejections >= 1, "the dead member was never tried: {stats:?}");
     assert!(stats.members.iter().all(|m| m.task != 0), "{stats:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_follows_address_views_as_discovery_publishes_them() {
+    let backends = start_backends(3).await;
+    let addresses: Vec<String> = backends.iter().map(|b| b.addr.to_string()).collect();
+    // Task 1's address is not a URI: it is skipped, and the others serve.
+    let mut first = addresses.clone();
+    first[1] = "not a uri".to_owned();
+    let (job, views) = watch::channel(JobView::serving(first));
+    let channel = SteadyChannel::builder(BalanceConfig::new(0, 3)).from_addresses(views).unwrap();
+    let mut client = EchoClient::new(channel.clone());
+    for _ in 0..30 {
+        let task = echo(&mut client, None, b"hi").await.unwrap();
+        assert_ne!(task, 1);
+    }
+    // The address is fixed and task 0 drains: only tasks 1 and 2 get new requests.
+    job.send_replace(JobView::serving(addresses).with_state(0, TaskState::Draining));
+    eventually("task 1 joins", || channel.stats().members.iter().any(|m| m.task == 1)).await;
+    let before = backends[0].backend.requests.load(Ordering::SeqCst);
+    for _ in 0..30 {
+        let task = echo(&mut client, None, b"hi").await.unwrap();
+        assert_ne!(task, 0);
+    }
+    assert_eq!(backends[0].backend.requests.load(Ordering::SeqCst), before);
+}
