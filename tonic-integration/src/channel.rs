@@ -164,7 +164,7 @@ impl SteadyChannelBuilder {
         self,
         views: watch::Receiver<JobView<TaskEndpoint>>,
     ) -> Result<SteadyChannel, ConfigError> {
-        self.from_views(WatchStream::new(views))
+        self.follow_views(WatchStream::new(views))
     }
 
     /// A channel following job views of `host:port` addresses (or URIs), as a discovery
@@ -184,10 +184,10 @@ impl SteadyChannelBuilder {
         self,
         views: watch::Receiver<JobView<String>>,
     ) -> Result<SteadyChannel, ConfigError> {
-        self.from_views(WatchStream::new(views).map(endpoints_of))
+        self.follow_views(WatchStream::new(views).map(endpoints_of))
     }
 
-    fn from_views(
+    fn follow_views(
         self,
         views: impl Stream<Item = JobView<TaskEndpoint>> + Send + 'static,
     ) -> Result<SteadyChannel, ConfigError> {
