@@ -16,7 +16,7 @@ pub(crate) const SPACE: f64 = 18_446_744_073_709_551_616.0;
 /// A slice's load is the load of its keys; each of its replicas carries that load divided
 /// by the number of replicas. Queries cost `O(log keys + log ranges)`: the per-key loads
 /// are kept sorted with prefix sums, the ranges as a step function with prefix sums.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Load {
     keys: Vec<u64>,
     /// `prefix[i]`: the load of `keys[..i]`.
@@ -29,10 +29,24 @@ pub struct Load {
     uniform: f64,
 }
 
+impl Default for Load {
+    /// No load at all (as [`Load::none`]).
+    fn default() -> Self {
+        Self::none()
+    }
+}
+
 impl Load {
     /// No load at all.
     pub fn none() -> Self {
-        Self { prefix: vec![0.0], ..Self::default() }
+        Self {
+            keys: Vec::new(),
+            prefix: vec![0.0],
+            bounds: Vec::new(),
+            density: Vec::new(),
+            below_bound: Vec::new(),
+            uniform: 0.0,
+        }
     }
 
     /// Load at single keys; a key listed twice carries the sum.
@@ -93,10 +107,15 @@ impl Load {
             steps.push((start, density, true));
             steps.push((end, density, false));
         }
-        steps.sort_by_key(|s| s.0);
+        // Ends before starts at one position, so ranges that only touch never overlap.
+        steps.sort_by_key(|s| (s.0, s.2));
         let (mut bounds, mut density, mut below_bound) = (Vec::new(), Vec::new(), Vec::new());
-        let (mut current, mut below) = (0.0f64, 0.0f64);
-        let mut active = 0usize;
+        let mut below = 0.0f64;
+        // The densities of the ranges open at the sweep's position. The density in force
+        // is recomputed from them, never by adding and subtracting: a one-key range has a
+        // density some 10^20 times a wide one's, and the wide one's would round away.
+        let mut open: Vec<f64> = Vec::new();
+        let mut current = 0.0f64;
         for (at, change, starts) in steps {
             if let Some(&last) = bounds.last() {
                 below += current * (at - last) as f64;
@@ -107,11 +126,12 @@ impl Load {
                     });
                 }
             }
-            // Back to no range at all: exactly zero, not the rounding residue of the
-            // sums, which would otherwise spread over the whole gap that follows.
-            active = if starts { active + 1 } else { active - 1 };
-            let change = if starts { change } else { -change };
-            current = if active == 0 { 0.0 } else { (current + change).max(0.0) };
+            if starts {
+                open.push(change);
+            } else if let Some(i) = open.iter().position(|&d| d.to_bits() == change.to_bits()) {
+                open.swap_remove(i);
+            }
+            current = open.iter().sum();
             if bounds.last() == Some(&at) {
                 *density.last_mut().expect("pushed with the bound") = current;
             } else {
@@ -290,6 +310,18 @@ mod tests {
             .with_ranges([(r(0, Some(10)), 1.0), (r(5, Some(20)), 0.0), (r(30, Some(40)), 1.0)])
             .unwrap();
         assert_eq!((gap.between(10, 30), gap.total()), (0.0, 2.0));
+        // A one-key range beside a wide one, in either order: nothing rounds away.
+        let (k, half) = (1u64 << 40, 1u64 << 63);
+        for order in [false, true] {
+            let mut ranges = vec![(r(k + 1, Some(half)), 100.0), (r(k, Some(k + 1)), 1000.0)];
+            if order {
+                ranges.reverse();
+            }
+            let load = Load::none().with_ranges(ranges).unwrap();
+            assert!((load.total() - 1100.0).abs() < 1e-6, "{}", load.total());
+            assert!((load.between(k + 1, 1u128 << 63) - 100.0).abs() < 1e-6);
+        }
+        assert_eq!(Load::default().of_range(KeyRange::FULL), 0.0);
     }
 
     #[test]

@@ -123,3 +123,25 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #[test]
+    fn range_loads_add_up_whatever_their_widths_and_overlaps(
+        ranges in prop::collection::vec((any::<u64>(), 0u32..64, 0.0..1e6f64), 1..40),
+    ) {
+        let ranges: Vec<(steady_slice::KeyRange, f64)> = ranges
+            .into_iter()
+            .map(|(start, width_bits, load)| {
+                let start = start.min(u64::MAX - 1);
+                let end = start.saturating_add((1u64 << width_bits).max(1)).max(start + 1);
+                (steady_slice::KeyRange::new(SliceKey(start), Some(SliceKey(end))), load)
+            })
+            .collect();
+        let sum: f64 = ranges.iter().map(|r| r.1).sum();
+        let load = Load::none().with_ranges(ranges.clone()).unwrap();
+        prop_assert!((load.total() - sum).abs() <= 1e-9 * sum.max(1.0), "{} vs {}", load.total(), sum);
+        for (range, l) in &ranges {
+            prop_assert!(load.of_range(*range) >= l * (1.0 - 1e-9) - 1e-9);
+        }
+    }
+}

@@ -24,7 +24,8 @@
 //!    a positive benefit that fits in what is left of `move_budget`. When none does, a
 //!    *displacing* move (ours, see `moves.rs`) may: the same reassignment or added replica
 //!    onto one of the coldest tasks, with some of that task's other slices moved away
-//!    so that no touched task ends above the new peak.
+//!    so that no touched task ends above the goal: the new peak of the slice's own
+//!    tasks, or the mean when that is higher.
 //! 5. **Splits.** Slices carrying at least `split_factor` times the mean slice load
 //!    (measured when the phase starts) are split in place, hottest first, while there
 //!    are fewer than `max_slices_per_task` slices per serving task.

@@ -15,7 +15,8 @@
 //!
 //! A *displacing* move is a reassignment or an added replica onto a cold task together
 //! with reassignments of that task's other slices to other tasks, chosen so that every
-//! task it touches ends below the old peak. It is tried only when no single move helps,
+//! task it touches ends at or below the goal: the new peak of the slice's own tasks, or
+//! the mean when that is higher (and so below the old peak). It is tried only when no single move helps,
 //! its cost is the key space of every slice it moves, and it obeys the same budget, so
 //! the run's churn stays within `move_budget` and the peak never rises.
 
@@ -260,12 +261,15 @@ impl Run<'_> {
             // changed) and the first untouched one in load order.
             let eligible = |t: usize| t != to && !q.replicas.contains(&(t as u32));
             let untouched = by_load.iter().copied().find(|&t| eligible(t) && delta.iter().all(|e| e.0 != t));
-            let d = delta
+            let Some(d) = delta
                 .iter()
                 .map(|e| e.0)
                 .filter(|&t| eligible(t))
                 .chain(untouched)
-                .min_by(|&a, &b| after(&delta, a).total_cmp(&after(&delta, b)).then(a.cmp(&b)))?;
+                .min_by(|&a, &b| after(&delta, a).total_cmp(&after(&delta, b)).then(a.cmp(&b)))
+            else {
+                continue;
+            };
             let moved = q.per_replica();
             if after(&delta, d) + moved > goal {
                 continue;
