@@ -51,6 +51,7 @@ impl Job {
             self.book.clone(),
         )
         .config(config)
+        .unwrap()
         .spawn(self.tasks.subscribe())
     }
 
@@ -157,12 +158,21 @@ async fn a_quiet_job_publishes_nothing_new_and_a_killed_assigner_leaves_the_last
     let assigner = job.spawn("a", config());
     job.until("the first generation", |_| true).await;
     // Without reports the load is uniform: after the first few runs nothing changes.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    let runs_at_least = |n: u64| {
+        let stats = &assigner;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while stats.stats().runs() < n {
+                assert!(Instant::now() < deadline, "runs stopped at {}", stats.stats().runs());
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    runs_at_least(8).await;
     let settled = assigner.stats().published();
     let runs = assigner.stats().runs();
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    assert!(assigner.stats().runs() > runs + 3, "runs go on");
-    assert_eq!(assigner.stats().published(), settled, "but publish nothing");
+    runs_at_least(runs + 4).await;
+    assert_eq!(assigner.stats().published(), settled, "runs go on but publish nothing");
     let last = job.distributor.current(JOB).unwrap();
     assigner.kill().await;
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -219,4 +229,40 @@ async fn on_etcd_a_standby_takes_over_within_the_lease() {
     assert!(next.generation() > first.generation());
     // The lease must lapse first (the term was not resigned), then one run.
     assert!(failover >= ttl / 2 && failover < ttl + Duration::from_secs(2), "{failover:?}");
+}
+
+#[test]
+fn a_configuration_that_would_spin_is_refused() {
+    let job = Job::new(Arc::new(MemoryStore::new()), 2);
+    let service = |config| {
+        AssignerService::new(
+            JOB,
+            "a",
+            weighted_move(),
+            job.store.clone(),
+            job.distributor.clone(),
+            job.book.clone(),
+        )
+        .config(config)
+    };
+    let zero = AssignerConfig { cadence: Duration::ZERO, ..config() };
+    assert_eq!(service(zero).unwrap_err().field, "cadence");
+    let no_backoff = AssignerConfig { backoff: Duration::ZERO, ..config() };
+    assert_eq!(service(no_backoff).unwrap_err().field, "backoff");
+    assert!(service(config()).is_ok());
+}
+
+#[tokio::test]
+async fn a_stopped_assigner_resigns_and_its_standby_leads_at_once() {
+    let job = Job::new(Arc::new(MemoryStore::new()), 3);
+    let leader = job.spawn("a", config());
+    job.until("the first generation", |_| true).await;
+    let standby = job.spawn("b", config());
+    leader.stop().await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while standby.stats().terms() == 0 {
+        assert!(Instant::now() < deadline, "the standby never led");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(standby.is_running());
 }

@@ -50,6 +50,7 @@ fn bad_arguments_exit_non_zero_with_one_line() {
         vec!["--job", "users", "--tasks", "3", "--algorithm", "slicer"],
         vec!["--job", "users", "--tasks", "3", "--store", "etcd"],
         vec!["--job", "users", "--tasks", "3", "--max-replicas", "0"],
+        vec!["--job", "users", "--tasks", "3", "--cadence-ms", "0"],
     ] {
         let out = Command::new(BIN).args(&args).output().unwrap();
         assert!(!out.status.success(), "{args:?}");

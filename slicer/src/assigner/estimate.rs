@@ -9,7 +9,9 @@ use crate::load::Received;
 ///
 /// * Each reported slice's rate is spread evenly over the slice's range in the
 ///   generation the report was taken under, minus the rates of the hot keys inside it,
-///   which are placed at their keys (so splits can isolate them).
+///   which are placed at their keys (so splits can isolate them). A slice the reporting
+///   task did not hold in that generation is ignored, and so is a hot key outside the
+///   slices its report lists.
 /// * A serving task with no fresh report is assumed to carry, on each slice it holds in
 ///   `current`, the mean rate per key (and per replica) of the reported slices.
 /// * With no fresh report at all the load is unknown: uniform, so the run only keeps
@@ -24,27 +26,37 @@ pub fn estimate(fresh: &[Received], current: Option<&Assignment>, serving: &[u32
     let (mut rate, mut covered) = (0.0, 0.0);
     for received in fresh {
         let a = &received.assignment;
+        let task = received.report.task();
         let hot = received.report.hot_keys();
         for &(start, slice_rate) in received.report.slices() {
             let i = a.slice_index(start);
-            if a.slices()[i].start != start {
-                // Not a slice of that generation: the report is inconsistent; skip it.
+            let slice = &a.slices()[i];
+            if slice.start != start || !slice.replicas.contains(&task) {
+                // Not a slice of that generation this task held: the report is
+                // inconsistent (or forged); its claim is ignored.
                 continue;
             }
             let range = a.range(i);
-            let inside: f64 = hot.iter().filter(|(k, _)| range.contains(*k)).map(|h| h.1).sum();
-            ranges.push((range, (slice_rate - inside).max(0.0)));
+            // Hot keys count where their slice is reported, and only there: a key the
+            // task saw before it moved away is not double counted with its new owner's.
+            let inside: Vec<(SliceKey, f64)> =
+                hot.iter().copied().filter(|(k, _)| range.contains(*k)).collect();
+            let inside_rate: f64 = inside.iter().map(|h| h.1).sum::<f64>().min(slice_rate);
+            ranges.push((range, slice_rate - inside_rate));
+            let scale =
+                if inside_rate > 0.0 { inside_rate / inside.iter().map(|h| h.1).sum::<f64>() } else { 0.0 };
+            points.extend(inside.into_iter().map(|(k, r)| (k, r * scale)));
             rate += slice_rate;
-            covered += range.fraction() / a.slices()[i].replicas.len() as f64;
+            covered += range.fraction() / slice.replicas.len() as f64;
         }
-        points.extend(hot.iter().copied());
     }
     if let Some(current) = current {
         let density = if covered > 0.0 { rate / covered } else { 0.0 };
+        // Both sorted: `fresh` by task, `serving` ascending.
         let reported: Vec<u32> = fresh.iter().map(|r| r.report.task()).collect();
+        let unreported = |t: &u32| serving.binary_search(t).is_ok() && reported.binary_search(t).is_err();
         for (i, slice) in current.slices().iter().enumerate() {
-            let missing =
-                slice.replicas.iter().filter(|t| serving.contains(t) && !reported.contains(t)).count();
+            let missing = slice.replicas.iter().filter(|t| unreported(t)).count();
             if missing > 0 && density > 0.0 {
                 let range = current.range(i);
                 let share = density * range.fraction() / slice.replicas.len() as f64;
@@ -52,9 +64,13 @@ pub fn estimate(fresh: &[Received], current: Option<&Assignment>, serving: &[u32
             }
         }
     }
-    Load::from_points(points)
-        .and_then(|load| load.with_ranges(ranges))
-        .unwrap_or_else(|_| Load::none().with_uniform(1.0).expect("1 is a valid load"))
+    match Load::from_points(points).and_then(|load| load.with_ranges(ranges)) {
+        Ok(load) if load.total().is_finite() => load,
+        _ => {
+            tracing::warn!("assigner: reported load does not add up to a finite total; taken as uniform");
+            Load::none().with_uniform(1.0).expect("1 is a valid load")
+        }
+    }
 }
 
 #[cfg(test)]
@@ -120,5 +136,27 @@ mod tests {
         assert!((load.of_range(KeyRange::new(SliceKey(half), None)) - 100.0).abs() < 1e-6);
         let unknown = estimate(&[], Some(&a), &[0, 1]);
         assert_eq!(unknown.of_range(KeyRange::new(SliceKey(0), Some(SliceKey(half)))), 0.5);
+    }
+
+    #[test]
+    fn claims_on_slices_a_task_did_not_hold_and_hot_keys_outside_its_slices_are_ignored() {
+        let half = 1u64 << 63;
+        let a = Arc::new(
+            Assignment::new(
+                3,
+                vec![
+                    Slice { start: SliceKey(0), replicas: vec![0] },
+                    Slice { start: SliceKey(half), replicas: vec![1] },
+                ],
+            )
+            .unwrap(),
+        );
+        // Task 1 claims task 0's slice, and reports a key it no longer holds.
+        let fresh = [
+            received(0, &a, vec![(SliceKey(0), 10.0)], vec![]),
+            received(1, &a, vec![(SliceKey(0), 500.0), (SliceKey(half), 30.0)], vec![(SliceKey(5), 400.0)]),
+        ];
+        let load = estimate(&fresh, Some(&a), &[0, 1]);
+        assert!((load.total() - 40.0).abs() < 1e-9, "{}", load.total());
     }
 }

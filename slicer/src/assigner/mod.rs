@@ -26,8 +26,9 @@
 //! * **Stale reports are ignored**: a run sees only reports younger than
 //!   [`AssignerConfig::stale_after`]; with none, the load is taken as uniform (see
 //!   [`estimate()`]).
-//! * **Never dies**: store errors are logged and retried with backoff; the loop ends
-//!   only when its [`AssignerHandle`] is stopped or dropped.
+//! * **Never dies**: store errors and lost races are retried with backoff, a panicking
+//!   assigner run is caught and counted (the assignment in force stays); the loop ends
+//!   only when its [`AssignerHandle`] is stopped, killed or dropped.
 
 mod estimate;
 
@@ -36,7 +37,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use steady_assigner::{Assigner, ReplicaLimits, RunInput, Tasks};
+use steady_assigner::{Assigner, Assignment, ReplicaLimits, RunInput, Tasks};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -47,20 +48,31 @@ use crate::load::LoadBook;
 use crate::store::{AssignmentStore, Leadership, Snapshot, StoreError};
 use crate::Distributor;
 
-/// How an Assigner service runs.
+/// How an Assigner service runs ([`AssignerConfig::validate`] gives the ranges).
 #[derive(Debug, Clone)]
 pub struct AssignerConfig {
-    /// Time between runs when nothing else happens (default 10 s).
+    /// Time between runs when nothing else happens (default 10 s; at least
+    /// [`MIN_CADENCE`]).
     pub cadence: Duration,
-    /// The least time between two publications (default 1 s).
+    /// The least time between two publications (default 1 s), across terms.
     pub min_interval: Duration,
-    /// Reports older than this are ignored (default 30 s).
+    /// Reports older than this are ignored (default 30 s; not zero).
     pub stale_after: Duration,
     /// Replicas per slice (default one).
     pub replicas: ReplicaLimits,
-    /// The backoff after a store error, doubled up to 16 times this (default 100 ms).
+    /// The backoff after a store error, doubled up to 16 times this (default 100 ms; at
+    /// least [`MIN_BACKOFF`]).
     pub backoff: Duration,
 }
+
+/// The shortest cadence: runs cost a full assigner pass, so the loop must not spin.
+pub const MIN_CADENCE: Duration = Duration::from_millis(10);
+
+/// The shortest backoff after a store error.
+pub const MIN_BACKOFF: Duration = Duration::from_millis(1);
+
+/// Lost races in a row after which the service backs off before re-reading.
+const CONFLICTS_BEFORE_BACKOFF: u32 = 3;
 
 impl Default for AssignerConfig {
     fn default() -> Self {
@@ -71,6 +83,44 @@ impl Default for AssignerConfig {
             replicas: ReplicaLimits::default(),
             backoff: Duration::from_millis(100),
         }
+    }
+}
+
+/// A configuration value out of range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AssignerConfigError {
+    /// The field.
+    pub field: &'static str,
+    /// What it must be.
+    pub expected: &'static str,
+}
+
+impl fmt::Display for AssignerConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "assigner config: {} must be {}", self.field, self.expected)
+    }
+}
+
+impl std::error::Error for AssignerConfigError {}
+
+impl AssignerConfig {
+    /// Checks every field's range.
+    ///
+    /// # Errors
+    ///
+    /// [`AssignerConfigError`] naming the first field out of range.
+    pub fn validate(&self) -> Result<(), AssignerConfigError> {
+        let bad = |field, expected| Err(AssignerConfigError { field, expected });
+        if self.cadence < MIN_CADENCE {
+            return bad("cadence", "at least 10 ms");
+        }
+        if self.backoff < MIN_BACKOFF {
+            return bad("backoff", "at least 1 ms");
+        }
+        if self.stale_after.is_zero() {
+            return bad("stale_after", "more than zero");
+        }
+        Ok(())
     }
 }
 
@@ -102,7 +152,8 @@ impl AssignerStats {
     pub fn conflicts(&self) -> u64 {
         self.conflicts.load(Ordering::Relaxed)
     }
-    /// Store and assigner errors (each retried after a backoff).
+    /// Store errors, runs the assigner refused or panicked in, and failed campaigns
+    /// (each retried after a backoff, or at the next cadence).
     pub fn errors(&self) -> u64 {
         self.errors.load(Ordering::Relaxed)
     }
@@ -136,12 +187,23 @@ impl fmt::Debug for AssignerService {
     }
 }
 
-/// A running Assigner service. Dropping it stops the service and resigns its term, so
-/// a standby leads at once.
+/// How a running service is asked to end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Signal {
+    Run,
+    /// Resign the term (a standby leads at once) and stop.
+    Stop,
+    /// Leave the term to lapse, as a crashed process would, and stop.
+    Crash,
+}
+
+/// A running Assigner service. Dropping it aborts the service: the term's handle is
+/// dropped, which asks the store to release it (in etcd, a revoke sent in the
+/// background; [`AssignerHandle::stop`] waits for the resignation instead).
 #[derive(Debug)]
 pub struct AssignerHandle {
     stats: Arc<AssignerStats>,
-    crash: watch::Sender<bool>,
+    signal: watch::Sender<Signal>,
     task: JoinHandle<()>,
 }
 
@@ -151,12 +213,26 @@ impl AssignerHandle {
         &self.stats
     }
 
+    /// Whether the service's task is still running (it ends only when stopped).
+    pub fn is_running(&self) -> bool {
+        !self.task.is_finished()
+    }
+
+    /// Stops the service and resigns its term, so that a standby leads at once;
+    /// returns once the resignation is done (or failed: then the lease lapses).
+    pub async fn stop(self) {
+        self.end(Signal::Stop).await;
+    }
+
     /// Stops the service as a crash would: the term is not resigned but left to lapse
     /// (in etcd, a standby leads once the lease expires, within its TTL; the in-memory
-    /// store has no lease and hands over at once). Returns when the service has stopped
-    /// (at most after the store call in progress).
-    pub async fn kill(mut self) {
-        let _ = self.crash.send(true);
+    /// store has no lease and hands over at once). Returns when the service has stopped.
+    pub async fn kill(self) {
+        self.end(Signal::Crash).await;
+    }
+
+    async fn end(mut self, signal: Signal) {
+        let _ = self.signal.send(signal);
         let _ = (&mut self.task).await;
     }
 }
@@ -190,52 +266,74 @@ impl AssignerService {
     }
 
     /// With `config`.
-    pub fn config(mut self, config: AssignerConfig) -> Self {
+    ///
+    /// # Errors
+    ///
+    /// As [`AssignerConfig::validate`].
+    pub fn config(mut self, config: AssignerConfig) -> Result<Self, AssignerConfigError> {
+        config.validate()?;
         self.config = config;
-        self
+        Ok(self)
     }
 
     /// Runs the service on a task of its own, following the job's task set from
     /// `tasks` (a change triggers a run at once, within the rate limit).
     pub fn spawn(self, tasks: watch::Receiver<Tasks>) -> AssignerHandle {
         let stats = Arc::new(AssignerStats::default());
-        let (crash, crashed) = watch::channel(false);
-        let task = tokio::spawn(self.run(tasks, stats.clone(), crashed));
-        AssignerHandle { stats, crash, task }
+        let (signal, signals) = watch::channel(Signal::Run);
+        let task = tokio::spawn(self.run(tasks, stats.clone(), signals));
+        AssignerHandle { stats, signal, task }
     }
 
     async fn run(
         self,
         mut tasks: watch::Receiver<Tasks>,
         stats: Arc<AssignerStats>,
-        mut crashed: watch::Receiver<bool>,
+        mut signals: watch::Receiver<Signal>,
     ) {
         let mut failures = 0u32;
+        // Kept across terms: the rate limit holds however often leadership changes.
+        let mut last_publication: Option<Instant> = None;
         loop {
             let campaign = tokio::select! {
+                biased;
+                _ = signals.wait_for(|&s| s != Signal::Run) => return,
                 c = self.store.campaign(&self.job, &self.candidate) => c,
-                _ = crashed.wait_for(|&c| c) => return,
             };
             let leadership = match campaign {
                 Ok(l) => l,
                 Err(error) => {
                     tracing::warn!(%error, job = %self.job, "assigner: campaign failed");
-                    self.back_off(&stats, &mut failures).await;
-                    continue;
+                    tokio::select! {
+                        biased;
+                        _ = signals.wait_for(|&s| s != Signal::Run) => return,
+                        () = self.back_off(&stats, &mut failures) => continue,
+                    }
                 }
             };
             stats.terms.fetch_add(1, Ordering::Relaxed);
             tracing::info!(job = %self.job, candidate = %self.candidate, "assigner: leading");
-            let crash = tokio::select! {
-                () = self.lead(&leadership, &mut tasks, &stats, &mut failures) => false,
-                _ = crashed.wait_for(|&c| c) => true,
+            let signal = tokio::select! {
+                biased;
+                s = signals.wait_for(|&s| s != Signal::Run) => s.map_or(Signal::Stop, |s| *s),
+                () = self.lead(&leadership, &mut tasks, &stats, &mut failures, &mut last_publication) => Signal::Run,
             };
-            if crash {
-                // Left to lapse, as a crashed process's term would be.
-                leadership.stop_renewing();
-                return;
+            match signal {
+                Signal::Run => {
+                    tracing::info!(job = %self.job, candidate = %self.candidate, "assigner: term over")
+                }
+                Signal::Crash => {
+                    // Left to lapse, as a crashed process's term would be.
+                    leadership.stop_renewing();
+                    return;
+                }
+                Signal::Stop => {
+                    if let Err(error) = leadership.resign().await {
+                        tracing::warn!(%error, job = %self.job, "assigner: resigning failed; the term will lapse");
+                    }
+                    return;
+                }
             }
-            tracing::info!(job = %self.job, candidate = %self.candidate, "assigner: term over");
         }
     }
 
@@ -246,9 +344,10 @@ impl AssignerService {
         tasks: &mut watch::Receiver<Tasks>,
         stats: &AssignerStats,
         failures: &mut u32,
+        last_publication: &mut Option<Instant>,
     ) {
         let mut snapshot = None;
-        let mut last_publication: Option<Instant> = None;
+        let mut conflicts = 0u32;
         loop {
             if !leadership.is_held() {
                 return;
@@ -257,7 +356,8 @@ impl AssignerService {
                 Some(s) => s,
                 None => match self.store.read(&self.job).await {
                     Ok(s) => {
-                        self.hand_out(&s, &tasks.borrow());
+                        let view = tasks.borrow().clone();
+                        self.hand_out(&s, &view);
                         s
                     }
                     Err(error) => {
@@ -267,64 +367,83 @@ impl AssignerService {
                     }
                 },
             };
-            if let Some(at) = last_publication {
+            if let Some(at) = *last_publication {
                 tokio::time::sleep_until(at + self.config.min_interval).await;
             }
             let view = tasks.borrow_and_update().clone();
+            self.book.set_tasks(&self.job, known_tasks(&view, current.assignment()));
             stats.runs.fetch_add(1, Ordering::Relaxed);
-            match self.run_once(leadership, &current, &view).await {
+            match self.run_once(leadership, &current, &view, stats).await {
                 Ok(Some(written)) => {
-                    *failures = 0;
+                    (*failures, conflicts) = (0, 0);
                     stats.published.fetch_add(1, Ordering::Relaxed);
                     stats.generation.store(written.generation(), Ordering::Relaxed);
                     self.hand_out(&written, &view);
-                    last_publication = Some(Instant::now());
+                    *last_publication = Some(Instant::now());
                     snapshot = Some(written);
                 }
                 Ok(None) => snapshot = Some(current),
                 Err(StoreError::Conflict) => {
+                    // Someone wrote meanwhile: re-read and run again, backing off when
+                    // it keeps happening (a writer around the store, say).
                     stats.conflicts.fetch_add(1, Ordering::Relaxed);
+                    conflicts += 1;
+                    if conflicts >= CONFLICTS_BEFORE_BACKOFF {
+                        self.back_off(stats, failures).await;
+                    }
                     continue;
                 }
                 Err(StoreError::NotLeader) => return,
                 Err(error) => {
-                    tracing::warn!(%error, job = %self.job, "assigner: run failed");
+                    tracing::warn!(%error, job = %self.job, "assigner: write failed");
                     self.back_off(stats, failures).await;
                     continue;
                 }
             }
-            // Wait for the cadence, a task-set change or the end of the term.
+            // Wait for the cadence, a task-set change or the end of the term. Biased:
+            // the end of the term is checked first, so a deposed leader never runs again.
             tokio::select! {
-                () = tokio::time::sleep(self.config.cadence) => {}
+                biased;
+                () = leadership.lost() => return,
                 changed = tasks.changed() => {
                     if changed.is_err() {
                         // The task-set source is gone: keep the last view, run on cadence.
                         tokio::time::sleep(self.config.cadence).await;
                     }
                 }
-                () = leadership.lost() => return,
+                () = tokio::time::sleep(self.config.cadence) => {}
             }
         }
     }
 
     /// One assigner run on `current`; the written snapshot, or `None` when nothing
-    /// changed.
+    /// changed (or the run failed: the assignment in force stays).
     async fn run_once(
         &self,
         leadership: &Leadership,
         current: &Snapshot,
         tasks: &Tasks,
+        stats: &AssignerStats,
     ) -> Result<Option<Snapshot>, StoreError> {
         let serving = tasks.serving_ids();
         let fresh = self.book.fresh(&self.job, self.config.stale_after);
         let load = estimate(&fresh, current.assignment(), &serving);
         let input =
             RunInput { previous: current.assignment(), tasks, load: &load, replicas: self.config.replicas };
-        let outcome = match self.assigner.assign(&input) {
-            Ok(o) => o,
-            Err(error) => {
+        // A panicking assigner must not take the service down with it.
+        let outcome = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.assigner.assign(&input)
+        })) {
+            Ok(Ok(o)) => o,
+            Ok(Err(error)) => {
                 // No serving task, most likely: keep the assignment in force.
+                stats.errors.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(%error, job = %self.job, "assigner: run refused its input");
+                return Ok(None);
+            }
+            Err(_) => {
+                stats.errors.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(job = %self.job, assigner = self.assigner.name(), "assigner: run panicked");
                 return Ok(None);
             }
         };
@@ -338,10 +457,9 @@ impl AssignerService {
     /// Gives the assignment of `snapshot` to the Distributor and tells the LoadBook.
     fn hand_out(&self, snapshot: &Snapshot, tasks: &Tasks) {
         if let Some(a) = snapshot.assignment() {
-            self.distributor.publish(&self.job, a.clone());
-            let known =
-                tasks.iter().map(|(t, _)| t).chain(a.slices().iter().flat_map(|s| s.replicas.clone()));
-            self.book.published(&self.job, Arc::new(a.clone()), known.collect::<Vec<_>>());
+            let a = Arc::new(a.clone());
+            self.distributor.publish(&self.job, Assignment::clone(&a));
+            self.book.published(&self.job, a.clone(), known_tasks(tasks, Some(&a)));
         }
     }
 
@@ -351,4 +469,16 @@ impl AssignerService {
         *failures = failures.saturating_add(1);
         tokio::time::sleep(self.config.backoff * factor).await;
     }
+}
+
+/// The tasks whose reports are wanted: every listed task, and every task the
+/// assignment in force names (a task that left still reports what it served).
+fn known_tasks(tasks: &Tasks, assignment: Option<&Assignment>) -> Vec<u32> {
+    let mut known: Vec<u32> = tasks.iter().map(|(t, _)| t).collect();
+    if let Some(a) = assignment {
+        known.extend(a.slices().iter().flat_map(|s| s.replicas.iter().copied()));
+    }
+    known.sort_unstable();
+    known.dedup();
+    known
 }

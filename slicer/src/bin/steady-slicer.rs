@@ -9,8 +9,10 @@
 //! Serves `AssignmentDistributor.Watch` on `--listen`, campaigns to be the job's one
 //! Assigner in the store, and while it leads runs the chosen algorithm every cadence (and
 //! at once when the task set changes), writing each new generation to the store and to
-//! its Distributor. A standby's Distributor follows the store, so every instance serves
-//! the assignment in force. Prints one status line per cadence on stdout.
+//! its Distributor. It also serves `LoadCollector.Report`, where Slicelets send their load.
+//! A standby's Distributor follows the store, so every instance serves the assignment in
+//! force. Prints a status line per cadence (at most one a second) on stdout; on Ctrl-C it
+//! resigns, so that a standby leads at once.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,7 +22,7 @@ use clap::{Parser, ValueEnum};
 use futures_util::StreamExt;
 use steady_assigner::{by_name, ReplicaLimits, Tasks, NAMES};
 use steady_slicer::assigner::{AssignerConfig, AssignerService};
-use steady_slicer::load::LoadBook;
+use steady_slicer::load::{LoadBook, LoadCollector};
 use steady_slicer::store::{AssignmentStore, EtcdConfig, EtcdStore, MemoryStore};
 use steady_slicer::Distributor;
 use tokio::sync::watch;
@@ -59,7 +61,7 @@ struct Cli {
     /// The algorithm (weighted-move, rotation, lpt, static, consistent, ...).
     #[arg(long, default_value = "weighted-move")]
     algorithm: String,
-    /// Milliseconds between runs.
+    /// Milliseconds between runs (at least 10).
     #[arg(long, default_value_t = 10_000)]
     cadence_ms: u64,
     /// Most replicas per slice.
@@ -102,10 +104,13 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         }
     };
     let config = AssignerConfig {
-        cadence: Duration::from_millis(cli.cadence_ms.max(1)),
+        cadence: Duration::from_millis(cli.cadence_ms),
         replicas: ReplicaLimits::new(1, cli.max_replicas)?,
         ..AssignerConfig::default()
     };
+    config.validate()?;
+    // Bind first: a process that cannot serve must not campaign (and then lead).
+    let listener = tokio::net::TcpListener::bind(cli.listen).await?;
     let distributor = Distributor::new();
     let book = LoadBook::new();
     // The backup distribution path: whoever writes, this Distributor follows the store.
@@ -128,9 +133,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         distributor.clone(),
         book.clone(),
     )
-    .config(config.clone())
+    .config(config.clone())?
     .spawn(tasks_rx);
-    let listener = tokio::net::TcpListener::bind(cli.listen).await?;
     println!(
         "steady-slicer: job {} on {} ({:?} store), candidate {}",
         cli.job,
@@ -140,11 +144,16 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     );
     let server = tonic::transport::Server::builder()
         .add_service(distributor.service())
+        .add_service(LoadCollector::new(book.clone()).service())
         .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener));
     let status = async {
-        let mut tick = tokio::time::interval(config.cadence);
+        // At most one line a second, whatever the cadence.
+        let mut tick = tokio::time::interval(config.cadence.max(Duration::from_secs(1)));
         loop {
             tick.tick().await;
+            if !service.is_running() {
+                return;
+            }
             let s = service.stats();
             println!(
                 "generation {} published {} runs {} leading-terms {} conflicts {} errors {} reports accepted {} dropped {}",
@@ -159,10 +168,13 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             );
         }
     };
-    tokio::select! {
-        served = server => served?,
-        () = status => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
+    let outcome: Result<(), Failure> = tokio::select! {
+        served = server => served.map_err(Into::into),
+        () = status => Err("the assigner service stopped".into()),
+        _ = tokio::signal::ctrl_c() => Ok(()),
+    };
+    // Resign, so that a standby leads at once.
+    service.stop().await;
+    outcome?;
     Ok(())
 }

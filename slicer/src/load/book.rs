@@ -98,6 +98,21 @@ impl LoadBook {
         book.reports.retain(|t, _| known.contains(t));
     }
 
+    /// Sets `job`'s known tasks (no effect on a job not yet [`published`]): reports from
+    /// tasks that joined are accepted from now on, kept reports of tasks that left are
+    /// forgotten. The Assigner calls it when the task set changes without a new
+    /// generation.
+    ///
+    /// [`published`]: LoadBook::published
+    pub fn set_tasks(&self, job: &str, tasks: impl IntoIterator<Item = u32>) {
+        let mut jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(book) = jobs.get_mut(job) {
+            book.tasks = tasks.into_iter().collect();
+            let known = &book.tasks;
+            book.reports.retain(|t, _| known.contains(t));
+        }
+    }
+
     /// Keeps `report` as its task's latest, unless it is older than the one kept.
     ///
     /// # Errors
@@ -198,5 +213,9 @@ mod tests {
         assert_eq!(fresh[1].assignment.generation(), 1);
         book.published("job", Arc::new(Assignment::single(3, vec![0]).unwrap()), [0]);
         assert_eq!(book.fresh("job", Duration::from_secs(60)).len(), 1);
+        // A task that joins without a new generation is accepted once it is known.
+        assert_eq!(book.accept(report(5, 3)), Err(Dropped::UnknownTask));
+        book.set_tasks("job", [0, 5]);
+        assert_eq!(book.accept(report(5, 3)), Ok(()));
     }
 }

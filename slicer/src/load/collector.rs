@@ -22,7 +22,9 @@ pub const MAX_REPORT_MESSAGE_BYTES: usize = 128 * 1024;
 
 /// How many invalid messages in a row end a stream (with `INVALID_ARGUMENT`), unless
 /// [`LoadCollector::with_max_invalid_in_a_row`] says otherwise: a peer that only sends
-/// garbage gets no more of the collector's work than this per stream.
+/// garbage gets no more of the collector's work than this per stream. "In a row" means
+/// with no accepted report between them (reports that are valid but dropped do not
+/// count either way).
 pub const MAX_INVALID_IN_A_ROW: u32 = 8;
 
 /// How many report streams may be open at once, unless
@@ -224,10 +226,14 @@ impl load_collector_server::LoadCollector for LoadCollector {
                     continue;
                 }
             };
-            invalid_in_a_row = 0;
             let (job, task, generation) = (report.job().to_owned(), report.task(), report.generation());
             match self.book.accept(report) {
-                Ok(()) => summary.accepted += 1,
+                Ok(()) => {
+                    // Only an accepted report clears the count: a peer cannot keep a
+                    // garbage stream open by mixing in cheap reports that are dropped.
+                    invalid_in_a_row = 0;
+                    summary.accepted += 1;
+                }
                 Err(reason) => {
                     summary.dropped += 1;
                     tracing::debug!(?peer, %job, task, generation, %reason, "load collector: report dropped");

@@ -18,4 +18,4 @@ mod report;
 pub use book::{Dropped, LoadBook, Received, KEPT_GENERATIONS};
 pub use collector::{LoadCollector, MAX_INVALID_IN_A_ROW, MAX_REPORT_MESSAGE_BYTES, MAX_REPORT_STREAMS};
 pub use convert::{MessageError, REPORT_VERSION};
-pub use report::{LoadReport, ReportError, MAX_REPORTED_KEYS, MAX_REPORTED_SLICES};
+pub use report::{LoadReport, ReportError, MAX_REPORTED_KEYS, MAX_REPORTED_RATE, MAX_REPORTED_SLICES};

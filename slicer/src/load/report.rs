@@ -16,6 +16,10 @@ pub const MAX_REPORTED_SLICES: usize = 4096;
 /// The most hot keys one report may list.
 pub const MAX_REPORTED_KEYS: usize = 64;
 
+/// The highest rate a report may state, requests per second: far above any real task,
+/// low enough that the rates of a whole job of reports add up to a finite total.
+pub const MAX_REPORTED_RATE: f64 = 1e12;
+
 /// One backend task's measured load, for the slices it held in one generation.
 ///
 /// Rates are requests per second, decayed over the Slicelet's half-life. A slice's rate
@@ -46,7 +50,7 @@ pub enum ReportError {
         /// How many there were.
         len: usize,
     },
-    /// A rate that is negative, NaN or infinite.
+    /// A rate that is negative, NaN, infinite or above [`MAX_REPORTED_RATE`].
     BadRate {
         /// The slice start or the key it was reported for.
         key: SliceKey,
@@ -102,7 +106,7 @@ impl LoadReport {
             return Err(ReportError::TooLong { field: "hot_keys", len: hot_keys.len() });
         }
         for &(key, rate) in slices.iter().chain(&hot_keys) {
-            if !rate.is_finite() || rate < 0.0 {
+            if !rate.is_finite() || !(0.0..=MAX_REPORTED_RATE).contains(&rate) {
                 return Err(ReportError::BadRate { key, rate });
             }
         }
@@ -154,6 +158,7 @@ mod tests {
         assert_eq!(ok(vec![(SliceKey(9), 1.0), (SliceKey(9), 2.0)]), Err(ReportError::Unsorted));
         assert!(matches!(ok(vec![(SliceKey(0), f64::NAN)]), Err(ReportError::BadRate { .. })));
         assert!(matches!(ok(vec![(SliceKey(0), -1.0)]), Err(ReportError::BadRate { .. })));
+        assert!(matches!(ok(vec![(SliceKey(0), 2e12)]), Err(ReportError::BadRate { .. })));
         assert_eq!(LoadReport::new("", 1, 3, vec![], vec![]), Err(ReportError::InvalidJob));
         assert_eq!(LoadReport::new("j", 1, 0, vec![], vec![]), Err(ReportError::ZeroGeneration));
         assert_eq!(
