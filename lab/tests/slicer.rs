@@ -51,6 +51,6 @@ fn on_etcd_the_standby_takes_over_within_the_lease() {
     let text =
         demo(&["--store", "etcd", "--endpoints", &etcd.endpoint(), "--kill-at", "3", "--drain-at", "0"]);
     assert_eq!(figure(&text, "; failed "), 0.0, "{text}");
-    let failover = figure(&text, "the standby published ");
+    let failover = figure(&text, "the standby led ");
     assert!(failover < 2.0 + 1.5, "{text}");
 }

@@ -1,0 +1,106 @@
+//! The demo's control plane and backends: the Distributor and load collector on one
+//! address, the assignment store, the Assigners, and echo servers with Slicelets.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use steady_assigner::{by_name, Tasks};
+use steady_slicer::assigner::{AssignerConfig, AssignerHandle, AssignerService};
+use steady_slicer::load::{LoadBook, LoadCollector};
+use steady_slicer::store::{AssignmentStore, EtcdConfig, EtcdStore, MemoryStore};
+use steady_slicer::{Distributor, Slicelet};
+use steady_tonic::echo::echo_server::EchoServer;
+use tokio::sync::{oneshot, watch};
+use tonic::transport::{Endpoint, Server};
+
+use super::{DemoStore, SlicerArgs, JOB};
+
+pub(super) async fn serve(
+    task: u32,
+    slicelet: &Slicelet,
+) -> std::io::Result<(SocketAddr, oneshot::Sender<()>)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let address = listener.local_addr()?;
+    let (stop, stopped) = oneshot::channel::<()>();
+    tokio::spawn(
+        Server::builder()
+            .layer(slicelet.layer())
+            .add_service(EchoServer::new(steady_tonic::demo::EchoTask(task)))
+            .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), async {
+                let _ = stopped.await;
+            }),
+    );
+    Ok((address, stop))
+}
+
+/// The control plane: Distributor and load collector served on one address, and the
+/// store the Assigners use.
+#[derive(Debug)]
+pub(super) struct ControlPlane {
+    pub(super) distributor: Distributor,
+    pub(super) book: LoadBook,
+    address: SocketAddr,
+    /// The shared in-memory store; `None` on etcd.
+    store: Option<Arc<dyn AssignmentStore>>,
+    endpoints: Vec<String>,
+}
+
+impl ControlPlane {
+    pub(super) async fn start(args: &SlicerArgs) -> Result<Self, Box<dyn std::error::Error>> {
+        let distributor = Distributor::new();
+        let book = LoadBook::new();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let address = listener.local_addr()?;
+        tokio::spawn(
+            Server::builder()
+                .add_service(distributor.service())
+                .add_service(LoadCollector::new(book.clone()).service())
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        // On etcd each Assigner connects on its own (see `assigner`); in memory they share.
+        let store = match args.store {
+            DemoStore::Memory => Some(Arc::new(MemoryStore::new()) as Arc<dyn AssignmentStore>),
+            DemoStore::Etcd if args.endpoints.is_empty() => {
+                return Err("--store etcd needs --endpoints".into())
+            }
+            DemoStore::Etcd => None,
+        };
+        Ok(Self { distributor, book, address, store, endpoints: args.endpoints.clone() })
+    }
+
+    pub(super) fn endpoint(&self) -> Endpoint {
+        Endpoint::from_shared(format!("http://{}", self.address)).expect("a valid address")
+    }
+
+    /// An Assigner named `candidate`; on etcd with a connection of its own, as on
+    /// another machine.
+    pub(super) async fn assigner(
+        &self,
+        candidate: &str,
+        config: &AssignerConfig,
+        tasks: watch::Receiver<Tasks>,
+    ) -> Result<AssignerHandle, Box<dyn std::error::Error>> {
+        let store: Arc<dyn AssignmentStore> = match &self.store {
+            Some(shared) => shared.clone(),
+            None => Arc::new(EtcdStore::connect(etcd_config(&self.endpoints)).await?),
+        };
+        let algorithm = by_name("weighted-move").expect("a known assigner");
+        Ok(AssignerService::new(
+            JOB,
+            candidate,
+            Arc::from(algorithm),
+            store,
+            self.distributor.clone(),
+            self.book.clone(),
+        )
+        .config(config.clone())?
+        .spawn(tasks))
+    }
+}
+
+fn etcd_config(endpoints: &[String]) -> EtcdConfig {
+    EtcdConfig::new(endpoints.to_vec())
+        .lease_ttl(Duration::from_secs(2))
+        .request_timeout(Duration::from_secs(2))
+}
