@@ -164,7 +164,16 @@ async fn demo(out: &mut impl Write, args: &SlicerArgs) -> LabResult {
         ..AssignerConfig::default()
     };
     let (tasks, tasks_rx) = watch::channel(Tasks::serving(0..args.backends)?);
-    let mut leader = Some(control.assigner("assigner-a", &config, tasks_rx.clone()).await?);
+    let first = control.assigner("assigner-a", &config, tasks_rx.clone()).await?;
+    // The standby starts once the first one leads, so that the one killed is the leader.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while first.stats().terms() == 0 {
+        if Instant::now() > deadline {
+            return Err("the first assigner never led".into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut leader = Some(first);
     let standby = match args.store {
         DemoStore::Etcd => Some(control.assigner("assigner-b", &config, tasks_rx.clone()).await?),
         DemoStore::Memory => None,
