@@ -128,6 +128,10 @@ pub async fn watch_job_counted(
     };
     follower.read().await?;
     follower.publish();
+    // The first view is the one in force, not news: receivers cloned from this one
+    // wait for the next change.
+    let mut receiver = receiver;
+    receiver.borrow_and_update();
     let task = tokio::spawn(follower.run());
     Ok((Discovery::spawned(receiver, task), counters))
 }
@@ -276,10 +280,12 @@ impl JobFollower {
                 return false;
             }
             *current = view;
+            // Counted before receivers are woken, so that one who sees the view sees
+            // the count.
+            WatchCounters::add(&self.counters.0.views, 1);
             true
         });
         if changed {
-            WatchCounters::add(&self.counters.0.views, 1);
             tracing::debug!(job = %self.job, size, tasks = self.tasks.len(), "registry watch: new view");
         }
     }
