@@ -30,7 +30,8 @@ async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
 }
 
 async fn connect(etcd: &Etcd, ttl: Duration) -> Registry {
-    let config = RegistryConfig::new([etcd.endpoint()]).lease_ttl(ttl).request_timeout(Duration::from_secs(3));
+    let config =
+        RegistryConfig::new([etcd.endpoint()]).lease_ttl(ttl).request_timeout(Duration::from_secs(3));
     within("connecting", Registry::connect(config)).await.unwrap()
 }
 
@@ -207,20 +208,23 @@ async fn three_watchers(etcd: &Etcd) -> Vec<(Discovery, WatchCounters, watch::Re
     let mut watchers = Vec::new();
     for _ in 0..3 {
         let registry = connect(etcd, TTL).await;
-        let (discovery, counters) = within("watching", registry::watch_job_counted(&registry, "api")).await.unwrap();
+        let (discovery, counters) =
+            within("watching", registry::watch_job_counted(&registry, "api")).await.unwrap();
         let views = discovery.views();
         watchers.push((discovery, counters, views));
     }
     watchers
 }
 
-/// Each watcher's next view, and how long after `since` it arrived (the watchers wait
-/// at the same time, each in a task of its own).
-async fn next_views_everywhere(
+/// Runs `change` and returns what it returned, how long it took, and each watcher's next
+/// view with how long after the start of `change` it arrived. The watchers wait at the
+/// same time, each in a task of its own started before `change`.
+async fn next_views_after<T>(
     what: &'static str,
     watchers: &mut [(Discovery, WatchCounters, watch::Receiver<JobView<String>>)],
-    since: Instant,
-) -> Vec<(JobView<String>, Duration)> {
+    change: impl Future<Output = T>,
+) -> (T, Duration, Vec<(JobView<String>, Duration)>) {
+    let since = Instant::now();
     let waits: Vec<_> = watchers
         .iter()
         .map(|(_, _, views)| {
@@ -231,14 +235,20 @@ async fn next_views_everywhere(
             })
         })
         .collect();
+    let changed = within(what, change).await;
+    let took = since.elapsed();
     let mut seen = Vec::new();
     for (wait, (_, _, views)) in waits.into_iter().zip(watchers.iter_mut()) {
-        let (view, took, seen_by) = within(what, wait).await.unwrap();
+        let (view, latency, seen_by) = within(what, wait).await.unwrap();
         // Carries on from the view just seen.
         *views = seen_by;
-        seen.push((view, took));
+        seen.push((view, latency));
     }
-    seen
+    (changed, took, seen)
+}
+
+fn slowest(seen: &[(JobView<String>, Duration)]) -> Duration {
+    seen.iter().map(|(_, latency)| *latency).max().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -256,10 +266,9 @@ async fn a_backend_appears_drains_and_goes_in_every_watchers_view_within_one_wat
 
     // Arrives: one put, one event, one new view in every watcher, with the task in it.
     let before: Vec<_> = watchers.iter().map(|(_, c, _)| c.get()).collect();
-    let started = Instant::now();
-    let third = backends.register("api", 3, "10.0.0.4:50051").await.unwrap();
-    let registered = started.elapsed();
-    let seen = next_views_everywhere("the arrival", &mut watchers, started).await;
+    let (third, took, seen) =
+        next_views_after("the arrival", &mut watchers, backends.register("api", 3, "10.0.0.4:50051")).await;
+    let third = third.unwrap();
     for ((view, _), ((_, counters, _), before)) in seen.iter().zip(watchers.iter().zip(&before)) {
         assert_eq!(view.size, 4, "the size is the highest index plus one");
         assert_eq!(view.serving_task(3).map(String::as_str), Some("10.0.0.4:50051"));
@@ -267,47 +276,54 @@ async fn a_backend_appears_drains_and_goes_in_every_watchers_view_within_one_wat
         let now = counters.get();
         assert_eq!((now.events - before.events, now.views - before.views), (1, 1));
     }
-    let arrival = seen.iter().map(|(_, t)| *t).max().unwrap();
-    println!("registration: register() took {registered:?}; in all 3 watchers' views {arrival:?} after the call");
+    println!(
+        "registration: register() (lease grant + put) took {took:?}; in all 3 watchers' views {:?} after the call began",
+        slowest(&seen)
+    );
 
     // Drains: the next view in every watcher shows it draining (not serving).
-    let started = Instant::now();
-    third.drain().await.unwrap();
+    let (drained, took, seen) = next_views_after("the drain", &mut watchers, third.drain()).await;
+    drained.unwrap();
     assert_eq!(third.state(), TaskState::Draining);
-    let seen = next_views_everywhere("the drain", &mut watchers, started).await;
     for (view, _) in &seen {
         assert_eq!(view.tasks[&3].state, TaskState::Draining);
         assert_eq!(view.serving_task(3), None, "a draining task gets no new requests");
         assert_eq!(view.serving_task(0).map(String::as_str), Some("10.0.0.1:50051"));
     }
-    let drained = seen.iter().map(|(_, t)| *t).max().unwrap();
-    println!("drain: in all 3 watchers' views {drained:?} after the call");
+    println!(
+        "drain: drain() took {took:?}; in all 3 watchers' views {:?} after the call began",
+        slowest(&seen)
+    );
 
     // Its lease lapses: it disappears from every view, and the size shrinks back.
-    let started = Instant::now();
-    third.crash();
-    let seen = next_views_everywhere("the lapse", &mut watchers, started).await;
+    let ((), _, seen) = next_views_after("the lapse", &mut watchers, async { third.crash() }).await;
     for (view, _) in &seen {
         assert_eq!((view.size, view.tasks.len()), (2, 2));
     }
-    let lapsed = seen.iter().map(|(_, t)| *t).max().unwrap();
+    let lapsed = slowest(&seen);
     assert!(lapsed >= TTL / 2, "gone after {lapsed:?}, before the lease could lapse");
-    println!("lapse: gone from all 3 watchers' views {lapsed:?} after the last renewal (TTL {TTL:?})");
+    println!("lapse: gone from all 3 watchers' views {lapsed:?} after renewals stopped (TTL {TTL:?})");
 
-    // Released: gone at once. Another task at an explicit index takes over a key, and
-    // the old holder's drain then fails instead of touching it.
-    let started = Instant::now();
-    second.release().await.unwrap();
-    let seen = next_views_everywhere("the release", &mut watchers, started).await;
+    // Released: gone at once.
+    let (released, took, seen) = next_views_after("the release", &mut watchers, second.release()).await;
+    released.unwrap();
     assert!(seen.iter().all(|(v, _)| v.size == 1 && v.serving_task(0).is_some()));
-    let released = seen.iter().map(|(_, t)| *t).max().unwrap();
-    println!("release: gone from all 3 watchers' views {released:?} after the call");
+    println!(
+        "release: release() took {took:?}; gone from all 3 watchers' views {:?} after the call began",
+        slowest(&seen)
+    );
+
+    // Another task at an explicit index takes over its key; the old holder's drain then
+    // fails instead of touching it, and dropping the old holder leaves the key alone.
     let replacement = backends.register("api", 0, "10.0.0.9:50051").await.unwrap();
     assert_eq!(first.drain().await, Err(RegistryError::Lost));
     drop(first); // Revokes its lease, which no longer carries the key.
     tokio::time::sleep(Duration::from_millis(200)).await;
     for (discovery, _, views) in &mut watchers {
-        let view = view_where("the replacement", views, |v| v.serving_task(0).is_some_and(|a| a.ends_with(".9:50051"))).await;
+        let view = view_where("the replacement", views, |v| {
+            v.serving_task(0).is_some_and(|a| a.ends_with(".9:50051"))
+        })
+        .await;
         assert_eq!(view.size, 1);
         assert_eq!(discovery.current().tasks.len(), 1);
     }
@@ -332,7 +348,8 @@ async fn values_written_around_the_registry_are_read_and_bad_ones_are_counted_an
     raw.put(format!("{prefix}03"), "serving 10.0.0.4:80", None).await.unwrap();
     raw.put(format!("{prefix}{MAX_TASKS}"), "serving 10.0.0.5:80", None).await.unwrap();
     raw.put("/steady/jobs/api2/tasks/0", "serving 10.9.9.9:80", None).await.unwrap();
-    let (discovery, counters) = within("watching", registry::watch_job_counted(&registry, "api")).await.unwrap();
+    let (discovery, counters) =
+        within("watching", registry::watch_job_counted(&registry, "api")).await.unwrap();
     let view = discovery.current();
     assert_eq!(view.size, 2);
     assert_eq!(view.serving_task(0).map(String::as_str), Some("10.0.0.1:80"));
@@ -351,7 +368,8 @@ async fn values_written_around_the_registry_are_read_and_bad_ones_are_counted_an
     // Claims count what is held, whatever its value: index 2 is held by a bad value.
     assert_eq!(registry.claim("api", "x:1").await.unwrap().index(), 3);
     // Arguments out of range are refused before anything is written.
-    let refused = |r: Result<Registration, RegistryError>| matches!(r, Err(RegistryError::InvalidArgument { .. }));
+    let refused =
+        |r: Result<Registration, RegistryError>| matches!(r, Err(RegistryError::InvalidArgument { .. }));
     assert!(refused(registry.register("api", MAX_TASKS, "a:1").await));
     assert!(refused(registry.register("api", 5, "a b").await));
     assert!(refused(registry.register("a/b", 5, "a:1").await));
@@ -359,14 +377,15 @@ async fn values_written_around_the_registry_are_read_and_bad_ones_are_counted_an
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_watch_survives_an_etcd_restart_and_a_compaction_and_converges() {
+async fn a_watch_survives_an_etcd_restart_and_converges_whether_or_not_a_compaction_overtook_it() {
     let Some(mut etcd) = Etcd::start() else { return };
     // Leases that outlive the outage: the keepers keep renewing after it.
     let ttl = Duration::from_secs(10);
     let registry = connect(&etcd, ttl).await;
     let staying = registry.register("api", 0, "10.0.0.1:80").await.unwrap();
     let leaving = registry.register("api", 1, "10.0.0.2:80").await.unwrap();
-    let (discovery, counters) = within("watching", registry::watch_job_counted(&registry, "api")).await.unwrap();
+    let (discovery, counters) =
+        within("watching", registry::watch_job_counted(&registry, "api")).await.unwrap();
     let mut views = discovery.views();
     assert_eq!(views.borrow_and_update().tasks.len(), 2);
 
