@@ -25,6 +25,8 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
 
 pub mod identity;
+#[cfg(feature = "etcd")]
+pub mod registry;
 mod source;
 
 pub use source::Discovery;

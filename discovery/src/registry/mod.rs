@@ -1,0 +1,373 @@
+//! The etcd registry (feature `etcd`): tasks registered under a lease, job views that
+//! follow a job's prefix, and indices taken as the lowest free one (DESIGN §7).
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), steady_discovery::registry::RegistryError> {
+//! use steady_discovery::registry::{self, Registry, RegistryConfig};
+//!
+//! let registry = Registry::connect(RegistryConfig::new(["http://127.0.0.1:2379"])).await?;
+//! // A frontend: its index in its own job, held under a lease while `identity` lives.
+//! let identity = registry.claim_index("web", "web-host-a").await?;
+//! // Its backends: a view that follows the `api` job's registrations.
+//! let backends = registry::watch_job(&registry, "api").await?;
+//! # let _ = (identity, backends);
+//! // A backend of `api`: registered at index 3; drains, then leaves.
+//! let registration = registry.register("api", 3, "10.0.0.7:50051").await?;
+//! registration.drain().await?;
+//! registration.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Keys and values (a contract)
+//!
+//! With the prefix `P` ([`DEFAULT_KEY_PREFIX`], `/steady/jobs/`), task `i` of job `J` is
+//! the key `P J /tasks/ i` (`/steady/jobs/api/tasks/3`), `i` in canonical decimal
+//! (`3`, never `03`) below [`MAX_TASKS`]. Its value is a [`TaskRecord`]:
+//! `<state> <address>`, e.g. `serving 10.0.0.7:50051`. Every key is attached to its
+//! holder's lease, so it disappears when the holder revokes the lease or stops renewing
+//! it (crashes) for a TTL.
+//!
+//! Frontends and backends use the same layout, each in its own job: a frontend job's
+//! "address" is its member name (nobody connects to it). So one frontend job `web` and
+//! its backend job `api` are `/steady/jobs/web/tasks/*` and `/steady/jobs/api/tasks/*`.
+//! Other keys under `P J /` (steady-slicer's `assignment`, `leader`) do not collide.
+//!
+//! # Operations and their costs
+//!
+//! * [`Registry::register`]: grant a lease, put the key (one round trip each), then
+//!   renew every third of the TTL. An explicit index is authoritative: it overwrites a
+//!   previous holder's key (a replacement with the same StatefulSet ordinal takes over
+//!   without waiting for the old lease to lapse; the old holder's later drain fails with
+//!   [`RegistryError::Lost`], and its revoke no longer touches the key).
+//! * [`Registry::claim`] / [`Registry::claim_index`]: the lowest free index, taken by
+//!   `If(version(key) == 0) Then(put with lease) Else(read the job's keys)`; on a
+//!   conflict the next attempt uses the keys read in the same transaction. Each failed
+//!   attempt means another holder created a key since our read, so `C` simultaneous
+//!   claimants need at most `C` attempts each; a claim gives up after
+//!   [`RegistryConfig::max_claim_attempts`].
+//! * [`watch_job`]: one read of the prefix, then one etcd watch from the next revision.
+//! * [`Registry::job_size`]: one keys-only read of the prefix.
+//!
+//! Every request is bounded by [`RegistryConfig::request_timeout`].
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions, GetOptions};
+
+mod lease;
+mod record;
+mod registration;
+mod watch;
+
+pub use record::{RecordError, TaskRecord, MAX_ADDRESS_BYTES, MAX_VALUE_BYTES};
+pub use registration::Registration;
+pub use watch::{watch_job, watch_job_counted, WatchCounters, WatchCounts};
+
+/// The key prefix unless [`RegistryConfig::key_prefix`] says otherwise (shared with
+/// steady-slicer's etcd store: a job's keys sit together).
+pub const DEFAULT_KEY_PREFIX: &str = "/steady/jobs/";
+
+/// The most tasks a job may have: indices are below it, and a job view considers at
+/// most this many keys. Registering or claiming at or past it is an error; keys past it
+/// are ignored by watchers (and counted as rejected).
+pub const MAX_TASKS: usize = 65_536;
+
+/// The longest job name, in bytes.
+pub const MAX_JOB_BYTES: usize = 256;
+
+/// The longest [`RegistryConfig::key_prefix`], in bytes.
+const MAX_PREFIX_BYTES: usize = 256;
+
+/// How a [`Registry`] reaches etcd, names its keys and holds its leases.
+#[derive(Debug, Clone)]
+pub struct RegistryConfig {
+    endpoints: Vec<String>,
+    key_prefix: String,
+    lease_ttl: Duration,
+    request_timeout: Duration,
+    max_claim_attempts: usize,
+}
+
+impl RegistryConfig {
+    /// The cluster at `endpoints` (`http://host:port`), with the defaults: keys under
+    /// [`DEFAULT_KEY_PREFIX`], a 10 s lease, 5 s per request, 1,024 claim attempts.
+    pub fn new<E: Into<String>>(endpoints: impl IntoIterator<Item = E>) -> Self {
+        Self {
+            endpoints: endpoints.into_iter().map(Into::into).collect(),
+            key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
+            lease_ttl: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(5),
+            max_claim_attempts: 1024,
+        }
+    }
+
+    /// Puts the keys under `prefix` (1 to 256 bytes) instead of [`DEFAULT_KEY_PREFIX`].
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// The lease of each registration and claim: whole seconds, 1 s to 1 hour (default
+    /// 10 s). A crashed task's key disappears (and its index is free) about this long
+    /// after its last renewal. etcd raises a TTL below its minimum (1.5 election
+    /// timeouts: 2 s with its default settings).
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = ttl;
+        self
+    }
+
+    /// How long one request to etcd may take, 1 ms to 1 hour (default 5 s): past it the
+    /// operation fails with [`RegistryError::Unavailable`].
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// How many create-if-absent transactions one claim may try, 1 to 100,000 (default
+    /// 1,024): past it the claim fails with [`RegistryError::Contended`].
+    pub fn max_claim_attempts(mut self, attempts: usize) -> Self {
+        self.max_claim_attempts = attempts;
+        self
+    }
+
+    /// The configured lease TTL.
+    pub fn ttl(&self) -> Duration {
+        self.lease_ttl
+    }
+
+    fn validate(&self) -> Result<(), RegistryError> {
+        let invalid = |field, reason| Err(RegistryError::InvalidConfig { field, reason });
+        if self.endpoints.is_empty() {
+            return invalid("endpoints", "at least one endpoint is needed");
+        }
+        if !(1..=MAX_PREFIX_BYTES).contains(&self.key_prefix.len()) {
+            return invalid("key_prefix", "1 to 256 bytes");
+        }
+        let ttl = self.lease_ttl;
+        if ttl.subsec_nanos() != 0 || !(1..=3600).contains(&ttl.as_secs()) {
+            return invalid("lease_ttl", "whole seconds, 1 s to 1 hour");
+        }
+        let timeout = self.request_timeout;
+        if timeout < Duration::from_millis(1) || timeout > Duration::from_secs(3600) {
+            return invalid("request_timeout", "1 ms to 1 hour");
+        }
+        if !(1..=100_000).contains(&self.max_claim_attempts) {
+            return invalid("max_claim_attempts", "1 to 100,000");
+        }
+        Ok(())
+    }
+}
+
+/// Why a registry operation failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RegistryError {
+    /// A [`RegistryConfig`] value is out of range.
+    InvalidConfig {
+        /// The setting.
+        field: &'static str,
+        /// What it must be.
+        reason: &'static str,
+    },
+    /// A job name (1 to 256 bytes, no `/`), address (see [`TaskRecord`]) or index
+    /// (below [`MAX_TASKS`]) is not acceptable.
+    InvalidArgument {
+        /// Which argument.
+        what: &'static str,
+        /// What it must be.
+        reason: &'static str,
+    },
+    /// etcd could not be reached or refused the request, or did not answer within the
+    /// request timeout. Nothing was promised: the operation may be retried.
+    Unavailable(String),
+    /// Every index below [`MAX_TASKS`] of the job is taken.
+    JobFull {
+        /// The job.
+        job: String,
+    },
+    /// A claim lost the race for a free index this many times in a row (see
+    /// [`RegistryConfig::max_claim_attempts`]).
+    Contended {
+        /// The job.
+        job: String,
+        /// The transactions tried.
+        attempts: usize,
+    },
+    /// The registration is no longer ours: its lease lapsed or was revoked, or another
+    /// task registered at the same index.
+    Lost,
+}
+
+impl fmt::Display for RegistryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::InvalidConfig { field, reason } => write!(f, "registry config: {field}: {reason}"),
+            Self::InvalidArgument { what, reason } => write!(f, "registry: {what}: {reason}"),
+            Self::Unavailable(cause) => write!(f, "registry: etcd unavailable: {cause}"),
+            Self::JobFull { job } => write!(f, "registry: job {job:?} has no free index below {MAX_TASKS}"),
+            Self::Contended { job, attempts } => {
+                write!(f, "registry: job {job:?}: no free index won in {attempts} attempts")
+            }
+            Self::Lost => f.write_str("registry: the registration's lease or key is no longer ours"),
+        }
+    }
+}
+
+impl std::error::Error for RegistryError {}
+
+/// A connection to the etcd registry; cheap to clone (clones share the connection).
+///
+/// See the module documentation for the keys, values and operations.
+#[derive(Clone)]
+pub struct Registry {
+    client: Client,
+    config: RegistryConfig,
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registry").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+impl Registry {
+    /// Connects to the cluster `config` names.
+    ///
+    /// # Errors
+    ///
+    /// [`RegistryError::InvalidConfig`] for a configuration value out of range;
+    /// [`RegistryError::Unavailable`] when no endpoint answers within the request
+    /// timeout.
+    pub async fn connect(config: RegistryConfig) -> Result<Self, RegistryError> {
+        config.validate()?;
+        let timeout = config.request_timeout;
+        let options = ConnectOptions::new()
+            .with_connect_timeout(timeout)
+            .with_keep_alive(Duration::from_secs(1), timeout)
+            .with_keep_alive_while_idle(true);
+        let client = bounded(timeout, "connect", Client::connect(&config.endpoints, Some(options))).await?;
+        Ok(Self { client, config })
+    }
+
+    /// The configuration it runs with.
+    pub fn config(&self) -> &RegistryConfig {
+        &self.config
+    }
+
+    /// The prefix of `job`'s task keys, `P J /tasks/`.
+    pub fn tasks_prefix(&self, job: &str) -> String {
+        format!("{}{job}/tasks/", self.config.key_prefix)
+    }
+
+    /// The key of task `index` of `job`, `P J /tasks/ index`.
+    pub fn task_key(&self, job: &str, index: usize) -> String {
+        format!("{}{index}", self.tasks_prefix(job))
+    }
+
+    /// `M` or `N` as the registry sees it now: the highest index held in `job`, plus
+    /// one (0 for an empty job). Holes below it (indices whose holder crashed and has
+    /// no replacement yet) count: the job's size does not shrink when a middle task
+    /// goes, so nobody else's subset moves.
+    ///
+    /// # Errors
+    ///
+    /// [`RegistryError::InvalidArgument`] for a bad job name;
+    /// [`RegistryError::Unavailable`] when etcd does not answer.
+    pub async fn job_size(&self, job: &str) -> Result<usize, RegistryError> {
+        check_job(job)?;
+        let held = self.held_indices(job).await?;
+        Ok(held.last().map_or(0, |i| i + 1))
+    }
+
+    /// The indices held in `job`, ascending (one keys-only read of at most
+    /// [`MAX_TASKS`] keys; other keys are ignored).
+    async fn held_indices(&self, job: &str) -> Result<Vec<usize>, RegistryError> {
+        let prefix = self.tasks_prefix(job);
+        let options = keys_only(MAX_TASKS);
+        let mut kv = self.client.kv_client();
+        let response = bounded(self.timeout(), "get", kv.get(prefix.as_str(), Some(options))).await?;
+        Ok(indices_in(prefix.len(), response.kvs().iter().map(|kv| kv.key())))
+    }
+
+    fn timeout(&self) -> Duration {
+        self.config.request_timeout
+    }
+}
+
+/// A prefix read of the keys only, at most `limit` of them (a few more than
+/// [`MAX_TASKS`] would only be keys that are not tasks).
+fn keys_only(limit: usize) -> GetOptions {
+    GetOptions::new().with_prefix().with_keys_only().with_limit(limit as i64)
+}
+
+/// The task indices among `keys` (each starting with a prefix `prefix_len` bytes
+/// long), ascending, without duplicates.
+fn indices_in<'a>(prefix_len: usize, keys: impl Iterator<Item = &'a [u8]>) -> Vec<usize> {
+    let mut indices: Vec<usize> =
+        keys.filter_map(|key| record::index_of(key.get(prefix_len..)?, MAX_TASKS)).collect();
+    indices.sort_unstable();
+    indices.dedup();
+    indices
+}
+
+/// Checks a job name: 1 to [`MAX_JOB_BYTES`] bytes, no `/`, no whitespace or control
+/// characters.
+fn check_job(job: &str) -> Result<(), RegistryError> {
+    let ok = (1..=MAX_JOB_BYTES).contains(&job.len())
+        && !job.chars().any(|c| c == '/' || c.is_whitespace() || c.is_control());
+    if ok {
+        Ok(())
+    } else {
+        Err(RegistryError::InvalidArgument {
+            what: "job",
+            reason: "1 to 256 bytes, no '/', whitespace or control characters",
+        })
+    }
+}
+
+/// Runs one etcd request within `timeout`, as a [`RegistryError`].
+async fn bounded<T>(
+    timeout: Duration,
+    what: &'static str,
+    request: impl Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, RegistryError> {
+    match tokio::time::timeout(timeout, request).await {
+        Ok(result) => result.map_err(|error| RegistryError::Unavailable(format!("etcd {what}: {error}"))),
+        Err(_) => Err(RegistryError::Unavailable(format!("etcd {what}: no answer in {timeout:?}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configurations_out_of_range_are_refused() {
+        let ok = RegistryConfig::new(["http://127.0.0.1:2379"]);
+        assert_eq!(ok.validate(), Ok(()));
+        let field = |c: RegistryConfig| match c.validate() {
+            Err(RegistryError::InvalidConfig { field, .. }) => field,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(field(RegistryConfig::new(Vec::<String>::new())), "endpoints");
+        assert_eq!(field(ok.clone().key_prefix("")), "key_prefix");
+        assert_eq!(field(ok.clone().lease_ttl(Duration::from_millis(1500))), "lease_ttl");
+        assert_eq!(field(ok.clone().lease_ttl(Duration::ZERO)), "lease_ttl");
+        assert_eq!(field(ok.clone().request_timeout(Duration::ZERO)), "request_timeout");
+        assert_eq!(field(ok.max_claim_attempts(0)), "max_claim_attempts");
+    }
+
+    #[test]
+    fn job_names_and_task_keys() {
+        for bad in ["", "a/b", "a b", "a\n"] {
+            assert!(check_job(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_job(&"j".repeat(MAX_JOB_BYTES)).is_ok());
+        assert!(check_job(&"j".repeat(MAX_JOB_BYTES + 1)).is_err());
+        let prefix = "/steady/jobs/api/tasks/";
+        let keys = ["0", "10", "2", "02", "x", "10", "65536", "65535"].map(|s| format!("{prefix}{s}"));
+        let indices = indices_in(prefix.len(), keys.iter().map(|k| k.as_bytes()));
+        assert_eq!(indices, vec![0, 2, 10, 65_535]);
+    }
+}

@@ -1,0 +1,321 @@
+//! [`Registration`]: one task key held under a lease; registering at a given index, and
+//! claiming the lowest free one.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
+use steady_balance::TaskState;
+
+use super::lease::HeldLease;
+use super::record::{valid_address, TaskRecord};
+use super::{bounded, check_job, indices_in, keys_only, Registry, RegistryError, MAX_TASKS};
+use crate::identity::Identity;
+
+/// A task's key in the registry, held under a lease that a task of its own renews.
+///
+/// While it lives, `/steady/jobs/<job>/tasks/<index>` holds `<state> <address>` (see
+/// [`TaskRecord`](super::TaskRecord)) and every watcher of the job sees the task.
+///
+/// # Shutting down
+///
+/// A task that is going away calls [`Registration::drain`] first (watchers stop sending
+/// it new requests; an assigner moves its slices), waits for its requests in flight,
+/// then [`Registration::release`] (or drops the registration), which revokes the lease:
+/// the key disappears at once and the index is free for the next claimant. A task that
+/// crashes stops renewing; etcd deletes its key a TTL later.
+///
+/// # Losing it
+///
+/// If the lease lapses anyway (etcd unreachable for a whole TTL) the key is gone and
+/// [`Registration::lost`] resolves; the registration is not renewed or re-created: its
+/// holder should register (or claim) again, and a claim may then get another index.
+pub struct Registration {
+    registry: Registry,
+    job: String,
+    index: usize,
+    key: String,
+    address: String,
+    draining: AtomicBool,
+    lease: HeldLease,
+}
+
+impl fmt::Debug for Registration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registration")
+            .field("key", &self.key)
+            .field("address", &self.address)
+            .field("state", &self.state())
+            .field("lease", &self.lease.id)
+            .field("held", &self.is_held())
+            .finish()
+    }
+}
+
+impl Registration {
+    /// The job it belongs to.
+    pub fn job(&self) -> &str {
+        &self.job
+    }
+
+    /// Its index in the job.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// Its key, `/steady/jobs/<job>/tasks/<index>`.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The address (or member name) it registered.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// The etcd lease its key is attached to.
+    pub fn lease_id(&self) -> i64 {
+        self.lease.id
+    }
+
+    /// The state it last wrote: [`TaskState::Serving`] until [`Registration::drain`]
+    /// succeeds, [`TaskState::Draining`] after.
+    pub fn state(&self) -> TaskState {
+        if self.draining.load(Ordering::Acquire) {
+            TaskState::Draining
+        } else {
+            TaskState::Serving
+        }
+    }
+
+    /// Whether the lease is alive, as far as its keeper knows (its renewals are
+    /// answered). `false` once [`Registration::lost`] has resolved.
+    pub fn is_held(&self) -> bool {
+        self.lease.is_alive()
+    }
+
+    /// Resolves when the lease is lost (it lapsed, or etcd no longer knows it): the key
+    /// is gone; see "Losing it" above.
+    pub async fn lost(&self) {
+        let mut held = self.lease.held.clone();
+        // An error means the keeper ended, which it does only after reporting the loss
+        // or being stopped by release: either way the lease is no longer held.
+        let _ = held.wait_for(|alive| !*alive).await;
+    }
+
+    /// Marks the task draining: rewrites its value as `draining <address>`, on condition
+    /// that the key is still attached to this registration's lease.
+    ///
+    /// Watchers see it in their next view: a balancer stops sending it new requests,
+    /// while requests in flight finish. Draining twice is harmless.
+    ///
+    /// # Errors
+    ///
+    /// [`RegistryError::Lost`] when the key is no longer ours (the lease lapsed, or
+    /// another task registered the same index); [`RegistryError::Unavailable`] when etcd
+    /// does not answer (the state is then unknown: retry).
+    pub async fn drain(&self) -> Result<(), RegistryError> {
+        if !self.is_held() {
+            return Err(RegistryError::Lost);
+        }
+        let value = TaskRecord { address: self.address.clone(), state: TaskState::Draining }.encode();
+        let txn =
+            Txn::new().when([Compare::lease(self.key.as_str(), CompareOp::Equal, self.lease.id)]).and_then([
+                TxnOp::put(self.key.as_str(), value, Some(PutOptions::new().with_lease(self.lease.id))),
+            ]);
+        let mut kv = self.registry.client.kv_client();
+        let response = bounded(self.registry.timeout(), "drain transaction", kv.txn(txn)).await?;
+        if !response.succeeded() {
+            return Err(RegistryError::Lost);
+        }
+        self.draining.store(true, Ordering::Release);
+        tracing::info!(key = %self.key, "registry: draining");
+        Ok(())
+    }
+
+    /// Revokes the lease and waits for etcd's answer: the key is deleted at once, and a
+    /// claimed index is free for the next claimant. Dropping the registration does the
+    /// same without waiting (when a tokio runtime is running; else the lease lapses).
+    ///
+    /// # Errors
+    ///
+    /// [`RegistryError::Unavailable`] when etcd does not answer: the lease then lapses
+    /// by itself within a TTL, since nothing renews it any more.
+    pub async fn release(self) -> Result<(), RegistryError> {
+        self.lease.revoke().await?;
+        tracing::info!(key = %self.key, "registry: released");
+        Ok(())
+    }
+
+    /// Stops renewing the lease without revoking it, as a crashed process would: the key
+    /// stays until etcd expires the lease, a TTL after its last renewal. For tests and
+    /// drills of what a crash does to the other tasks.
+    pub fn crash(self) {
+        self.lease.stop_renewing();
+    }
+
+    /// The index as a task [`Identity`] (origin [`Origin::Registry`](crate::identity::Origin::Registry)),
+    /// which holds this registration (and so its lease) until it is dropped.
+    pub fn into_identity(self) -> Identity {
+        Identity::leased(self.index, self)
+    }
+}
+
+impl Registry {
+    /// Registers task `index` of `job` at `address`, serving, under a new lease that is
+    /// kept alive until the registration is released or dropped.
+    ///
+    /// The index is authoritative: a key already there (a previous holder of the same
+    /// index, alive or not) is overwritten. Use [`Registry::claim`] to be given a free
+    /// index instead.
+    ///
+    /// # Errors
+    ///
+    /// [`RegistryError::InvalidArgument`] for a bad job name, an index at or past
+    /// [`MAX_TASKS`] or an address that is not 1 to 512 bytes without whitespace;
+    /// [`RegistryError::Unavailable`] when etcd does not answer (nothing is left behind:
+    /// a lease granted before the failure is revoked, or lapses).
+    pub async fn register(
+        &self,
+        job: &str,
+        index: usize,
+        address: &str,
+    ) -> Result<Registration, RegistryError> {
+        check_job(job)?;
+        check_address(address)?;
+        if index >= MAX_TASKS {
+            return Err(RegistryError::InvalidArgument { what: "index", reason: "below MAX_TASKS (65,536)" });
+        }
+        let lease = HeldLease::grant(&self.client, self.config.lease_ttl, self.timeout()).await?;
+        let key = self.task_key(job, index);
+        let value = TaskRecord { address: address.to_owned(), state: TaskState::Serving }.encode();
+        let mut kv = self.client.kv_client();
+        let put = kv.put(key.as_str(), value, Some(PutOptions::new().with_lease(lease.id)));
+        bounded(self.timeout(), "put", put).await?;
+        tracing::info!(%key, address, lease = lease.id, "registry: registered");
+        Ok(self.registration(job, index, key, address, lease))
+    }
+
+    /// Takes the lowest free index of `job` for `member` (a frontend's name, or a
+    /// backend's address), under a new lease kept alive until the registration is
+    /// released or dropped; its value is `serving <member>`.
+    ///
+    /// "Free" means no key: an index whose holder crashed is free once its lease
+    /// lapses, so replacements fill holes and the job stays contiguous (`0..M`).
+    ///
+    /// # Errors
+    ///
+    /// [`RegistryError::InvalidArgument`] for a bad job name or member;
+    /// [`RegistryError::JobFull`] when indices `0..MAX_TASKS` are all held;
+    /// [`RegistryError::Contended`] after [`RegistryConfig::max_claim_attempts`](super::RegistryConfig::max_claim_attempts)
+    /// lost races; [`RegistryError::Unavailable`] when etcd does not answer. On any error
+    /// nothing is held.
+    pub async fn claim(&self, job: &str, member: &str) -> Result<Registration, RegistryError> {
+        check_job(job)?;
+        check_address(member)?;
+        let lease = HeldLease::grant(&self.client, self.config.lease_ttl, self.timeout()).await?;
+        let prefix = self.tasks_prefix(job);
+        let value = TaskRecord { address: member.to_owned(), state: TaskState::Serving }.encode();
+        let mut held = self.held_indices(job).await?;
+        let mut kv = self.client.kv_client();
+        for attempt in 1..=self.config.max_claim_attempts {
+            let index = lowest_free(&held);
+            if index >= MAX_TASKS {
+                return Err(RegistryError::JobFull { job: job.to_owned() });
+            }
+            let key = self.task_key(job, index);
+            let txn = Txn::new()
+                .when([Compare::version(key.as_str(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(
+                    key.as_str(),
+                    value.as_str(),
+                    Some(PutOptions::new().with_lease(lease.id)),
+                )])
+                .or_else([TxnOp::get(prefix.as_str(), Some(keys_only(MAX_TASKS)))]);
+            let response = bounded(self.timeout(), "claim transaction", kv.txn(txn)).await?;
+            if response.succeeded() {
+                tracing::info!(%key, member, attempt, lease = lease.id, "registry: claimed");
+                return Ok(self.registration(job, index, key, member, lease));
+            }
+            // Someone created `index` since our read: take the keys this transaction
+            // read (atomically with the failed comparison) and try the lowest free one.
+            held = response
+                .op_responses()
+                .into_iter()
+                .find_map(|op| match op {
+                    TxnOpResponse::Get(get) => {
+                        Some(indices_in(prefix.len(), get.kvs().iter().map(|kv| kv.key())))
+                    }
+                    _ => None,
+                })
+                .unwrap_or_else(|| {
+                    // Not what etcd answers; assume only that `index` is taken.
+                    let mut held = held.clone();
+                    held.push(index);
+                    held.sort_unstable();
+                    held
+                });
+            // The comparison failed, so `index` is held even if the read was cut short.
+            if let Err(position) = held.binary_search(&index) {
+                held.insert(position, index);
+            }
+            tracing::debug!(%key, attempt, "registry: index taken meanwhile; trying the next free one");
+        }
+        Err(RegistryError::Contended { job: job.to_owned(), attempts: self.config.max_claim_attempts })
+    }
+
+    /// [`Registry::claim`] as a task [`Identity`]: the lowest free index of `job`, held
+    /// until the identity is dropped (see [`Registration::into_identity`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Registry::claim`].
+    pub async fn claim_index(&self, job: &str, member: &str) -> Result<Identity, RegistryError> {
+        self.claim(job, member).await.map(Registration::into_identity)
+    }
+
+    fn registration(
+        &self,
+        job: &str,
+        index: usize,
+        key: String,
+        address: &str,
+        lease: HeldLease,
+    ) -> Registration {
+        Registration {
+            registry: self.clone(),
+            job: job.to_owned(),
+            index,
+            key,
+            address: address.to_owned(),
+            draining: AtomicBool::new(false),
+            lease,
+        }
+    }
+}
+
+/// The smallest index not in `held` (ascending, without duplicates).
+fn lowest_free(held: &[usize]) -> usize {
+    held.iter().enumerate().find(|&(position, &index)| position != index).map_or(held.len(), |(p, _)| p)
+}
+
+fn check_address(address: &str) -> Result<(), RegistryError> {
+    if valid_address(address) {
+        Ok(())
+    } else {
+        Err(RegistryError::InvalidArgument { what: "address", reason: "1 to 512 bytes, no whitespace" })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lowest_free_index_fills_holes_first() {
+        assert_eq!(lowest_free(&[]), 0);
+        assert_eq!(lowest_free(&[0, 1, 2]), 3);
+        assert_eq!(lowest_free(&[1, 2]), 0);
+        assert_eq!(lowest_free(&[0, 1, 3, 4, 7]), 2);
+    }
+}
