@@ -121,8 +121,10 @@ impl DnsConfig {
     }
 
     /// The cap on records taken from one answer and on ordinals (default 4096; must not
-    /// be zero): records past it (in name order) and ordinals at or above it are left
-    /// out and counted, so an odd answer cannot make a huge job.
+    /// be zero), so that an odd answer cannot make a huge job or a round of thousands of
+    /// queries: records past it (by ordinals, the highest ordinals and those with none;
+    /// by addresses, the highest addresses) and ordinals at or above it are left out and
+    /// counted.
     pub fn max_tasks(mut self, max_tasks: usize) -> Self {
         self.max_tasks = max_tasks;
         self

@@ -11,6 +11,7 @@ use steady_balance::JobView;
 
 use super::view::{self, Tally, Target};
 use super::{DnsConfig, DnsError, IndexRule};
+use crate::identity::ordinal_of;
 
 /// How many target address lookups one resolution runs at once.
 const TARGET_LOOKUPS_IN_FLIGHT: usize = 16;
@@ -58,6 +59,11 @@ impl Lookup {
         options.timeout = config.timeout;
         options.attempts = config.attempts;
         options.cache_size = 0;
+        // EDNS lets a large answer (an SRV record per pod) come in one UDP datagram, and
+        // one too large for that comes back truncated and is asked again over TCP.
+        // Without it the resolver reads 512 bytes at most, and a server that answers
+        // larger anyway (hickory-server does) is dropped as malformed: a timeout.
+        options.edns0 = true;
         Ok(Self {
             resolver: builder.build(),
             query,
@@ -91,22 +97,30 @@ impl Lookup {
     }
 
     async fn by_ordinal(&self) -> Result<Resolution, ResolveError> {
-        let mut records: Vec<(Name, u16)> = match self.resolver.srv_lookup(self.query.clone()).await {
-            Ok(srv) => srv.iter().map(|r| (r.target().clone(), r.port())).collect(),
+        let mut records: Vec<(Name, String, u16)> = match self.resolver.srv_lookup(self.query.clone()).await {
+            Ok(srv) => srv
+                .iter()
+                .map(|r| (r.target().clone(), r.target().to_lowercase().to_utf8(), r.port()))
+                .collect(),
             Err(e) if e.is_no_records_found() => Vec::new(),
             Err(e) => return Err(e),
         };
-        // Cut an oversized answer before paying a lookup per target; in name order, so
-        // that the same records survive each round.
-        records.sort();
-        records.dedup_by(|a, b| a.0 == b.0);
+        // Lowest ordinals first (no ordinal last), then by name: an oversized answer is
+        // cut before paying a lookup per target, keeping the tasks the view would keep
+        // anyway, and the same ones each round whatever the order of the answer.
+        records.sort_by_cached_key(|(_, host, port)| {
+            (ordinal_of(host).unwrap_or(usize::MAX), host.clone(), *port)
+        });
+        records.dedup_by(|a, b| a.1 == b.1);
         let capped = records.len() > self.max_tasks;
         records.truncate(self.max_tasks);
         let targets: Vec<Target> = stream::iter(records)
-            .map(|(host, srv_port)| async move {
+            .map(|(name, host, srv_port)| async move {
                 let port = if self.port_from_srv { srv_port } else { self.port };
-                let address = self.first_address(&host).await?.map(|ip| SocketAddr::new(ip, port));
-                Ok::<_, ResolveError>(Target { host: host.to_utf8(), address })
+                // A target the view will leave out is not worth a query.
+                let usable = ordinal_of(&host).is_some_and(|i| i < self.max_tasks);
+                let ip = if usable { self.first_address(name).await? } else { None };
+                Ok::<_, ResolveError>(Target { host, address: ip.map(|ip| SocketAddr::new(ip, port)) })
             })
             .buffer_unordered(TARGET_LOOKUPS_IN_FLIGHT)
             .collect::<Vec<_>>()
@@ -133,8 +147,8 @@ impl Lookup {
 
     /// A target's address: the smallest of its A records, else of its AAAA records (the
     /// smallest, not the first, as servers rotate them); `None` if it has none.
-    async fn first_address(&self, host: &Name) -> Result<Option<IpAddr>, ResolveError> {
-        match self.resolver.lookup_ip(host.clone()).await {
+    async fn first_address(&self, host: Name) -> Result<Option<IpAddr>, ResolveError> {
+        match self.resolver.lookup_ip(host).await {
             Ok(ips) => Ok(ips.iter().min()),
             Err(e) if e.is_no_records_found() => Ok(None),
             Err(e) => Err(e),

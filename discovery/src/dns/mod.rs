@@ -128,15 +128,15 @@ impl Worker {
             return;
         }
         let Resolution { view, tally, capped } = resolution;
-        let changed = self.publisher.send_if_modified(|current| {
-            if *current == view {
-                return false;
-            }
-            *current = view;
-            true
-        });
+        // Only this worker publishes, so the view compared is the view replaced; the
+        // change is counted before it is published, so that whoever sees the new view
+        // also sees it counted.
+        let changed = *self.publisher.borrow() != view;
         if changed {
             self.counters.add(Count::Changes, 1);
+            self.publisher.send_replace(view);
+        }
+        if changed {
             let current = self.publisher.borrow();
             tracing::info!(
                 name = %name,

@@ -1,5 +1,6 @@
 //! From resolved records to a [`JobView`]: the index rules, with no I/O.
 
+use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
@@ -45,10 +46,13 @@ pub(super) fn by_ordinal(mut targets: Vec<Target>, max_tasks: usize) -> (JobView
         };
         if ordinal >= max_tasks {
             tally.skipped += 1;
-        } else if tasks.contains_key(&ordinal) {
-            tally.duplicate_ordinals += 1;
-        } else {
-            tasks.insert(ordinal, address);
+            continue;
+        }
+        match tasks.entry(ordinal) {
+            Entry::Vacant(slot) => {
+                slot.insert(address);
+            }
+            Entry::Occupied(_) => tally.duplicate_ordinals += 1,
         }
     }
     let size = tasks.last_key_value().map_or(0, |(&top, _)| top + 1);
