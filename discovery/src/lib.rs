@@ -24,6 +24,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
 
+#[cfg(feature = "dns")]
+pub mod dns;
 pub mod identity;
 #[cfg(feature = "etcd")]
 pub mod registry;

@@ -1,0 +1,304 @@
+//! DNS discovery against a real DNS server (hickory's) run in-process on loopback.
+//!
+//! The zone is what a Kubernetes headless service `web` in namespace `ns` in front of a
+//! StatefulSet publishes: for each ready pod `web-i`, an SRV record on the service name
+//! whose target is `web-i.web.ns.svc.cluster.local.`, an A record for that target, and an
+//! A record on the service name. Tests edit the zone while the source runs, stop the
+//! server and start it again on the same port.
+//!
+//! Time is real, not paused: the resolver's timeouts and the server's sockets run on the
+//! real clock. Every wait is bounded; with a 200 ms period the figures printed are how
+//! long a change took to reach the view.
+
+#![cfg(feature = "dns")]
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hickory_proto::rr::rdata::{A, SOA, SRV};
+use hickory_proto::rr::{LowerName, Name, RData, Record, RecordType};
+use hickory_server::authority::{AuthorityObject, Catalog, ZoneType};
+use hickory_server::store::in_memory::InMemoryAuthority;
+use hickory_server::ServerFuture;
+use steady_discovery::dns::{self, DnsConfig, DnsCounters, DnsError, IndexRule};
+use steady_discovery::{Discovery, JobView};
+use tokio::net::{TcpListener, UdpSocket};
+use tokio::time::{timeout, Instant};
+
+const SERVICE: &str = "web.ns.svc.cluster.local.";
+const PERIOD: Duration = Duration::from_millis(200);
+/// How long any one wait may take before the test fails: many periods.
+const PATIENCE: Duration = Duration::from_secs(5);
+/// The bound a change must reach the view within: one period, plus the resolution's own
+/// time with room for a loaded machine.
+const ONE_PERIOD_AND_A_RESOLUTION: Duration = Duration::from_millis(200 + 300);
+
+/// The address of pod `web-i`.
+fn pod_ip(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 1, (i / 250) as u8, (i % 250 + 1) as u8)
+}
+
+fn name(s: &str) -> Name {
+    Name::from_str(s).unwrap()
+}
+
+/// An authoritative server for the service's zone on 127.0.0.1, UDP and TCP on one port.
+struct ZoneServer {
+    zone: Arc<InMemoryAuthority>,
+    address: SocketAddr,
+    server: Option<ServerFuture<Catalog>>,
+}
+
+impl ZoneServer {
+    async fn start() -> Self {
+        let zone = Arc::new(InMemoryAuthority::empty(name(SERVICE), ZoneType::Primary, false));
+        let soa = SOA::new(name("ns.cluster.local."), name("admin.cluster.local."), 1, 60, 60, 60, 5);
+        assert!(zone.upsert(Record::from_rdata(name(SERVICE), 5, RData::SOA(soa)), 1).await);
+        // Port 0 for UDP, then TCP on the port UDP got (taken by chance: try again).
+        for _ in 0..20 {
+            let udp = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+            let address = udp.local_addr().unwrap();
+            if let Ok(tcp) = TcpListener::bind(address).await {
+                let mut this = Self { zone, address, server: None };
+                this.serve(udp, tcp);
+                return this;
+            }
+        }
+        panic!("no loopback port free for both UDP and TCP");
+    }
+
+    fn serve(&mut self, udp: UdpSocket, tcp: TcpListener) {
+        let mut catalog = Catalog::new();
+        let zone: Arc<dyn AuthorityObject> = self.zone.clone();
+        catalog.upsert(LowerName::new(&name(SERVICE)), vec![zone]);
+        let mut server = ServerFuture::new(catalog);
+        server.register_socket(udp);
+        server.register_listener(tcp, Duration::from_secs(2));
+        self.server = Some(server);
+    }
+
+    /// Stops answering: the port is closed.
+    async fn stop(&mut self) {
+        let mut server = self.server.take().expect("running");
+        server.shutdown_gracefully().await.unwrap();
+    }
+
+    /// Answers again on the same port.
+    async fn restart(&mut self) {
+        let udp = UdpSocket::bind(self.address).await.unwrap();
+        let tcp = TcpListener::bind(self.address).await.unwrap();
+        self.serve(udp, tcp);
+    }
+
+    /// The zone publishes these ready pods, and `extra` SRV targets (host names) with
+    /// their own A records, as a headless service would (everything else is replaced).
+    async fn publish(&self, pods: &[usize], extra: &[(&str, Ipv4Addr)]) {
+        let service = name(SERVICE);
+        let targets = pods
+            .iter()
+            .map(|&i| (format!("web-{i}.{SERVICE}"), pod_ip(i)))
+            .chain(extra.iter().map(|&(host, ip)| (host.to_owned(), ip)));
+        let mut records = Vec::new();
+        for (host, ip) in targets {
+            records.push(Record::from_rdata(
+                service.clone(),
+                5,
+                RData::SRV(SRV::new(0, 100, 8080, name(&host))),
+            ));
+            records.push(Record::from_rdata(name(&host), 5, RData::A(A(ip))));
+            records.push(Record::from_rdata(service.clone(), 5, RData::A(A(ip))));
+        }
+        self.zone.records_mut().await.retain(|key, _| key.record_type == RecordType::SOA);
+        for record in records {
+            assert!(self.zone.upsert(record, 1).await);
+        }
+    }
+
+    fn config(&self) -> DnsConfig {
+        DnsConfig::new(SERVICE, 50051)
+            .nameservers([self.address])
+            .period(PERIOD)
+            // A dead server fails a round fast rather than after the 2 s × 2 default.
+            .timeout(Duration::from_millis(150), 1)
+    }
+}
+
+/// Task addresses by index, `None` for a hole.
+fn tasks(view: &JobView<String>) -> Vec<Option<String>> {
+    (0..view.size).map(|i| view.serving_task(i).cloned()).collect()
+}
+
+/// The addresses pods `web-i` for `i` in `pods` are published at, holes elsewhere, up to
+/// the largest.
+fn expected(pods: &[usize], port: u16) -> Vec<Option<String>> {
+    let size = pods.iter().max().map_or(0, |top| top + 1);
+    (0..size).map(|i| pods.contains(&i).then(|| format!("{}:{port}", pod_ip(i)))).collect()
+}
+
+/// Waits (bounded) for the view to satisfy `done`; returns how long it took.
+async fn until(discovery: &Discovery, done: impl Fn(&JobView<String>) -> bool) -> Duration {
+    let start = Instant::now();
+    let mut views = discovery.views();
+    timeout(PATIENCE, views.wait_for(|v| done(v)))
+        .await
+        .unwrap_or_else(|_| {
+            panic!("the view did not change in {PATIENCE:?}: {:?}", tasks(&discovery.current()))
+        })
+        .expect("the source is running");
+    start.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statefulset_pods_are_numbered_by_ordinal_as_they_come_and_go() {
+    let server = ZoneServer::start().await;
+    server.publish(&[0, 1, 2], &[]).await;
+    let counters = DnsCounters::default();
+    let discovery = dns::discover(server.config().counters(counters.clone())).await.unwrap();
+    assert_eq!(tasks(&discovery.current()), expected(&[0, 1, 2], 50051));
+
+    let mut latencies = Vec::new();
+    for (change, pods) in [
+        ("web-3 added", &[0, 1, 2, 3][..]),
+        ("web-1 removed: a hole", &[0, 2, 3][..]),
+        ("web-3 removed: the job shrinks", &[0, 2][..]),
+        ("web-1 back in its hole", &[0, 1, 2][..]),
+    ] {
+        server.publish(pods, &[]).await;
+        let want = expected(pods, 50051);
+        let took = until(&discovery, |v| tasks(v) == want).await;
+        eprintln!("dns: {change}: in the view after {took:?} (period {PERIOD:?})");
+        latencies.push(took);
+    }
+    let worst = latencies.iter().max().unwrap();
+    assert!(*worst <= ONE_PERIOD_AND_A_RESOLUTION, "a change took {worst:?}");
+
+    let counts = counters.snapshot();
+    assert_eq!(counts.changes, 4, "one publication per change, none when nothing changed: {counts:?}");
+    assert!(counts.resolutions >= 5, "{counts:?}");
+    assert_eq!((counts.failures, counts.empty_answers, counts.skipped_records), (0, 0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_down_keeps_the_last_view_and_counts_failures_until_it_is_back() {
+    let mut server = ZoneServer::start().await;
+    server.publish(&[0, 1], &[]).await;
+    let counters = DnsCounters::default();
+    let discovery = dns::discover(server.config().counters(counters.clone())).await.unwrap();
+    let before = discovery.current();
+
+    server.stop().await;
+    let failures = counters.snapshot().failures;
+    let start = Instant::now();
+    while counters.snapshot().failures < failures + 3 {
+        assert!(start.elapsed() < PATIENCE, "no failures counted: {:?}", counters.snapshot());
+        tokio::time::sleep(PERIOD / 4).await;
+    }
+    assert_eq!(discovery.current(), before, "the last view stays while the server is down");
+    assert_eq!(counters.snapshot().changes, 0);
+
+    // A change made while the server is down flows once it answers again.
+    server.publish(&[0, 1, 2], &[]).await;
+    server.restart().await;
+    let took = until(&discovery, |v| tasks(v) == expected(&[0, 1, 2], 50051)).await;
+    eprintln!("dns: server back: the change in the view after {took:?}");
+    assert_eq!(counters.snapshot().changes, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_answer_keeps_the_last_view_and_is_counted() {
+    let server = ZoneServer::start().await;
+    server.publish(&[0, 1], &[]).await;
+    let counters = DnsCounters::default();
+    let discovery = dns::discover(server.config().counters(counters.clone())).await.unwrap();
+    server.publish(&[], &[]).await;
+    let start = Instant::now();
+    while counters.snapshot().empty_answers < 2 {
+        assert!(start.elapsed() < PATIENCE, "no empty answer counted: {:?}", counters.snapshot());
+        tokio::time::sleep(PERIOD / 4).await;
+    }
+    assert_eq!(tasks(&discovery.current()), expected(&[0, 1], 50051));
+    assert_eq!(counters.snapshot().failures, 0, "an empty answer is not a resolver failure");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sorted_addresses_number_tasks_in_address_order() {
+    let server = ZoneServer::start().await;
+    // Pods 0, 9 and 3 of a Deployment: no ordinals used, addresses 10.1.0.1, .10, .4.
+    server.publish(&[0, 9, 3], &[]).await;
+    let discovery = dns::discover(server.config().index_rule(IndexRule::SortedAddresses)).await.unwrap();
+    let by_address =
+        |ips: &[usize]| ips.iter().map(|&i| Some(format!("{}:50051", pod_ip(i)))).collect::<Vec<_>>();
+    assert_eq!(tasks(&discovery.current()), by_address(&[0, 3, 9]));
+
+    // 10.1.0.6 lands between .4 and .10: the task at index 2 is now another pod.
+    server.publish(&[0, 9, 3, 5], &[]).await;
+    let took = until(&discovery, |v| v.size == 4).await;
+    eprintln!("dns: sorted addresses: a new address in the view after {took:?}");
+    assert_eq!(tasks(&discovery.current()), by_address(&[0, 3, 5, 9]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn odd_answers_are_capped_deduplicated_and_counted() {
+    let server = ZoneServer::start().await;
+    // 100 pods (an answer too large for UDP: it comes again over TCP), a second target
+    // claiming ordinal 1, and a target with no ordinal.
+    let pods: Vec<usize> = (0..100).collect();
+    let impostor = format!("web-1.zz.{SERVICE}");
+    let no_ordinal = format!("db.{SERVICE}");
+    server
+        .publish(&pods, &[(&impostor, Ipv4Addr::new(10, 9, 9, 9)), (&no_ordinal, Ipv4Addr::new(10, 9, 9, 8))])
+        .await;
+    // Target lookups (one per pod) on a loaded machine: more than the tests' usual 150 ms.
+    let config = server.config().timeout(Duration::from_secs(1), 1);
+
+    let counters = DnsCounters::default();
+    let start = Instant::now();
+    let discovery = dns::discover(config.clone().counters(counters.clone())).await.unwrap();
+    eprintln!(
+        "dns: one resolution of 102 SRV targets (UDP truncated, TCP, 101 A lookups): {:?}",
+        start.elapsed()
+    );
+    assert_eq!(
+        tasks(&discovery.current()),
+        expected(&pods, 50051),
+        "web-1.web... sorts before web-1.zz...: it keeps 1"
+    );
+    let counts = counters.snapshot();
+    assert_eq!(
+        (counts.duplicate_ordinals, counts.skipped_records, counts.capped_answers),
+        (1, 1, 0),
+        "{counts:?}"
+    );
+
+    // A cap of 64 records keeps the lowest ordinals: 0, 1, 1 again, 2..=62.
+    let counters = DnsCounters::default();
+    let discovery = dns::discover(config.max_tasks(64).counters(counters.clone())).await.unwrap();
+    assert_eq!(tasks(&discovery.current()), expected(&pods[..63], 50051));
+    let counts = counters.snapshot();
+    assert_eq!(
+        (counts.duplicate_ordinals, counts.skipped_records, counts.capped_answers),
+        (1, 0, 1),
+        "{counts:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_resolution_that_fails_or_finds_nothing_is_the_callers_error() {
+    let mut server = ZoneServer::start().await;
+    server.publish(&[0], &[]).await;
+    let unknown = DnsConfig::new("api.ns.svc.cluster.local.", 80).nameservers([server.address]);
+    assert!(matches!(dns::discover(unknown).await, Err(DnsError::NoTasks { .. })));
+    let no_ordinals = server.config();
+    server.publish(&[], &[("db.web.ns.svc.cluster.local.", Ipv4Addr::new(10, 9, 9, 8))]).await;
+    assert!(matches!(dns::discover(no_ordinals).await, Err(DnsError::NoTasks { .. })));
+    assert!(matches!(
+        dns::discover(server.config().period(Duration::ZERO)).await,
+        Err(DnsError::InvalidConfig { .. })
+    ));
+    let config = server.config();
+    server.stop().await;
+    let error = dns::discover(config).await.unwrap_err();
+    assert!(matches!(error, DnsError::Resolve { .. }), "{error}");
+}
