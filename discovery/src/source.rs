@@ -27,6 +27,7 @@ impl Discovery {
     }
 
     /// A source whose task `task` publishes into the channel behind `views`.
+    #[cfg_attr(not(any(feature = "dns", feature = "etcd")), allow(dead_code))]
     pub(crate) fn spawned(views: watch::Receiver<JobView<String>>, task: JoinHandle<()>) -> Self {
         Self { views, task: Some(task) }
     }
@@ -52,6 +53,7 @@ impl Drop for Discovery {
 
 /// A view of `size` tasks from `(index, address, state)` entries; indices at or above
 /// `size` are ignored by the balancer, and missing ones are skipped.
+#[cfg_attr(not(any(feature = "dns", feature = "etcd")), allow(dead_code))]
 pub(crate) fn view_of(
     size: usize,
     tasks: impl IntoIterator<Item = (usize, String, TaskState)>,
