@@ -146,3 +146,18 @@ fn the_balancer_modules_import_one_another_without_a_circle() {
         }
     }
 }
+
+#[test]
+fn discovery_feeds_the_balancer_and_needs_neither_tonic_nor_the_server_side() {
+    // Job views and identities are plain data for the balancer: a discovery source must
+    // not pull in the channel, the RPC stack or the slicer; its clients are optional.
+    let discovery = dependencies("discovery");
+    for forbidden in ["tonic", "steady-tonic", "steady-slicer", "steady-assigner"] {
+        assert!(!discovery.contains(forbidden), "steady-discovery depends on {forbidden}");
+    }
+    let manifest = std::fs::read_to_string(workspace().join("discovery/Cargo.toml")).unwrap();
+    for client in ["etcd-client", "hickory-resolver"] {
+        let line = manifest.lines().find(|l| l.starts_with(client)).unwrap_or_else(|| panic!("no {client}"));
+        assert!(line.contains("optional = true"), "{client} must stay optional: {line}");
+    }
+}

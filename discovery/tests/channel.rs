@@ -1,0 +1,90 @@
+//! The whole frontend setup on a real etcd: backends register, a frontend claims its
+//! index, its `SteadyChannel` follows the registry's view; a backend that drains gets no
+//! new requests and no request fails through the drain.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use steady_discovery::identity::Origin;
+use steady_discovery::registry::{self, Registry, RegistryConfig};
+use steady_discovery::TaskState;
+use steady_testing::Etcd;
+use steady_tonic::echo::echo_client::EchoClient;
+use steady_tonic::echo::EchoRequest;
+use steady_tonic::SteadyChannel;
+
+async fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_backend_gets_no_new_requests_and_none_fail() {
+    let Some(etcd) = Etcd::start() else { return };
+    let config = || RegistryConfig::new([etcd.endpoint()]).lease_ttl(Duration::from_secs(2));
+    let registry = Registry::connect(config()).await.unwrap();
+    let mut servers = Vec::new();
+    let mut registrations = Vec::new();
+    for task in 0..3u32 {
+        let (address, stop) = steady_tonic::demo::serve_echo(task).await.unwrap();
+        registrations.push(registry.register("web", task as usize, &address.to_string()).await.unwrap());
+        servers.push(stop);
+    }
+    // The frontend: an index from the registry, backends from the registry.
+    let frontends = Registry::connect(config()).await.unwrap();
+    let identity = frontends.claim_index("web-frontends", "frontend-a").await.unwrap();
+    assert_eq!((identity.index(), identity.origin()), (0, &Origin::Registry));
+    let backends = registry::watch_job(&frontends, "web").await.unwrap();
+    let channel =
+        SteadyChannel::builder(identity.balance_config(3)).from_addresses(backends.views()).unwrap();
+
+    // Steady load through the drain.
+    let (stop, failed, served_by_2) =
+        (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut loops = Vec::new();
+    for _ in 0..4 {
+        let (mut client, stop, failed, served_by_2) =
+            (EchoClient::new(channel.clone()), stop.clone(), failed.clone(), served_by_2.clone());
+        loops.push(tokio::spawn(async move {
+            let mut sent = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                match client.echo(EchoRequest { payload: vec![1; 16] }).await {
+                    Ok(reply) if reply.get_ref().task == 2 => {
+                        served_by_2.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(_) => {}
+                    Err(_) => {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                sent += 1;
+            }
+            sent
+        }));
+    }
+    wait_for("backend 2 to serve", || served_by_2.load(Ordering::Relaxed) > 10).await;
+    registrations[2].drain().await.unwrap();
+    wait_for("the view to show the drain", || {
+        backends.current().tasks.get(&2).is_some_and(|t| t.state == TaskState::Draining)
+    })
+    .await;
+    // Once the balancer has the view, backend 2 gets nothing new.
+    wait_for("the balancer to drop backend 2", || channel.stats().members.iter().all(|m| m.task != 2)).await;
+    // Requests already in flight to it finish (an echo takes well under 100 ms).
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let after_drain = served_by_2.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut sent = 0;
+    for l in loops {
+        sent += l.await.unwrap();
+    }
+    assert!(sent > 100, "{sent}");
+    assert_eq!(served_by_2.load(Ordering::Relaxed), after_drain, "backend 2 served after draining");
+    assert_eq!(failed.load(Ordering::Relaxed), 0, "requests failed through the drain");
+    drop(servers);
+}
