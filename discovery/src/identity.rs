@@ -14,9 +14,10 @@
 //!
 //! With none of them [`resolve`] falls back to a **random** index and logs a warning:
 //! the frontend should then use random subsetting (gRFC A68), which
-//! [`Identity::balance_config`] selects. Random subsetting balances worse: on the lab's
-//! grid (`steady-lab grid`) its mean normalised utilisation is about 0.6 against 0.95 for
-//! Rocksteadier, because nothing coordinates the frontends' choices.
+//! [`Identity::balance_config`] selects. Random subsetting balances worse: on the
+//! article's grid (`steady-lab grid --step 1`, 59,148 scenarios) its mean normalised
+//! utilisation is 0.650 (worst 0.25) against 0.946 (worst 0.667) for Rocksteadier,
+//! because nothing coordinates the frontends' choices.
 
 use std::fmt;
 
