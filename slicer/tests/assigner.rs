@@ -266,3 +266,25 @@ async fn a_stopped_assigner_resigns_and_its_standby_leads_at_once() {
     }
     assert!(standby.is_running());
 }
+
+#[tokio::test]
+async fn a_backend_that_drains_in_its_job_view_loses_its_slices() {
+    use steady_balance::{JobView, TaskState as Seen};
+    let job = Job::new(Arc::new(MemoryStore::new()), 4);
+    let (views, view_rx) = watch::channel(JobView::serving((0..4).map(|i| format!("10.0.0.{i}:80"))));
+    let assigner = AssignerService::new(
+        JOB,
+        "a",
+        weighted_move(),
+        job.store.clone(),
+        job.distributor.clone(),
+        job.book.clone(),
+    )
+    .config(config())
+    .unwrap()
+    .spawn(steady_slicer::assigner::follow_job(view_rx));
+    job.until("task 2 holding slices", |a| a.slices().iter().any(|s| s.replicas.contains(&2))).await;
+    views.send_modify(|v| *v = v.clone().with_state(2, Seen::Draining));
+    job.until("task 2 drained", |a| a.slices().iter().all(|s| !s.replicas.contains(&2))).await;
+    assert!(assigner.is_running());
+}
