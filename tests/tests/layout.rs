@@ -45,7 +45,10 @@ fn the_test_support_crate_is_std_only_and_the_etcd_client_is_an_optional_feature
     let manifest = std::fs::read_to_string(workspace().join("slicer/Cargo.toml")).unwrap();
     let etcd = manifest.lines().find(|l| l.starts_with("etcd-client")).expect("slicer uses etcd-client");
     assert!(etcd.contains("optional = true"), "etcd-client must stay optional: {etcd}");
-    assert!(manifest.contains("etcd = [\"dep:etcd-client\"]"), "the `etcd` feature brings etcd-client");
+    assert!(
+        manifest.contains("etcd = [\"dep:etcd-client\", \"dep:steady-etcd\"]"),
+        "the `etcd` feature brings etcd-client"
+    );
 }
 
 #[test]
@@ -159,5 +162,18 @@ fn discovery_feeds_the_balancer_and_needs_neither_tonic_nor_the_server_side() {
     for client in ["etcd-client", "hickory-resolver"] {
         let line = manifest.lines().find(|l| l.starts_with(client)).unwrap_or_else(|| panic!("no {client}"));
         assert!(line.contains("optional = true"), "{client} must stay optional: {line}");
+    }
+}
+
+#[test]
+fn the_shared_etcd_crate_needs_only_the_etcd_client_and_tokio_and_is_optional_for_its_users() {
+    let deps = dependencies("etcd");
+    let allowed: BTreeSet<String> = ["etcd-client", "tokio", "tracing"].map(String::from).into();
+    assert!(deps.is_subset(&allowed), "steady-etcd depends on {deps:?}");
+    for user in ["slicer", "discovery"] {
+        let manifest = std::fs::read_to_string(workspace().join(user).join("Cargo.toml")).unwrap();
+        let line =
+            manifest.lines().find(|l| l.starts_with("steady-etcd")).unwrap_or_else(|| panic!("{user}"));
+        assert!(line.contains("optional = true"), "{user}: steady-etcd must stay optional: {line}");
     }
 }

@@ -56,7 +56,6 @@ use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions, GetOptions};
 
-mod lease;
 mod record;
 mod registration;
 mod watch;
@@ -332,10 +331,12 @@ async fn bounded<T>(
     what: &'static str,
     request: impl Future<Output = Result<T, etcd_client::Error>>,
 ) -> Result<T, RegistryError> {
-    match tokio::time::timeout(timeout, request).await {
-        Ok(result) => result.map_err(|error| RegistryError::Unavailable(format!("etcd {what}: {error}"))),
-        Err(_) => Err(RegistryError::Unavailable(format!("etcd {what}: no answer in {timeout:?}"))),
-    }
+    steady_etcd::bounded(timeout, what, request).await.map_err(unavailable)
+}
+
+/// An etcd call's failure as the registry reports it.
+fn unavailable(error: steady_etcd::CallError) -> RegistryError {
+    RegistryError::Unavailable(error.to_string())
 }
 
 #[cfg(test)]

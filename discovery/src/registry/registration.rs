@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 use steady_balance::TaskState;
 
-use super::lease::HeldLease;
 use super::record::{valid_address, TaskRecord};
-use super::{bounded, check_job, indices_in, keys_only, Registry, RegistryError, MAX_TASKS};
+use super::{bounded, check_job, indices_in, keys_only, unavailable, Registry, RegistryError, MAX_TASKS};
 use crate::identity::Identity;
+use steady_etcd::HeldLease;
 
 /// A task's key in the registry, held under a lease that a task of its own renews.
 ///
@@ -46,7 +46,7 @@ impl fmt::Debug for Registration {
             .field("key", &self.key)
             .field("address", &self.address)
             .field("state", &self.state())
-            .field("lease", &self.lease.id)
+            .field("lease", &self.lease.id())
             .field("held", &self.is_held())
             .finish()
     }
@@ -75,7 +75,7 @@ impl Registration {
 
     /// The etcd lease its key is attached to.
     pub fn lease_id(&self) -> i64 {
-        self.lease.id
+        self.lease.id()
     }
 
     /// The state it last wrote: [`TaskState::Serving`] until [`Registration::drain`]
@@ -97,7 +97,7 @@ impl Registration {
     /// Resolves when the lease is lost (it lapsed, or etcd no longer knows it): the key
     /// is gone; see "Losing it" above.
     pub async fn lost(&self) {
-        let mut held = self.lease.held.clone();
+        let mut held = self.lease.held();
         // An error means the keeper ended, which it does only after reporting the loss
         // or being stopped by release: either way the lease is no longer held.
         let _ = held.wait_for(|alive| !*alive).await;
@@ -120,9 +120,9 @@ impl Registration {
         }
         let value = TaskRecord { address: self.address.clone(), state: TaskState::Draining }.encode();
         let txn =
-            Txn::new().when([Compare::lease(self.key.as_str(), CompareOp::Equal, self.lease.id)]).and_then([
-                TxnOp::put(self.key.as_str(), value, Some(PutOptions::new().with_lease(self.lease.id))),
-            ]);
+            Txn::new().when([Compare::lease(self.key.as_str(), CompareOp::Equal, self.lease.id())]).and_then(
+                [TxnOp::put(self.key.as_str(), value, Some(PutOptions::new().with_lease(self.lease.id())))],
+            );
         let mut kv = self.registry.client.kv_client();
         let response = bounded(self.registry.timeout(), "drain transaction", kv.txn(txn)).await?;
         if !response.succeeded() {
@@ -142,7 +142,7 @@ impl Registration {
     /// [`RegistryError::Unavailable`] when etcd does not answer: the lease then lapses
     /// by itself within a TTL, since nothing renews it any more.
     pub async fn release(self) -> Result<(), RegistryError> {
-        self.lease.revoke().await?;
+        self.lease.revoke().await.map_err(unavailable)?;
         tracing::info!(key = %self.key, "registry: released");
         Ok(())
     }
@@ -186,13 +186,15 @@ impl Registry {
         if index >= MAX_TASKS {
             return Err(RegistryError::InvalidArgument { what: "index", reason: "below MAX_TASKS (65,536)" });
         }
-        let lease = HeldLease::grant(&self.client, self.config.lease_ttl, self.timeout()).await?;
+        let lease = HeldLease::grant(&self.client, self.config.lease_ttl, self.timeout(), "registry")
+            .await
+            .map_err(unavailable)?;
         let key = self.task_key(job, index);
         let value = TaskRecord { address: address.to_owned(), state: TaskState::Serving }.encode();
         let mut kv = self.client.kv_client();
-        let put = kv.put(key.as_str(), value, Some(PutOptions::new().with_lease(lease.id)));
+        let put = kv.put(key.as_str(), value, Some(PutOptions::new().with_lease(lease.id())));
         bounded(self.timeout(), "put", put).await?;
-        tracing::info!(%key, address, lease = lease.id, "registry: registered");
+        tracing::info!(%key, address, lease = lease.id(), "registry: registered");
         Ok(self.registration(job, index, key, address, lease))
     }
 
@@ -213,7 +215,9 @@ impl Registry {
     pub async fn claim(&self, job: &str, member: &str) -> Result<Registration, RegistryError> {
         check_job(job)?;
         check_address(member)?;
-        let lease = HeldLease::grant(&self.client, self.config.lease_ttl, self.timeout()).await?;
+        let lease = HeldLease::grant(&self.client, self.config.lease_ttl, self.timeout(), "registry")
+            .await
+            .map_err(unavailable)?;
         let prefix = self.tasks_prefix(job);
         let value = TaskRecord { address: member.to_owned(), state: TaskState::Serving }.encode();
         let mut held = self.held_indices(job).await?;
@@ -229,12 +233,12 @@ impl Registry {
                 .and_then([TxnOp::put(
                     key.as_str(),
                     value.as_str(),
-                    Some(PutOptions::new().with_lease(lease.id)),
+                    Some(PutOptions::new().with_lease(lease.id())),
                 )])
                 .or_else([TxnOp::get(prefix.as_str(), Some(keys_only(MAX_TASKS)))]);
             let response = bounded(self.timeout(), "claim transaction", kv.txn(txn)).await?;
             if response.succeeded() {
-                tracing::info!(%key, member, attempt, lease = lease.id, "registry: claimed");
+                tracing::info!(%key, member, attempt, lease = lease.id(), "registry: claimed");
                 return Ok(self.registration(job, index, key, member, lease));
             }
             // Someone created `index` since our read: take the keys this transaction

@@ -178,13 +178,7 @@ async fn bounded<T>(
     what: &'static str,
     request: impl Future<Output = Result<T, etcd_client::Error>>,
 ) -> Result<T, StoreError> {
-    match tokio::time::timeout(timeout, request).await {
-        Ok(result) => result.map_err(StoreError::unavailable),
-        Err(_) => Err(StoreError::unavailable(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            format!("etcd {what}: no answer in {timeout:?}"),
-        ))),
-    }
+    steady_etcd::bounded(timeout, what, request).await.map_err(StoreError::unavailable)
 }
 
 impl AssignmentStore for EtcdStore {

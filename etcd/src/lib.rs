@@ -1,6 +1,21 @@
-//! A lease that a task of its own keeps alive (the pattern of steady-slicer's
-//! election, with the lapse reported to the holder).
+//! What steady's etcd users (`steady-slicer`'s store and election, `steady-discovery`'s
+//! registry) share, so that both behave the same:
+//!
+//! * [`bounded`]: an etcd call that gives up after a timeout, with a [`CallError`] that
+//!   names the call;
+//! * [`HeldLease`]: a lease renewed every third of its TTL by a task of its own, whose
+//!   lapse is reported no later than etcd's own, revoked when dropped unless left to
+//!   lapse (for fault injection).
+//!
+//! # Dependencies
+//!
+//! `etcd-client`, tokio and tracing; nothing of steady's.
 
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
+
+use std::fmt;
+use std::future::Future;
 use std::time::Duration;
 
 use etcd_client::{Client, Error as EtcdError, LeaseKeepAliveStream, LeaseKeeper};
@@ -8,55 +23,147 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::{bounded, RegistryError};
+/// An etcd call that failed or got no answer in time.
+#[derive(Debug)]
+pub enum CallError {
+    /// etcd (or the connection to it) answered with an error.
+    Failed {
+        /// The call (`"get"`, `"lease grant"`, ...).
+        what: &'static str,
+        /// What etcd-client said.
+        error: EtcdError,
+    },
+    /// No answer within the timeout.
+    TimedOut {
+        /// The call.
+        what: &'static str,
+        /// The timeout.
+        after: Duration,
+    },
+}
+
+impl fmt::Display for CallError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Failed { what, error } => write!(f, "etcd {what}: {error}"),
+            Self::TimedOut { what, after } => write!(f, "etcd {what}: no answer in {after:?}"),
+        }
+    }
+}
+
+impl std::error::Error for CallError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Failed { error, .. } => Some(error),
+            Self::TimedOut { .. } => None,
+        }
+    }
+}
+
+/// `request`, given up after `timeout`.
+///
+/// # Errors
+///
+/// [`CallError::Failed`] with etcd's error, [`CallError::TimedOut`] without an answer.
+pub async fn bounded<T>(
+    timeout: Duration,
+    what: &'static str,
+    request: impl Future<Output = Result<T, EtcdError>>,
+) -> Result<T, CallError> {
+    match tokio::time::timeout(timeout, request).await {
+        Ok(result) => result.map_err(|error| CallError::Failed { what, error }),
+        Err(_) => Err(CallError::TimedOut { what, after: timeout }),
+    }
+}
 
 /// An etcd lease renewed every third of its TTL by a task of its own.
 ///
 /// Dropping it revokes the lease (in the background, when a tokio runtime is running),
 /// which deletes every key attached to it at once; after [`HeldLease::stop_renewing`]
 /// it is left to lapse instead, as a crashed process's would.
-pub(super) struct HeldLease {
+pub struct HeldLease {
     client: Client,
-    pub(super) id: i64,
+    id: i64,
     timeout: Duration,
     keeper: JoinHandle<()>,
     /// Tells the keeper to stop renewing (it still reports the lapse).
     stop: watch::Sender<bool>,
     /// `true` while the lease is alive, as far as the keeper knows.
-    pub(super) held: watch::Receiver<bool>,
+    held: watch::Receiver<bool>,
+    /// Who holds it, for the logs.
+    holder: &'static str,
+}
+
+impl fmt::Debug for HeldLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HeldLease")
+            .field("id", &self.id)
+            .field("holder", &self.holder)
+            .field("alive", &self.is_alive())
+            .finish_non_exhaustive()
+    }
 }
 
 impl HeldLease {
-    /// Grants a lease of `ttl` and starts keeping it alive.
-    pub(super) async fn grant(
+    /// Grants a lease of `ttl` and starts keeping it alive; `holder` names it in logs
+    /// (`"registry"`, `"leadership"`).
+    ///
+    /// # Errors
+    ///
+    /// [`CallError`] when etcd does not grant it within `timeout`.
+    pub async fn grant(
         client: &Client,
         ttl: Duration,
         timeout: Duration,
-    ) -> Result<Self, RegistryError> {
+        holder: &'static str,
+    ) -> Result<Self, CallError> {
         let mut leases = client.lease_client();
         let granted_at = Instant::now();
         let response = bounded(timeout, "lease grant", leases.grant(ttl.as_secs() as i64, None)).await?;
         let (id, ttl) = (response.id(), Duration::from_secs(response.ttl().max(1) as u64));
         let (held_tx, held) = watch::channel(true);
         let (stop, stopped) = watch::channel(false);
-        let keeper =
-            tokio::spawn(keep_alive(client.clone(), id, ttl, granted_at + ttl, timeout, held_tx, stopped));
-        Ok(Self { client: client.clone(), id, timeout, keeper, stop, held })
+        let keeper = tokio::spawn(keep_alive(
+            client.clone(),
+            id,
+            ttl,
+            granted_at + ttl,
+            timeout,
+            held_tx,
+            stopped,
+            holder,
+        ));
+        Ok(Self { client: client.clone(), id, timeout, keeper, stop, held, holder })
+    }
+
+    /// The lease's id.
+    pub fn id(&self) -> i64 {
+        self.id
+    }
+
+    /// Follows whether the lease is alive (`false` once it lapsed or etcd forgot it).
+    pub fn held(&self) -> watch::Receiver<bool> {
+        self.held.clone()
     }
 
     /// Whether the lease is alive as far as its keeper knows.
-    pub(super) fn is_alive(&self) -> bool {
+    pub fn is_alive(&self) -> bool {
         *self.held.borrow()
     }
 
     /// Stops renewing: the lease lapses a TTL after its last renewal, and dropping it
     /// no longer revokes it.
-    pub(super) fn stop_renewing(&self) {
+    pub fn stop_renewing(&self) {
         self.stop.send_replace(true);
     }
 
-    /// Revokes the lease now and waits for etcd's answer.
-    pub(super) async fn revoke(&self) -> Result<(), RegistryError> {
+    /// Revokes the lease now and waits for etcd's answer (a lease etcd no longer knows
+    /// counts as revoked).
+    ///
+    /// # Errors
+    ///
+    /// [`CallError`] when etcd does not answer within the timeout.
+    pub async fn revoke(&self) -> Result<(), CallError> {
         self.keeper.abort();
         // Drop revokes too, but without waiting: here the caller waits to know.
         self.stop.send_replace(true);
@@ -64,7 +171,7 @@ impl HeldLease {
         match bounded(self.timeout, "lease revoke", leases.revoke(self.id)).await {
             Ok(_) => Ok(()),
             // Already gone (lapsed): what revoking wanted.
-            Err(RegistryError::Unavailable(cause)) if cause.contains("lease not found") => Ok(()),
+            Err(CallError::Failed { error, .. }) if error.to_string().contains("lease not found") => Ok(()),
             Err(error) => Err(error),
         }
     }
@@ -79,10 +186,11 @@ impl Drop for HeldLease {
         // Revoking deletes the keys at once, so nobody waits for a TTL. Without a runtime
         // (or if etcd is unreachable) the lease lapses by itself.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (mut leases, id, timeout) = (self.client.lease_client(), self.id, self.timeout);
+            let (mut leases, id, timeout, holder) =
+                (self.client.lease_client(), self.id, self.timeout, self.holder);
             runtime.spawn(async move {
                 if let Err(error) = bounded(timeout, "lease revoke", leases.revoke(id)).await {
-                    tracing::warn!(lease = id, %error, "registry: cannot revoke the lease; it will lapse");
+                    tracing::warn!(lease = id, %error, holder, "cannot revoke the lease; it will lapse");
                 }
             });
         }
@@ -92,8 +200,9 @@ impl Drop for HeldLease {
 /// Renews lease `id` every third of `ttl` until told to stop, and reports (through
 /// `held`) when it lapses: at `expires`, pushed back by each renewal to the time the
 /// renewal was *sent* plus the TTL etcd grants. Measured from the sending, our deadline
-/// is never later than etcd's, so the holder never believes it holds a key etcd has
-/// deleted.
+/// is never later than etcd's, so the holder never believes it holds a lease etcd has
+/// let go.
+#[allow(clippy::too_many_arguments)]
 async fn keep_alive(
     mut client: Client,
     id: i64,
@@ -102,6 +211,7 @@ async fn keep_alive(
     timeout: Duration,
     held: watch::Sender<bool>,
     mut stop: watch::Receiver<bool>,
+    holder: &'static str,
 ) {
     let period = ttl / 3;
     let mut renewals: Option<(LeaseKeeper, LeaseKeepAliveStream)> = None;
@@ -112,7 +222,7 @@ async fn keep_alive(
             biased;
             _ = tokio::time::sleep_until(expires) => {
                 held.send_replace(false);
-                tracing::warn!(lease = id, "registry: lease lapsed");
+                tracing::warn!(lease = id, holder, "lease lapsed");
                 return;
             }
             _ = stop.changed(), if renewing => {
@@ -127,15 +237,15 @@ async fn keep_alive(
             Ok(Renewal::Renewed(granted)) => expires = sent + Duration::from_secs(granted),
             Ok(Renewal::Gone) => {
                 held.send_replace(false);
-                tracing::warn!(lease = id, "registry: etcd no longer knows the lease (lapsed or revoked)");
+                tracing::warn!(lease = id, holder, "etcd no longer knows the lease (lapsed or revoked)");
                 return;
             }
             Ok(Renewal::Failed(error)) => {
-                tracing::warn!(lease = id, %error, "registry: lease renewal failed; retrying");
+                tracing::warn!(lease = id, %error, holder, "lease renewal failed; retrying");
                 renewals = None;
             }
             Err(_) => {
-                tracing::warn!(lease = id, "registry: lease renewal timed out; retrying");
+                tracing::warn!(lease = id, holder, "lease renewal timed out; retrying");
                 renewals = None;
             }
         }
