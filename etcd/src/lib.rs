@@ -60,6 +60,21 @@ impl std::error::Error for CallError {
     }
 }
 
+/// A client of the cluster at `endpoints`, every call of which is meant to be
+/// [`bounded`] by `timeout`: connections give up after `timeout`, and HTTP/2 keep-alives
+/// every second (answered within `timeout`, also while idle) notice a dead connection.
+///
+/// # Errors
+///
+/// [`CallError`] when no endpoint answers within `timeout`.
+pub async fn connect(endpoints: &[String], timeout: Duration) -> Result<Client, CallError> {
+    let options = etcd_client::ConnectOptions::new()
+        .with_connect_timeout(timeout)
+        .with_keep_alive(Duration::from_secs(1), timeout)
+        .with_keep_alive_while_idle(true);
+    bounded(timeout, "connect", Client::connect(endpoints, Some(options))).await
+}
+
 /// `request`, given up after `timeout`.
 ///
 /// # Errors

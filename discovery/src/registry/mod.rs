@@ -54,7 +54,7 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, GetOptions};
+use etcd_client::{Client, GetOptions};
 
 mod record;
 mod registration;
@@ -240,12 +240,8 @@ impl Registry {
     /// timeout.
     pub async fn connect(config: RegistryConfig) -> Result<Self, RegistryError> {
         config.validate()?;
-        let timeout = config.request_timeout;
-        let options = ConnectOptions::new()
-            .with_connect_timeout(timeout)
-            .with_keep_alive(Duration::from_secs(1), timeout)
-            .with_keep_alive_while_idle(true);
-        let client = bounded(timeout, "connect", Client::connect(&config.endpoints, Some(options))).await?;
+        let client =
+            steady_etcd::connect(&config.endpoints, config.request_timeout).await.map_err(unavailable)?;
         Ok(Self { client, config })
     }
 

@@ -4,7 +4,7 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
 use steady_slice::Assignment;
 
 use super::leadership::Term;
@@ -143,12 +143,9 @@ impl EtcdStore {
     /// timeout.
     pub async fn connect(config: EtcdConfig) -> Result<Self, StoreError> {
         config.validate()?;
-        let timeout = config.request_timeout;
-        let options = ConnectOptions::new()
-            .with_connect_timeout(timeout)
-            .with_keep_alive(Duration::from_secs(1), timeout)
-            .with_keep_alive_while_idle(true);
-        let client = bounded(timeout, "connect", Client::connect(&config.endpoints, Some(options))).await?;
+        let client = steady_etcd::connect(&config.endpoints, config.request_timeout)
+            .await
+            .map_err(StoreError::unavailable)?;
         Ok(Self { client, config })
     }
 
