@@ -30,138 +30,30 @@
 //!   assigner run is caught and counted (the assignment in force stays); the loop ends
 //!   only when its [`AssignerHandle`] is stopped, killed or dropped.
 
+mod config;
 mod estimate;
+mod stats;
+mod tasks;
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
-use steady_assigner::{Assigner, Assignment, ReplicaLimits, RunInput, Tasks};
+use steady_assigner::{Assigner, Assignment, RunInput, Tasks};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+pub use config::{AssignerConfig, AssignerConfigError, MIN_BACKOFF, MIN_CADENCE};
 pub use estimate::estimate;
+pub use stats::AssignerStats;
+pub use tasks::{follow_job, tasks_of};
+
+use config::CONFLICTS_BEFORE_BACKOFF;
 
 use crate::load::LoadBook;
 use crate::store::{AssignmentStore, Leadership, Snapshot, StoreError};
 use crate::Distributor;
-
-/// How an Assigner service runs ([`AssignerConfig::validate`] gives the ranges).
-#[derive(Debug, Clone)]
-pub struct AssignerConfig {
-    /// Time between runs when nothing else happens (default 10 s; at least
-    /// [`MIN_CADENCE`]).
-    pub cadence: Duration,
-    /// The least time between two publications (default 1 s), across terms.
-    pub min_interval: Duration,
-    /// Reports older than this are ignored (default 30 s; not zero).
-    pub stale_after: Duration,
-    /// Replicas per slice (default one).
-    pub replicas: ReplicaLimits,
-    /// The backoff after a store error, doubled up to 16 times this (default 100 ms; at
-    /// least [`MIN_BACKOFF`]).
-    pub backoff: Duration,
-}
-
-/// The shortest cadence: runs cost a full assigner pass, so the loop must not spin.
-pub const MIN_CADENCE: Duration = Duration::from_millis(10);
-
-/// The shortest backoff after a store error.
-pub const MIN_BACKOFF: Duration = Duration::from_millis(1);
-
-/// Lost races in a row after which the service backs off before re-reading.
-const CONFLICTS_BEFORE_BACKOFF: u32 = 3;
-
-impl Default for AssignerConfig {
-    fn default() -> Self {
-        Self {
-            cadence: Duration::from_secs(10),
-            min_interval: Duration::from_secs(1),
-            stale_after: Duration::from_secs(30),
-            replicas: ReplicaLimits::default(),
-            backoff: Duration::from_millis(100),
-        }
-    }
-}
-
-/// A configuration value out of range.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AssignerConfigError {
-    /// The field.
-    pub field: &'static str,
-    /// What it must be.
-    pub expected: &'static str,
-}
-
-impl fmt::Display for AssignerConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "assigner config: {} must be {}", self.field, self.expected)
-    }
-}
-
-impl std::error::Error for AssignerConfigError {}
-
-impl AssignerConfig {
-    /// Checks every field's range.
-    ///
-    /// # Errors
-    ///
-    /// [`AssignerConfigError`] naming the first field out of range.
-    pub fn validate(&self) -> Result<(), AssignerConfigError> {
-        let bad = |field, expected| Err(AssignerConfigError { field, expected });
-        if self.cadence < MIN_CADENCE {
-            return bad("cadence", "at least 10 ms");
-        }
-        if self.backoff < MIN_BACKOFF {
-            return bad("backoff", "at least 1 ms");
-        }
-        if self.stale_after.is_zero() {
-            return bad("stale_after", "more than zero");
-        }
-        Ok(())
-    }
-}
-
-/// What an Assigner service has done, for tests, logs and the demo.
-#[derive(Debug, Default)]
-pub struct AssignerStats {
-    terms: AtomicU64,
-    runs: AtomicU64,
-    published: AtomicU64,
-    conflicts: AtomicU64,
-    errors: AtomicU64,
-    generation: AtomicU64,
-}
-
-impl AssignerStats {
-    /// Times this service became the job's leader.
-    pub fn terms(&self) -> u64 {
-        self.terms.load(Ordering::Relaxed)
-    }
-    /// Assigner runs.
-    pub fn runs(&self) -> u64 {
-        self.runs.load(Ordering::Relaxed)
-    }
-    /// Generations written and handed to the Distributor.
-    pub fn published(&self) -> u64 {
-        self.published.load(Ordering::Relaxed)
-    }
-    /// Writes that lost a race (then re-read and retried).
-    pub fn conflicts(&self) -> u64 {
-        self.conflicts.load(Ordering::Relaxed)
-    }
-    /// Store errors, runs the assigner refused or panicked in, and failed campaigns
-    /// (each retried after a backoff, or at the next cadence).
-    pub fn errors(&self) -> u64 {
-        self.errors.load(Ordering::Relaxed)
-    }
-    /// The last generation this service published (0: none).
-    pub fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Relaxed)
-    }
-}
 
 /// One job's Assigner: see the module documentation. Build it, then [`spawn`] it.
 ///
@@ -481,42 +373,4 @@ fn known_tasks(tasks: &Tasks, assignment: Option<&Assignment>) -> Vec<u32> {
     known.sort_unstable();
     known.dedup();
     known
-}
-
-/// The assigner's task set for a backend job view: every task of the view inside the
-/// job, in its state (serving, draining, gone). Feed [`AssignerService::spawn`] from a
-/// discovery source with [`follow_job`].
-pub fn tasks_of<T>(view: &steady_balance::JobView<T>) -> Tasks {
-    use steady_assigner::TaskState as Assigned;
-    use steady_balance::TaskState as Seen;
-    let tasks =
-        view.tasks.iter().filter(|(&i, _)| i < view.size && i <= steady_slice::MAX_TASK as usize).map(
-            |(&i, t)| {
-                let state = match t.state {
-                    Seen::Serving => Assigned::Serving,
-                    Seen::Draining => Assigned::Draining,
-                    Seen::Gone => Assigned::Gone,
-                };
-                (i as u32, state)
-            },
-        );
-    Tasks::new(tasks).expect("a view's indices are distinct and in range")
-}
-
-/// Follows backend job views (from `steady-discovery`, say) as the assigner's task set:
-/// a task that drains in the view loses its slices at the next run, which the task-set
-/// change triggers at once. The mapping task ends when `views` closes.
-pub fn follow_job<T: Send + Sync + 'static>(
-    mut views: watch::Receiver<steady_balance::JobView<T>>,
-) -> watch::Receiver<Tasks> {
-    let (tx, rx) = watch::channel(tasks_of(&views.borrow_and_update()));
-    tokio::spawn(async move {
-        while views.changed().await.is_ok() {
-            let tasks = tasks_of(&views.borrow_and_update());
-            if tx.send(tasks).is_err() {
-                return;
-            }
-        }
-    });
-    rx
 }

@@ -1,0 +1,82 @@
+//! [`AssignerConfig`]: how an Assigner service runs, and its validation.
+
+use std::fmt;
+use std::time::Duration;
+
+use steady_assigner::ReplicaLimits;
+
+/// How an Assigner service runs ([`AssignerConfig::validate`] gives the ranges).
+#[derive(Debug, Clone)]
+pub struct AssignerConfig {
+    /// Time between runs when nothing else happens (default 10 s; at least
+    /// [`MIN_CADENCE`]).
+    pub cadence: Duration,
+    /// The least time between two publications (default 1 s), across terms.
+    pub min_interval: Duration,
+    /// Reports older than this are ignored (default 30 s; not zero).
+    pub stale_after: Duration,
+    /// Replicas per slice (default one).
+    pub replicas: ReplicaLimits,
+    /// The backoff after a store error, doubled up to 16 times this (default 100 ms; at
+    /// least [`MIN_BACKOFF`]).
+    pub backoff: Duration,
+}
+
+/// The shortest cadence: runs cost a full assigner pass, so the loop must not spin.
+pub const MIN_CADENCE: Duration = Duration::from_millis(10);
+
+/// The shortest backoff after a store error.
+pub const MIN_BACKOFF: Duration = Duration::from_millis(1);
+
+/// Lost races in a row after which the service backs off before re-reading.
+pub(super) const CONFLICTS_BEFORE_BACKOFF: u32 = 3;
+
+impl Default for AssignerConfig {
+    fn default() -> Self {
+        Self {
+            cadence: Duration::from_secs(10),
+            min_interval: Duration::from_secs(1),
+            stale_after: Duration::from_secs(30),
+            replicas: ReplicaLimits::default(),
+            backoff: Duration::from_millis(100),
+        }
+    }
+}
+
+/// A configuration value out of range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AssignerConfigError {
+    /// The field.
+    pub field: &'static str,
+    /// What it must be.
+    pub expected: &'static str,
+}
+
+impl fmt::Display for AssignerConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "assigner config: {} must be {}", self.field, self.expected)
+    }
+}
+
+impl std::error::Error for AssignerConfigError {}
+
+impl AssignerConfig {
+    /// Checks every field's range.
+    ///
+    /// # Errors
+    ///
+    /// [`AssignerConfigError`] naming the first field out of range.
+    pub fn validate(&self) -> Result<(), AssignerConfigError> {
+        let bad = |field, expected| Err(AssignerConfigError { field, expected });
+        if self.cadence < MIN_CADENCE {
+            return bad("cadence", "at least 10 ms");
+        }
+        if self.backoff < MIN_BACKOFF {
+            return bad("backoff", "at least 1 ms");
+        }
+        if self.stale_after.is_zero() {
+            return bad("stale_after", "more than zero");
+        }
+        Ok(())
+    }
+}
