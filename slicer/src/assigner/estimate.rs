@@ -76,7 +76,7 @@ pub fn estimate(fresh: &[Received], current: Option<&Assignment>, serving: &[u32
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
-    use std::time::Instant;
+    use tokio::time::Instant;
 
     use steady_slice::Slice;
 

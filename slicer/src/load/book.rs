@@ -5,7 +5,9 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use steady_slice::Assignment;
 
@@ -45,7 +47,7 @@ impl std::error::Error for Dropped {}
 pub struct Received {
     /// The report.
     pub report: LoadReport,
-    /// When it was accepted.
+    /// When it was accepted (tokio's clock, so that tests on a paused clock can age it).
     pub at: Instant,
     /// The assignment of the report's generation.
     pub assignment: Arc<Assignment>,
@@ -217,5 +219,18 @@ mod tests {
         assert_eq!(book.accept(report(5, 3)), Err(Dropped::UnknownTask));
         book.set_tasks("job", [0, 5]);
         assert_eq!(book.accept(report(5, 3)), Ok(()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reports_older_than_the_age_asked_for_are_not_fresh() {
+        let book = LoadBook::new();
+        book.published("job", Arc::new(Assignment::single(1, vec![0, 1]).unwrap()), [0, 1]);
+        book.accept(report(0, 1)).unwrap();
+        tokio::time::advance(Duration::from_secs(20)).await;
+        book.accept(report(1, 1)).unwrap();
+        tokio::time::advance(Duration::from_secs(15)).await;
+        let fresh: Vec<u32> =
+            book.fresh("job", Duration::from_secs(30)).iter().map(|r| r.report.task()).collect();
+        assert_eq!(fresh, [1]);
     }
 }
