@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use steady_assigner::{by_name, Assigner, Assignment, SliceKey, TaskState, Tasks};
-use steady_slicer::assigner::{AssignerConfig, AssignerHandle, AssignerService};
+use steady_slicer::assigner::{AssignerConfig, AssignerConfigError, AssignerHandle, AssignerService};
 use steady_slicer::load::{LoadBook, LoadReport};
 use steady_slicer::store::{AssignmentStore, EtcdConfig, EtcdStore, MemoryStore};
 use steady_slicer::Distributor;
@@ -41,7 +41,12 @@ impl Job {
         Self { store, distributor: Distributor::new(), book: LoadBook::new(), tasks: tx }
     }
 
-    fn spawn(&self, candidate: &str, config: AssignerConfig) -> AssignerHandle {
+    /// This job's Assigner named `candidate`, configured (not yet running).
+    fn service(
+        &self,
+        candidate: &str,
+        config: AssignerConfig,
+    ) -> Result<AssignerService, AssignerConfigError> {
         AssignerService::new(
             JOB,
             candidate,
@@ -51,8 +56,10 @@ impl Job {
             self.book.clone(),
         )
         .config(config)
-        .unwrap()
-        .spawn(self.tasks.subscribe())
+    }
+
+    fn spawn(&self, candidate: &str, config: AssignerConfig) -> AssignerHandle {
+        self.service(candidate, config).unwrap().spawn(self.tasks.subscribe())
     }
 
     /// Waits (bounded) until the Distributor holds an assignment that satisfies `test`.
@@ -234,17 +241,7 @@ async fn on_etcd_a_standby_takes_over_within_the_lease() {
 #[test]
 fn a_configuration_that_would_spin_is_refused() {
     let job = Job::new(Arc::new(MemoryStore::new()), 2);
-    let service = |config| {
-        AssignerService::new(
-            JOB,
-            "a",
-            weighted_move(),
-            job.store.clone(),
-            job.distributor.clone(),
-            job.book.clone(),
-        )
-        .config(config)
-    };
+    let service = |config| job.service("a", config);
     let zero = AssignerConfig { cadence: Duration::ZERO, ..config() };
     assert_eq!(service(zero).unwrap_err().field, "cadence");
     let no_backoff = AssignerConfig { backoff: Duration::ZERO, ..config() };
@@ -272,17 +269,7 @@ async fn a_backend_that_drains_in_its_job_view_loses_its_slices() {
     use steady_balance::{JobView, TaskState as Seen};
     let job = Job::new(Arc::new(MemoryStore::new()), 4);
     let (views, view_rx) = watch::channel(JobView::serving((0..4).map(|i| format!("10.0.0.{i}:80"))));
-    let assigner = AssignerService::new(
-        JOB,
-        "a",
-        weighted_move(),
-        job.store.clone(),
-        job.distributor.clone(),
-        job.book.clone(),
-    )
-    .config(config())
-    .unwrap()
-    .spawn(steady_slicer::assigner::follow_job(view_rx));
+    let assigner = job.service("a", config()).unwrap().spawn(steady_slicer::assigner::follow_job(view_rx));
     job.until("task 2 holding slices", |a| a.slices().iter().any(|s| s.replicas.contains(&2))).await;
     views.send_modify(|v| *v = v.clone().with_state(2, Seen::Draining));
     job.until("task 2 drained", |a| a.slices().iter().all(|s| !s.replicas.contains(&2))).await;

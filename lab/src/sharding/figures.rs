@@ -134,7 +134,6 @@ fn churn_against_imbalance(runs: &[Run], dir: &Path) -> DrawResult<Figure> {
         .y_label_formatter(&tick)
         .draw()?;
     let mut names: Vec<&'static str> = points.iter().map(|p| p.0).collect();
-    names.dedup();
     names.sort_unstable();
     names.dedup();
     for name in names {

@@ -4,6 +4,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use super::control::ControlPlane;
@@ -58,35 +59,36 @@ pub(super) fn draw(path: &PathBuf, rows: &[Row]) -> LabResult {
     let root = SVGBackend::new(path, (1200, 500)).into_drawing_area();
     root.fill(&WHITE)?;
     let (left, right) = root.split_horizontally(600);
-    let steps = rows.len().max(2) as f64;
+    let at = |r: &Row, v: f64| (r.step as f64, v);
     let y_max = rows.iter().map(|r| r.imbalance).fold(2.0, f64::max) * 1.1;
-    let mut chart = ChartBuilder::on(&left)
-        .caption("Imbalance per step (busiest backend / mean)", ("sans-serif", 17))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(55)
-        .build_cartesian_2d(0f64..steps - 1.0, 0f64..y_max)?;
-    chart.configure_mesh().x_desc("step").label_style(("sans-serif", 14)).draw()?;
-    chart.draw_series(LineSeries::new(
-        rows.iter().map(|r| (r.step as f64, r.imbalance)),
-        GREEN.stroke_width(3),
-    ))?;
+    let mut chart = panel(&left, rows, "Imbalance per step (busiest backend / mean)", y_max)?;
+    chart.draw_series(LineSeries::new(rows.iter().map(|r| at(r, r.imbalance)), GREEN.stroke_width(3)))?;
     let y_max = rows.iter().map(|r| (r.misrouted + r.failed) as f64).fold(10.0, f64::max) * 1.1;
-    let mut chart = ChartBuilder::on(&right)
-        .caption("Misrouted (blue) and failed (red) requests per step", ("sans-serif", 17))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(55)
-        .build_cartesian_2d(0f64..steps - 1.0, 0f64..y_max)?;
-    chart.configure_mesh().x_desc("step").label_style(("sans-serif", 14)).draw()?;
-    chart.draw_series(LineSeries::new(
-        rows.iter().map(|r| (r.step as f64, r.misrouted as f64)),
-        BLUE.stroke_width(3),
-    ))?;
-    chart.draw_series(LineSeries::new(
-        rows.iter().map(|r| (r.step as f64, r.failed as f64)),
-        RED.stroke_width(3),
-    ))?;
+    let mut chart = panel(&right, rows, "Misrouted (blue) and failed (red) requests per step", y_max)?;
+    chart
+        .draw_series(LineSeries::new(rows.iter().map(|r| at(r, r.misrouted as f64)), BLUE.stroke_width(3)))?;
+    chart.draw_series(LineSeries::new(rows.iter().map(|r| at(r, r.failed as f64)), RED.stroke_width(3)))?;
     root.present()?;
     Ok(())
+}
+
+/// One panel over the steps, from 0 to `y_max`, with its mesh drawn.
+fn panel<'a>(
+    area: &DrawingArea<SVGBackend<'a>, plotters::coord::Shift>,
+    rows: &[Row],
+    caption: &str,
+    y_max: f64,
+) -> Result<
+    ChartContext<'a, SVGBackend<'a>, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    Box<dyn std::error::Error>,
+> {
+    let steps = rows.len().max(2) as f64;
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 17))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(55)
+        .build_cartesian_2d(0f64..steps - 1.0, 0f64..y_max)?;
+    chart.configure_mesh().x_desc("step").label_style(("sans-serif", 14)).draw()?;
+    Ok(chart)
 }

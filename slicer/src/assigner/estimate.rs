@@ -96,19 +96,18 @@ mod tests {
         }
     }
 
+    /// Generation 3: keys below 2^63 on task 0, the rest on task 1.
+    fn two_halves() -> Arc<Assignment> {
+        let slices = vec![
+            Slice { start: SliceKey(0), replicas: vec![0] },
+            Slice { start: SliceKey(1 << 63), replicas: vec![1] },
+        ];
+        Arc::new(Assignment::new(3, slices).unwrap())
+    }
+
     #[test]
     fn reports_become_range_loads_with_hot_keys_at_their_keys() {
-        let half = 1u64 << 63;
-        let a = Arc::new(
-            Assignment::new(
-                3,
-                vec![
-                    Slice { start: SliceKey(0), replicas: vec![0] },
-                    Slice { start: SliceKey(half), replicas: vec![1] },
-                ],
-            )
-            .unwrap(),
-        );
+        let (a, half) = (two_halves(), 1u64 << 63);
         let fresh = [
             received(0, &a, vec![(SliceKey(0), 100.0)], vec![(SliceKey(7), 60.0)]),
             received(1, &a, vec![(SliceKey(half), 40.0)], vec![]),
@@ -121,17 +120,7 @@ mod tests {
 
     #[test]
     fn an_unreported_task_is_assumed_average_and_no_reports_mean_uniform_load() {
-        let half = 1u64 << 63;
-        let a = Arc::new(
-            Assignment::new(
-                3,
-                vec![
-                    Slice { start: SliceKey(0), replicas: vec![0] },
-                    Slice { start: SliceKey(half), replicas: vec![1] },
-                ],
-            )
-            .unwrap(),
-        );
+        let (a, half) = (two_halves(), 1u64 << 63);
         let load = estimate(&[received(0, &a, vec![(SliceKey(0), 100.0)], vec![])], Some(&a), &[0, 1]);
         assert!((load.of_range(KeyRange::new(SliceKey(half), None)) - 100.0).abs() < 1e-6);
         let unknown = estimate(&[], Some(&a), &[0, 1]);
@@ -140,17 +129,7 @@ mod tests {
 
     #[test]
     fn claims_on_slices_a_task_did_not_hold_and_hot_keys_outside_its_slices_are_ignored() {
-        let half = 1u64 << 63;
-        let a = Arc::new(
-            Assignment::new(
-                3,
-                vec![
-                    Slice { start: SliceKey(0), replicas: vec![0] },
-                    Slice { start: SliceKey(half), replicas: vec![1] },
-                ],
-            )
-            .unwrap(),
-        );
+        let (a, half) = (two_halves(), 1u64 << 63);
         // Task 1 claims task 0's slice, and reports a key it no longer holds.
         let fresh = [
             received(0, &a, vec![(SliceKey(0), 10.0)], vec![]),
