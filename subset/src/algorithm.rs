@@ -5,7 +5,8 @@ use std::str::FromStr;
 
 use crate::{
     Consistent, Deterministic, DeterministicBalanced, PreferenceOrder, Random, Ringsteady, RingsteadyOrder,
-    Rocksteadier, RocksteadierOrder, RoundRobin, SubsetError, Subsetting,
+    Rocksteadier, RocksteadierOrder, RoundRobin, ScaledRocksteadier, ScaledRocksteadierOrder, SubsetError,
+    Subsetting,
 };
 
 /// Any of the crate's algorithms, for configuration and command lines.
@@ -27,6 +28,8 @@ pub enum Algorithm {
     Ringsteady(Ringsteady),
     /// See [`Rocksteadier`].
     Rocksteadier(Rocksteadier),
+    /// See [`ScaledRocksteadier`].
+    ScaledRocksteadier(ScaledRocksteadier),
 }
 
 impl Default for Algorithm {
@@ -37,7 +40,7 @@ impl Default for Algorithm {
 
 impl Algorithm {
     /// Every algorithm's name, in the order of [`Algorithm::all`].
-    pub const NAMES: [&'static str; 8] = [
+    pub const NAMES: [&'static str; 9] = [
         "round-robin",
         "deterministic",
         "deterministic-balanced",
@@ -46,6 +49,7 @@ impl Algorithm {
         "ringsteady",
         "ringsteady-unscaled",
         "rocksteadier",
+        "rocksteadier-scaled",
     ];
 
     /// Every algorithm with its default configuration, in the order of [`Algorithm::NAMES`].
@@ -68,6 +72,7 @@ impl Algorithm {
             "ringsteady" => Self::Ringsteady(Ringsteady::new()),
             "ringsteady-unscaled" => Self::Ringsteady(Ringsteady::unscaled()),
             "rocksteadier" => Self::Rocksteadier(Rocksteadier::default()),
+            "rocksteadier-scaled" => Self::ScaledRocksteadier(ScaledRocksteadier::default()),
             other => return Err(SubsetError::UnknownAlgorithm(other.to_owned())),
         })
     }
@@ -81,6 +86,7 @@ impl Algorithm {
             Self::Consistent(a) => a,
             Self::Ringsteady(a) => a,
             Self::Rocksteadier(a) => a,
+            Self::ScaledRocksteadier(a) => a,
         }
     }
 
@@ -101,6 +107,7 @@ impl Algorithm {
             Self::Consistent(a) => AlgorithmOrder::Sorted(a.order(frontend, backends)?),
             Self::Ringsteady(a) => AlgorithmOrder::Ringsteady(a.order(frontend, backends)?),
             Self::Rocksteadier(a) => AlgorithmOrder::Rocksteadier(a.order(frontend, backends)?),
+            Self::ScaledRocksteadier(a) => AlgorithmOrder::ScaledRocksteadier(a.order(frontend, backends)?),
             Self::RoundRobin(_) | Self::Deterministic(_) | Self::DeterministicBalanced(_) => return Ok(None),
         }))
     }
@@ -154,6 +161,8 @@ pub enum AlgorithmOrder {
     Ringsteady(RingsteadyOrder),
     /// A lazy Rocksteadier order.
     Rocksteadier(RocksteadierOrder),
+    /// A lazy scaled Rocksteadier order.
+    ScaledRocksteadier(ScaledRocksteadierOrder),
 }
 
 impl Iterator for AlgorithmOrder {
@@ -165,6 +174,7 @@ impl Iterator for AlgorithmOrder {
             Self::Sorted(it) => it.next(),
             Self::Ringsteady(it) => it.next(),
             Self::Rocksteadier(it) => it.next(),
+            Self::ScaledRocksteadier(it) => it.next(),
         }
     }
 
@@ -173,6 +183,7 @@ impl Iterator for AlgorithmOrder {
             Self::Sorted(it) => it.size_hint(),
             Self::Ringsteady(it) => it.size_hint(),
             Self::Rocksteadier(it) => it.size_hint(),
+            Self::ScaledRocksteadier(it) => it.size_hint(),
         }
     }
 }

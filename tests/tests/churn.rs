@@ -2,7 +2,10 @@
 
 use std::collections::HashSet;
 
-use steady_subset::{Algorithm, Random, Ringsteady, Rocksteadier, Subsetting};
+use proptest::prelude::*;
+use steady_subset::{
+    Algorithm, PreferenceOrder, Random, Ringsteady, Rocksteadier, ScaledRocksteadier, Subsetting,
+};
 
 /// The most members any frontend in `frontends` must replace when N goes `from -> to`.
 fn worst_change(
@@ -49,6 +52,60 @@ fn rocksteadier_with_other_lot_sizes_keeps_the_bound() {
         for n in 1..=70 {
             assert!(worst_change(&r, 0..(lot * 6), n, n + 1, 8) <= 1, "L={lot} N={n}");
         }
+    }
+}
+
+#[test]
+fn scaled_rocksteadier_changes_at_most_one_member_when_n_changes_by_one() {
+    let r = ScaledRocksteadier::default();
+    for n in sizes_across_lot_boundaries() {
+        for size in [1, 3, 10, 20, 45] {
+            assert!(worst_change(&r, 0..200, n, n + 1, size) <= 1, "growth N={n} k={size}");
+            assert!(worst_change(&r, 0..200, n + 1, n, size) <= 1, "shrink N={} k={size}", n + 1);
+        }
+    }
+}
+
+#[test]
+fn scaled_rocksteadier_with_other_lot_sizes_keeps_the_bound() {
+    for lot in [1, 3, 7, 16] {
+        let r = ScaledRocksteadier::with_lot_size(lot).unwrap();
+        for n in 1..=70 {
+            assert!(worst_change(&r, 0..(lot * 6), n, n + 1, 8) <= 1, "L={lot} N={n}");
+        }
+    }
+}
+
+/// The most members any prefix of length `1..=k_max` loses between two orders.
+fn worst_prefix_change(before: &[usize], after: &[usize], k_max: usize) -> usize {
+    let mut in_after = HashSet::new();
+    let mut in_before = HashSet::new();
+    let mut worst = 0;
+    for k in 1..=k_max.min(before.len()).min(after.len()) {
+        in_after.insert(after[k - 1]);
+        in_before.insert(before[k - 1]);
+        worst = worst.max(in_before.difference(&in_after).count());
+    }
+    worst
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Every subset size at once, at random job sizes up to a million: the scaled start
+    /// moving on, a new lot and a padding slot turning real each cost at most one member.
+    #[test]
+    fn scaled_rocksteadier_changes_at_most_one_member_of_any_prefix(
+        frontend in 0usize..1_000_000,
+        backends in prop_oneof![1usize..300, 1usize..1_000_000],
+        lot in prop_oneof![Just(10usize), 1usize..40],
+    ) {
+        let r = ScaledRocksteadier::with_lot_size(lot).unwrap();
+        let k_max = 150;
+        let before: Vec<usize> = r.order(frontend, backends).unwrap().take(k_max).collect();
+        let after: Vec<usize> = r.order(frontend, backends + 1).unwrap().take(k_max).collect();
+        prop_assert!(worst_prefix_change(&before, &after, k_max) <= 1, "growth");
+        prop_assert!(worst_prefix_change(&after, &before, k_max) <= 1, "shrink");
     }
 }
 

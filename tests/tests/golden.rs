@@ -72,7 +72,10 @@ fn subsets_file() -> String {
             if n > 20_000
                 && !matches!(
                     algorithm,
-                    Algorithm::Ringsteady(_) | Algorithm::Rocksteadier(_) | Algorithm::RoundRobin(_)
+                    Algorithm::Ringsteady(_)
+                        | Algorithm::Rocksteadier(_)
+                        | Algorithm::ScaledRocksteadier(_)
+                        | Algorithm::RoundRobin(_)
                 )
             {
                 continue;
