@@ -15,6 +15,9 @@ use crate::{check_backends, PreferenceOrder, SubsetError, Subsetting};
 /// lot start half a lot apart and every later one between rows already taken.
 pub const DECIMAL_ROW_PERMUTATION: [usize; 10] = [0, 5, 3, 8, 1, 6, 4, 9, 2, 7];
 
+/// The ring order of `0..10` ([`crate::ring`]), for the default lot size's fast path.
+const RING_OF_TEN: [usize; 10] = [0, 8, 4, 2, 6, 1, 9, 5, 3, 7];
+
 /// Scaled Rocksteadier subsetting: [`crate::Rocksteadier`] with the two changes that make
 /// it exact for fleets of round sizes, keeping every property of the original.
 ///
@@ -268,8 +271,15 @@ impl ScaledRocksteadierOrder {
         let packed = self.columns[c];
         let (offset, flip) = ((packed >> 1) as usize, packed & 1 == 1);
         let l = self.lot_size;
-        let rank = if flip { (offset + l - row) % l } else { (row + l - offset) % l };
-        lot * l + element_at(l as u64, rank as u64) as usize
+        // (row - offset) mod l, or (offset - row) mod l, without a division.
+        let (a, b) = if flip { (offset, row) } else { (row, offset) };
+        let rank = if a >= b { a - b } else { a + l - b };
+        let slot = if l == DEFAULT_LOT_SIZE {
+            RING_OF_TEN[rank]
+        } else {
+            element_at(l as u64, rank as u64) as usize
+        };
+        lot * l + slot
     }
 }
 
@@ -429,6 +439,11 @@ mod tests {
                 .to_vec();
             assert_eq!(rows[0].abs_diff(rows[1]) % 10, 5, "m={m}: {rows:?}");
         }
+    }
+
+    #[test]
+    fn the_fast_path_is_the_ring_order_of_ten() {
+        assert_eq!(RingOrder::from_rank(10, 0).map(|x| x as usize).collect::<Vec<_>>(), RING_OF_TEN);
     }
 
     #[test]
