@@ -153,6 +153,30 @@ async fn growing_and_shrinking_n_opens_and_closes_only_the_subset_change() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn the_decimal_variant_connects_to_its_subset_and_resizes_by_one_connection() {
+    let algorithm = Algorithm::from_name("rocksteadier-decimal").unwrap();
+    let h = harness(BalanceConfig::new(27, 12).with_algorithm(algorithm.clone()), 99);
+    settle().await;
+    assert_eq!(h.balance.stats().subset, algorithm.subset(27, 99, 12).unwrap());
+    // Across a lot boundary (100 -> 101 adds a lot and may move the start): one new
+    // connection at most per step, and exactly the subset's change.
+    let mut opened = h.balance.stats().connections_opened;
+    for (from, to) in [(99, 100), (100, 101), (101, 102), (102, 110), (110, 111), (111, 110)] {
+        h.views.send_replace(JobView::serving(0..to));
+        settle().await;
+        let stats = h.balance.stats();
+        assert_eq!(stats.subset, algorithm.subset(27, to, 12).unwrap(), "N={to}");
+        let before: HashSet<usize> = algorithm.subset(27, from, 12).unwrap().into_iter().collect();
+        let new = stats.subset.iter().filter(|t| !before.contains(t)).count() as u64;
+        assert_eq!(stats.connections_opened - opened, new, "{from}->{to}");
+        if from.abs_diff(to) == 1 {
+            assert!(new <= 1, "{from}->{to}: {new} new connections");
+        }
+        opened = stats.connections_opened;
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn changing_k_opens_and_closes_only_the_difference() {
     let h = harness(BalanceConfig::new(3, 4), 100);
     settle().await;

@@ -2,7 +2,7 @@
 //!
 //! Groups `subset_k20` and `subset_k100`; parameter N in {100, 10^4, 10^5, 10^6}.
 //! Target (DESIGN §5): Rocksteadier under 1 µs for k = 20 at every N, and at least
-//! 100x faster than `naive_ring` at N = 100,000; scaled Rocksteadier within 2x of
+//! 100x faster than `naive_ring` at N = 100,000; decimal Rocksteadier within 2x of
 //! Rocksteadier (issue 15). Print the ratios with
 //! `cargo run --release -p steady-benches --bin bench-ratios -- subset naive_ring`.
 
@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use steady_benches::naive_ring_subset;
-use steady_subset::{Deterministic, Ringsteady, Rocksteadier, ScaledRocksteadier, Subsetting};
+use steady_subset::{DecimalRocksteadier, Deterministic, Ringsteady, Rocksteadier, Subsetting};
 
 const BACKENDS: [usize; 4] = [100, 10_000, 100_000, 1_000_000];
 
@@ -19,7 +19,7 @@ fn bench_subset(c: &mut Criterion, size: usize) {
     let mut group = c.benchmark_group(format!("subset_k{size}"));
     group.warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
     let rocksteadier = Rocksteadier::default();
-    let scaled = ScaledRocksteadier::default();
+    let decimal = DecimalRocksteadier::default();
     let ringsteady = Ringsteady::new();
     let deterministic = Deterministic::default();
     // Many frontends, so the figures are not one lucky frontend's.
@@ -34,10 +34,10 @@ fn bench_subset(c: &mut Criterion, size: usize) {
                 black_box(&out);
             })
         });
-        group.bench_with_input(BenchmarkId::new("rocksteadier-scaled", n), &n, |b, &n| {
+        group.bench_with_input(BenchmarkId::new("rocksteadier-decimal", n), &n, |b, &n| {
             b.iter(|| {
                 i += 1;
-                scaled.subset_into(frontend(i), black_box(n), size, &mut out).unwrap();
+                decimal.subset_into(frontend(i), black_box(n), size, &mut out).unwrap();
                 black_box(&out);
             })
         });

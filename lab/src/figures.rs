@@ -36,7 +36,7 @@ pub fn colour(algorithm: &Algorithm) -> RGBColor {
         "ringsteady" => RGBColor(31, 119, 180),
         "ringsteady-unscaled" => RGBColor(23, 190, 207),
         "rocksteadier" => RGBColor(44, 160, 44),
-        "rocksteadier-scaled" => RGBColor(227, 119, 194),
+        "rocksteadier-decimal" => RGBColor(227, 119, 194),
         _ => RGBColor(0, 0, 0),
     }
 }

@@ -51,7 +51,7 @@ enum Command {
     /// Print each frontend's subset, one line per frontend: `m: b1 b2 ... bk`.
     Subsets {
         /// The algorithm (round-robin, deterministic, deterministic-balanced, random,
-        /// consistent, ringsteady, ringsteady-unscaled, rocksteadier).
+        /// consistent, ringsteady, ringsteady-unscaled, rocksteadier, rocksteadier-decimal).
         #[arg(long, default_value = "rocksteadier")]
         algorithm: Algorithm,
         #[command(flatten)]

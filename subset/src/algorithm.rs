@@ -4,9 +4,9 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::{
-    Consistent, Deterministic, DeterministicBalanced, PreferenceOrder, Random, Ringsteady, RingsteadyOrder,
-    Rocksteadier, RocksteadierOrder, RoundRobin, ScaledRocksteadier, ScaledRocksteadierOrder, SubsetError,
-    Subsetting,
+    Consistent, DecimalRocksteadier, DecimalRocksteadierOrder, Deterministic, DeterministicBalanced,
+    PreferenceOrder, Random, Ringsteady, RingsteadyOrder, Rocksteadier, RocksteadierOrder, RoundRobin,
+    SubsetError, Subsetting,
 };
 
 /// Any of the crate's algorithms, for configuration and command lines.
@@ -28,8 +28,8 @@ pub enum Algorithm {
     Ringsteady(Ringsteady),
     /// See [`Rocksteadier`].
     Rocksteadier(Rocksteadier),
-    /// See [`ScaledRocksteadier`].
-    ScaledRocksteadier(ScaledRocksteadier),
+    /// See [`DecimalRocksteadier`].
+    DecimalRocksteadier(DecimalRocksteadier),
 }
 
 impl Default for Algorithm {
@@ -49,7 +49,7 @@ impl Algorithm {
         "ringsteady",
         "ringsteady-unscaled",
         "rocksteadier",
-        "rocksteadier-scaled",
+        "rocksteadier-decimal",
     ];
 
     /// Every algorithm with its default configuration, in the order of [`Algorithm::NAMES`].
@@ -72,7 +72,7 @@ impl Algorithm {
             "ringsteady" => Self::Ringsteady(Ringsteady::new()),
             "ringsteady-unscaled" => Self::Ringsteady(Ringsteady::unscaled()),
             "rocksteadier" => Self::Rocksteadier(Rocksteadier::default()),
-            "rocksteadier-scaled" => Self::ScaledRocksteadier(ScaledRocksteadier::default()),
+            "rocksteadier-decimal" => Self::DecimalRocksteadier(DecimalRocksteadier::default()),
             other => return Err(SubsetError::UnknownAlgorithm(other.to_owned())),
         })
     }
@@ -86,7 +86,7 @@ impl Algorithm {
             Self::Consistent(a) => a,
             Self::Ringsteady(a) => a,
             Self::Rocksteadier(a) => a,
-            Self::ScaledRocksteadier(a) => a,
+            Self::DecimalRocksteadier(a) => a,
         }
     }
 
@@ -107,7 +107,7 @@ impl Algorithm {
             Self::Consistent(a) => AlgorithmOrder::Sorted(a.order(frontend, backends)?),
             Self::Ringsteady(a) => AlgorithmOrder::Ringsteady(a.order(frontend, backends)?),
             Self::Rocksteadier(a) => AlgorithmOrder::Rocksteadier(a.order(frontend, backends)?),
-            Self::ScaledRocksteadier(a) => AlgorithmOrder::ScaledRocksteadier(a.order(frontend, backends)?),
+            Self::DecimalRocksteadier(a) => AlgorithmOrder::DecimalRocksteadier(a.order(frontend, backends)?),
             Self::RoundRobin(_) | Self::Deterministic(_) | Self::DeterministicBalanced(_) => return Ok(None),
         }))
     }
@@ -161,8 +161,8 @@ pub enum AlgorithmOrder {
     Ringsteady(RingsteadyOrder),
     /// A lazy Rocksteadier order.
     Rocksteadier(RocksteadierOrder),
-    /// A lazy scaled Rocksteadier order.
-    ScaledRocksteadier(ScaledRocksteadierOrder),
+    /// A lazy decimal Rocksteadier order.
+    DecimalRocksteadier(DecimalRocksteadierOrder),
 }
 
 impl Iterator for AlgorithmOrder {
@@ -174,7 +174,7 @@ impl Iterator for AlgorithmOrder {
             Self::Sorted(it) => it.next(),
             Self::Ringsteady(it) => it.next(),
             Self::Rocksteadier(it) => it.next(),
-            Self::ScaledRocksteadier(it) => it.next(),
+            Self::DecimalRocksteadier(it) => it.next(),
         }
     }
 
@@ -183,7 +183,7 @@ impl Iterator for AlgorithmOrder {
             Self::Sorted(it) => it.size_hint(),
             Self::Ringsteady(it) => it.size_hint(),
             Self::Rocksteadier(it) => it.size_hint(),
-            Self::ScaledRocksteadier(it) => it.size_hint(),
+            Self::DecimalRocksteadier(it) => it.size_hint(),
         }
     }
 }

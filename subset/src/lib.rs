@@ -24,7 +24,7 @@
 //! | [`Consistent`] | yes | poor | at most 1 | hashed ring; at most `N` subsets |
 //! | [`Ringsteady`] | yes | good | small | van der Corput ring |
 //! | [`Rocksteadier`] | yes | good | at most 1 | **the default**: lots of 10, shuffled |
-//! | [`ScaledRocksteadier`] | yes | good; exact at round sizes | at most 1 | lots placed by a decimal sequence, scaled to `N` |
+//! | [`DecimalRocksteadier`] | yes | better; exact at round sizes | at most 1 | Rocksteadier on the decimal ring |
 //!
 //! # Dependencies
 //!
@@ -68,7 +68,7 @@
 //! # Costs
 //!
 //! Ringsteady answers one frontend in `O(log N + k)` time, Rocksteadier in
-//! `O(log N + k × L)` (lots of `L = 10`) and scaled Rocksteadier in `O(k log L)`, all in
+//! `O(log N + k × L)` (lots of `L = 10`) and decimal Rocksteadier in `O(log N + k)`, all in
 //! `O(k)` memory, without building the ring. Random, Consistent and the deterministic family touch every backend: `O(N)`
 //! (or `O(N log N)` to sort) per call.
 
@@ -77,6 +77,8 @@
 
 mod algorithm;
 mod consistent;
+pub mod decimal_ring;
+mod decimal_rocksteadier;
 mod deterministic;
 mod error;
 pub mod hash;
@@ -87,10 +89,10 @@ pub mod ring;
 mod ringsteady;
 mod rocksteadier;
 mod round_robin;
-mod scaled_rocksteadier;
 
 pub use algorithm::{Algorithm, AlgorithmOrder};
 pub use consistent::Consistent;
+pub use decimal_rocksteadier::{DecimalRocksteadier, DecimalRocksteadierOrder, DECIMAL_ROW_PERMUTATION};
 pub use deterministic::{Deterministic, DeterministicBalanced};
 pub use error::SubsetError;
 pub use random::Random;
@@ -99,7 +101,6 @@ pub use rocksteadier::{
     Rocksteadier, RocksteadierOrder, ARTICLE_ROW_PERMUTATION, DEFAULT_LOT_SIZE, MAX_LOT_SIZE,
 };
 pub use round_robin::RoundRobin;
-pub use scaled_rocksteadier::{ScaledRocksteadier, ScaledRocksteadierOrder, DECIMAL_ROW_PERMUTATION};
 
 /// The largest backend job any algorithm accepts: 2^24 = 16,777,216 tasks.
 ///

@@ -4,7 +4,7 @@ use std::collections::HashSet;
 
 use proptest::prelude::*;
 use steady_subset::{
-    Algorithm, PreferenceOrder, Random, Ringsteady, Rocksteadier, ScaledRocksteadier, Subsetting,
+    Algorithm, DecimalRocksteadier, PreferenceOrder, Random, Ringsteady, Rocksteadier, Subsetting,
 };
 
 /// The most members any frontend in `frontends` must replace when N goes `from -> to`.
@@ -56,8 +56,8 @@ fn rocksteadier_with_other_lot_sizes_keeps_the_bound() {
 }
 
 #[test]
-fn scaled_rocksteadier_changes_at_most_one_member_when_n_changes_by_one() {
-    let r = ScaledRocksteadier::default();
+fn decimal_rocksteadier_changes_at_most_one_member_when_n_changes_by_one() {
+    let r = DecimalRocksteadier::default();
     for n in sizes_across_lot_boundaries() {
         for size in [1, 3, 10, 20, 45] {
             assert!(worst_change(&r, 0..200, n, n + 1, size) <= 1, "growth N={n} k={size}");
@@ -67,9 +67,9 @@ fn scaled_rocksteadier_changes_at_most_one_member_when_n_changes_by_one() {
 }
 
 #[test]
-fn scaled_rocksteadier_with_other_lot_sizes_keeps_the_bound() {
+fn decimal_rocksteadier_with_other_lot_sizes_keeps_the_bound() {
     for lot in [1, 3, 7, 16] {
-        let r = ScaledRocksteadier::with_lot_size(lot).unwrap();
+        let r = DecimalRocksteadier::with_lot_size(lot).unwrap();
         for n in 1..=70 {
             assert!(worst_change(&r, 0..(lot * 6), n, n + 1, 8) <= 1, "L={lot} N={n}");
         }
@@ -92,15 +92,15 @@ fn worst_prefix_change(before: &[usize], after: &[usize], k_max: usize) -> usize
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
-    /// Every subset size at once, at random job sizes up to a million: the scaled start
-    /// moving on, a new lot and a padding slot turning real each cost at most one member.
+    /// Every subset size at once, at random job sizes up to a million: a new lot joining
+    /// the ring and a padding slot turning real each cost at most one member.
     #[test]
-    fn scaled_rocksteadier_changes_at_most_one_member_of_any_prefix(
+    fn decimal_rocksteadier_changes_at_most_one_member_of_any_prefix(
         frontend in 0usize..1_000_000,
         backends in prop_oneof![1usize..300, 1usize..1_000_000],
         lot in prop_oneof![Just(10usize), 1usize..40],
     ) {
-        let r = ScaledRocksteadier::with_lot_size(lot).unwrap();
+        let r = DecimalRocksteadier::with_lot_size(lot).unwrap();
         let k_max = 150;
         let before: Vec<usize> = r.order(frontend, backends).unwrap().take(k_max).collect();
         let after: Vec<usize> = r.order(frontend, backends + 1).unwrap().take(k_max).collect();

@@ -74,7 +74,7 @@ fn subsets_file() -> String {
                     algorithm,
                     Algorithm::Ringsteady(_)
                         | Algorithm::Rocksteadier(_)
-                        | Algorithm::ScaledRocksteadier(_)
+                        | Algorithm::DecimalRocksteadier(_)
                         | Algorithm::RoundRobin(_)
                 )
             {

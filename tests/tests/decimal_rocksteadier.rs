@@ -1,12 +1,13 @@
-//! Scaled Rocksteadier against the faithful one: what it adds (exact balance for fleets of
-//! round sizes) and what it keeps (diversity, spread, balance on the article's grid).
+//! Decimal Rocksteadier against the faithful one: what it adds (exact balance for fleets
+//! of round sizes, better balance on the article's grid) and what it keeps (diversity,
+//! spread).
 //! Churn is in `churn.rs`, the order and prefix properties in `properties.rs`, the frozen
 //! order in `golden.rs`.
 
 use steady_subset::quality::{
     article_grid, connection_counts, diversity, normalised_utilisation, subsets, worst_spread,
 };
-use steady_subset::{Rocksteadier, ScaledRocksteadier, Subsetting};
+use steady_subset::{DecimalRocksteadier, Rocksteadier, Subsetting};
 
 fn utilisation(algorithm: &dyn Subsetting, frontends: usize, backends: usize, size: usize) -> f64 {
     let all = subsets(algorithm, frontends, backends, size).unwrap();
@@ -29,25 +30,25 @@ fn production_like() -> Vec<(usize, usize, usize)> {
 
 #[test]
 fn round_fleet_sizes_get_exactly_balanced_connections() {
-    let scaled = ScaledRocksteadier::default();
+    let decimal = DecimalRocksteadier::default();
     for (m, n, k) in production_like() {
-        assert_eq!(utilisation(&scaled, m, n, k), 1.0, "M={m} N={n} k={k}");
+        assert_eq!(utilisation(&decimal, m, n, k), 1.0, "M={m} N={n} k={k}");
     }
 }
 
 #[test]
 fn the_faithful_order_misses_exact_balance_at_round_sizes() {
-    // What the scaled variant fixes: 50 frontends of 10 connections over 500 backends
+    // What the decimal ring fixes: 50 frontends of 10 connections over 500 backends
     // could use each backend once; Rocksteadier's unscaled lot positions double some.
     let faithful = Rocksteadier::default();
     assert_eq!(utilisation(&faithful, 50, 500, 10), 0.5);
-    assert_eq!(utilisation(&ScaledRocksteadier::default(), 50, 500, 10), 1.0);
+    assert_eq!(utilisation(&DecimalRocksteadier::default(), 50, 500, 10), 1.0);
 }
 
 #[test]
 fn every_frontend_gets_its_own_subset() {
     // The lab's diversity point: 5,000 frontends, 100 backends, 10 connections.
-    let all = subsets(&ScaledRocksteadier::default(), 5000, 100, 10).unwrap();
+    let all = subsets(&DecimalRocksteadier::default(), 5000, 100, 10).unwrap();
     assert_eq!(diversity(&all, 100), 1.0);
 }
 
@@ -55,9 +56,9 @@ fn every_frontend_gets_its_own_subset() {
 fn a_rolling_restart_takes_down_no_more_of_a_subset_than_with_rocksteadier() {
     // M = 500, N = 300, k = 20, restarting 20 consecutive backends at a time.
     for window in [5, 10, 20, 40] {
-        let scaled = worst_spread(&subsets(&ScaledRocksteadier::default(), 500, 300, 20).unwrap(), window);
+        let decimal = worst_spread(&subsets(&DecimalRocksteadier::default(), 500, 300, 20).unwrap(), window);
         let faithful = worst_spread(&subsets(&Rocksteadier::default(), 500, 300, 20).unwrap(), window);
-        assert!(scaled <= faithful, "w={window}: {scaled} > {faithful}");
+        assert!(decimal <= faithful, "w={window}: {decimal} > {faithful}");
     }
 }
 
@@ -68,8 +69,8 @@ fn the_sampled_article_grid_stays_balanced() {
         grid.iter().map(|s| utilisation(algorithm, s.frontends, s.backends, s.size)).sum::<f64>()
             / grid.len() as f64
     };
-    let scaled = mean(&ScaledRocksteadier::default());
+    let decimal = mean(&DecimalRocksteadier::default());
     let faithful = mean(&Rocksteadier::default());
-    assert!(scaled >= 0.93, "scaled {scaled:.4}");
-    assert!(scaled >= faithful - 0.01, "scaled {scaled:.4} vs faithful {faithful:.4}");
+    assert!(decimal >= 0.93, "decimal {decimal:.4}");
+    assert!(decimal >= faithful - 0.01, "decimal {decimal:.4} vs faithful {faithful:.4}");
 }
