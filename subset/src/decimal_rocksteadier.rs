@@ -3,9 +3,9 @@
 
 use crate::decimal_ring::DecimalRingOrder;
 use crate::hash::hash_pair;
+use crate::lot_table::{LotColumns, LotConfig, Reading, DEFAULT_LOT_SIZE};
 use crate::prng::SplitMix64;
-use crate::ring::{element_at, RingOrder};
-use crate::rocksteadier::{DEFAULT_LOT_SIZE, MAX_LOT_SIZE};
+use crate::ring::element_at;
 use crate::{check_backends, PreferenceOrder, SubsetError, Subsetting};
 
 /// The starting rows for lots of 10: frontend `i` of a frontend lot starts at row
@@ -82,14 +82,12 @@ const RING_OF_TEN: [usize; 10] = [0, 8, 4, 2, 6, 1, 9, 5, 3, 7];
 /// 5 points there, and no lot design removes that: see `docs/rocksteadier-decimal.md`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DecimalRocksteadier {
-    lot_size: usize,
-    rows: Vec<usize>,
-    seed: u64,
+    config: LotConfig,
 }
 
 impl Default for DecimalRocksteadier {
     fn default() -> Self {
-        Self { lot_size: DEFAULT_LOT_SIZE, rows: DECIMAL_ROW_PERMUTATION.to_vec(), seed: 0 }
+        Self::with_lot_size(DEFAULT_LOT_SIZE).expect("the default lot size is valid")
     }
 }
 
@@ -98,50 +96,42 @@ impl DecimalRocksteadier {
     ///
     /// # Errors
     ///
-    /// [`SubsetError::InvalidLotSize`] unless `1 <= lot_size <= MAX_LOT_SIZE`.
+    /// [`SubsetError::InvalidLotSize`] unless `1 <= lot_size <= MAX_LOT_SIZE` ([`crate::MAX_LOT_SIZE`]).
     pub fn with_lot_size(lot_size: usize) -> Result<Self, SubsetError> {
-        if !(1..=MAX_LOT_SIZE).contains(&lot_size) {
-            return Err(SubsetError::InvalidLotSize { lot_size, max: MAX_LOT_SIZE });
-        }
-        let rows = if lot_size == DEFAULT_LOT_SIZE {
-            DECIMAL_ROW_PERMUTATION.to_vec()
-        } else {
-            RingOrder::from_rank(lot_size as u64, 0).map(|r| r as usize).collect()
-        };
-        Ok(Self { lot_size, rows, seed: 0 })
+        Ok(Self { config: LotConfig::new(lot_size, &DECIMAL_ROW_PERMUTATION)? })
     }
 
     /// Sets the fleet-wide salt of the lot columns (default 0). Every frontend of a fleet
     /// must use the same value; different backend jobs may use different ones.
     pub fn with_seed(mut self, seed: u64) -> Self {
-        self.seed = seed;
+        self.config.seed = seed;
         self
     }
 
     /// The lot size `L`.
     pub fn lot_size(&self) -> usize {
-        self.lot_size
+        self.config.lot_size
     }
 
     /// The starting-row permutation.
     pub fn row_permutation(&self) -> &[usize] {
-        &self.rows
+        &self.config.rows
     }
 
+    /// The order, with room for the columns that the first `expected` entries need.
     fn order_reserving(&self, frontend: usize, backends: usize, expected: usize) -> DecimalRocksteadierOrder {
-        let lot_size = self.lot_size;
+        let LotConfig { lot_size, ref rows, seed } = self.config;
         let frontend_lot = (frontend / lot_size) as u64;
         let lots = backends.div_ceil(lot_size);
         DecimalRocksteadierOrder {
-            backends,
-            lot_size,
-            unread_lots: DecimalRingOrder::from_position_of(lots as u64, frontend_lot),
-            lot_seed: hash_pair(self.seed, frontend_lot),
-            // The first row yields one task per column (the last lot's cell may be padding).
-            columns: Vec::with_capacity(lots.min(expected.saturating_add(1))),
-            row: self.rows[frontend % lot_size],
-            column: 0,
-            remaining: backends,
+            reading: Reading::new(backends, lot_size, rows[frontend % lot_size]),
+            table: RotatedLots {
+                lot_size,
+                lot_seed: hash_pair(seed, frontend_lot),
+                unread_lots: DecimalRingOrder::from_position_of(lots as u64, frontend_lot),
+                // The first row yields one task per column (the last lot's cell may be padding).
+                columns: Vec::with_capacity(lots.min(expected.saturating_add(1))),
+            },
         }
     }
 }
@@ -181,20 +171,20 @@ impl PreferenceOrder for DecimalRocksteadier {
 /// ten) and `O(min(k, B))` memory.
 #[derive(Debug, Clone)]
 pub struct DecimalRocksteadierOrder {
-    backends: usize,
+    reading: Reading,
+    table: RotatedLots,
+}
+
+/// A frontend lot's table of rotated lots, set up column by column as it is read.
+#[derive(Debug, Clone)]
+struct RotatedLots {
     lot_size: usize,
-    /// The lots of the columns not yet reached, in column order (only during the first row).
-    unread_lots: DecimalRingOrder,
     /// `hash_pair(seed, f)`: lot `b`'s column is drawn from `hash_pair(lot_seed, b)`.
     lot_seed: u64,
+    /// The lots of the columns not yet reached, in column order (only during the first row).
+    unread_lots: DecimalRingOrder,
     /// The columns reached so far, in column order.
     columns: Vec<Column>,
-    /// The row being read.
-    row: usize,
-    /// The next column to read in that row.
-    column: usize,
-    /// Backends not yet yielded.
-    remaining: usize,
 }
 
 /// One column of a frontend lot's table: a backend lot and its rotation.
@@ -208,8 +198,11 @@ struct Column {
     flip: bool,
 }
 
-impl DecimalRocksteadierOrder {
-    /// Reaches the next column of the first row. Returns false at the end of the first row.
+impl LotColumns for RotatedLots {
+    fn reached(&self) -> usize {
+        self.columns.len()
+    }
+
     fn reach_next_column(&mut self) -> bool {
         let Some(lot) = self.unread_lots.next() else {
             return false;
@@ -221,9 +214,8 @@ impl DecimalRocksteadierOrder {
         true
     }
 
-    /// The task in `row` of column `c`.
     #[inline]
-    fn cell(&self, c: usize, row: usize) -> usize {
+    fn cell(&mut self, c: usize, row: usize) -> usize {
         let Column { lot, offset, flip } = self.columns[c];
         let l = self.lot_size;
         // (row - offset) mod l, or (offset - row) mod l, without a division.
@@ -242,27 +234,12 @@ impl Iterator for DecimalRocksteadierOrder {
     type Item = usize;
 
     fn next(&mut self) -> Option<usize> {
-        // Each pass reads one cell; a real task is at most one full table (L × B cells)
-        // ahead while `remaining > 0`, so the loop ends.
-        while self.remaining > 0 {
-            if self.column == self.columns.len() && !self.reach_next_column() {
-                // End of a row: wrap to the next one.
-                self.column = 0;
-                self.row = (self.row + 1) % self.lot_size;
-                continue;
-            }
-            let task = self.cell(self.column, self.row);
-            self.column += 1;
-            if task < self.backends {
-                self.remaining -= 1;
-                return Some(task);
-            }
-        }
-        None
+        self.reading.next_task(&mut self.table)
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        (self.remaining, Some(self.remaining))
+        let remaining = self.reading.remaining();
+        (remaining, Some(remaining))
     }
 }
 
@@ -271,6 +248,8 @@ impl ExactSizeIterator for DecimalRocksteadierOrder {}
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lot_table::MAX_LOT_SIZE;
+    use crate::ring::RingOrder;
 
     #[test]
     fn first_row_reads_the_lots_in_decimal_ring_order() {

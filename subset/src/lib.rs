@@ -82,6 +82,7 @@ mod decimal_rocksteadier;
 mod deterministic;
 mod error;
 pub mod hash;
+mod lot_table;
 pub mod prng;
 pub mod quality;
 mod random;
@@ -95,11 +96,10 @@ pub use consistent::Consistent;
 pub use decimal_rocksteadier::{DecimalRocksteadier, DecimalRocksteadierOrder, DECIMAL_ROW_PERMUTATION};
 pub use deterministic::{Deterministic, DeterministicBalanced};
 pub use error::SubsetError;
+pub use lot_table::{DEFAULT_LOT_SIZE, MAX_LOT_SIZE};
 pub use random::Random;
 pub use ringsteady::{Ringsteady, RingsteadyOrder};
-pub use rocksteadier::{
-    Rocksteadier, RocksteadierOrder, ARTICLE_ROW_PERMUTATION, DEFAULT_LOT_SIZE, MAX_LOT_SIZE,
-};
+pub use rocksteadier::{Rocksteadier, RocksteadierOrder, ARTICLE_ROW_PERMUTATION};
 pub use round_robin::RoundRobin;
 
 /// The largest backend job any algorithm accepts: 2^24 = 16,777,216 tasks.

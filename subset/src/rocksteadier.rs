@@ -1,6 +1,7 @@
 //! Rocksteadier subsetting: shuffled lots of backends, read in Ringsteady column order.
 
 use crate::hash::hash_pair;
+use crate::lot_table::{LotColumns, LotConfig, Reading, DEFAULT_LOT_SIZE};
 use crate::prng::SplitMix64;
 use crate::ring::{position, RingOrder};
 use crate::{check_backends, PreferenceOrder, SubsetError, Subsetting};
@@ -11,12 +12,6 @@ use crate::{check_backends, PreferenceOrder, SubsetError, Subsetting};
 /// (The ring order of `0..10` is `[0, 8, 4, 2, 6, 1, 9, 5, 3, 7]`; the article prints
 /// `2` and `4` the other way round. We keep the published permutation.)
 pub const ARTICLE_ROW_PERMUTATION: [usize; 10] = [0, 8, 2, 4, 6, 1, 9, 5, 3, 7];
-
-/// The default lot size, `L = 10`.
-pub const DEFAULT_LOT_SIZE: usize = 10;
-
-/// The largest lot size accepted: larger lots only add imbalance.
-pub const MAX_LOT_SIZE: usize = 1 << 16;
 
 /// Rocksteadier subsetting (Google's default since 2022), as this crate specifies it.
 ///
@@ -55,14 +50,12 @@ pub const MAX_LOT_SIZE: usize = 1 << 16;
 /// `O(k × L)` memory (`L` is a small constant): only the lots it reads are shuffled.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rocksteadier {
-    lot_size: usize,
-    rows: Vec<usize>,
-    seed: u64,
+    config: LotConfig,
 }
 
 impl Default for Rocksteadier {
     fn default() -> Self {
-        Self { lot_size: DEFAULT_LOT_SIZE, rows: ARTICLE_ROW_PERMUTATION.to_vec(), seed: 0 }
+        Self::with_lot_size(DEFAULT_LOT_SIZE).expect("the default lot size is valid")
     }
 }
 
@@ -71,17 +64,9 @@ impl Rocksteadier {
     ///
     /// # Errors
     ///
-    /// [`SubsetError::InvalidLotSize`] unless `1 <= lot_size <= MAX_LOT_SIZE`.
+    /// [`SubsetError::InvalidLotSize`] unless `1 <= lot_size <= MAX_LOT_SIZE` ([`crate::MAX_LOT_SIZE`]).
     pub fn with_lot_size(lot_size: usize) -> Result<Self, SubsetError> {
-        if !(1..=MAX_LOT_SIZE).contains(&lot_size) {
-            return Err(SubsetError::InvalidLotSize { lot_size, max: MAX_LOT_SIZE });
-        }
-        let rows = if lot_size == DEFAULT_LOT_SIZE {
-            ARTICLE_ROW_PERMUTATION.to_vec()
-        } else {
-            RingOrder::from_rank(lot_size as u64, 0).map(|r| r as usize).collect()
-        };
-        Ok(Self { lot_size, rows, seed: 0 })
+        Ok(Self { config: LotConfig::new(lot_size, &ARTICLE_ROW_PERMUTATION)? })
     }
 
     /// Replaces the starting-row permutation: frontend `i` of a lot starts at row `rows[i]`.
@@ -90,7 +75,7 @@ impl Rocksteadier {
     ///
     /// [`SubsetError::InvalidRowPermutation`] unless `rows` is a permutation of `0..lot_size`.
     pub fn with_row_permutation(mut self, rows: Vec<usize>) -> Result<Self, SubsetError> {
-        let lot_size = self.lot_size;
+        let lot_size = self.config.lot_size;
         let invalid = |reason| SubsetError::InvalidRowPermutation { lot_size, reason };
         if rows.len() != lot_size {
             return Err(invalid("its length is not the lot size"));
@@ -104,25 +89,25 @@ impl Rocksteadier {
                 return Err(invalid("an entry appears twice"));
             }
         }
-        self.rows = rows;
+        self.config.rows = rows;
         Ok(self)
     }
 
     /// Sets the fleet-wide salt of the lot shuffles (default 0). Every frontend of a
     /// fleet must use the same value; different backend jobs may use different ones.
     pub fn with_seed(mut self, seed: u64) -> Self {
-        self.seed = seed;
+        self.config.seed = seed;
         self
     }
 
     /// The lot size `L`.
     pub fn lot_size(&self) -> usize {
-        self.lot_size
+        self.config.lot_size
     }
 
     /// The starting-row permutation.
     pub fn row_permutation(&self) -> &[usize] {
-        &self.rows
+        &self.config.rows
     }
 }
 
@@ -157,21 +142,20 @@ impl PreferenceOrder for Rocksteadier {
 impl Rocksteadier {
     /// The order, with room for the columns that the first `expected` entries need.
     fn order_reserving(&self, frontend: usize, backends: usize, expected: usize) -> RocksteadierOrder {
-        let lot_size = self.lot_size;
+        let LotConfig { lot_size, ref rows, seed } = self.config;
         let frontend_lot = (frontend / lot_size) as u64;
         let lots = backends.div_ceil(lot_size);
         // The first row yields one task per column (the last lot's cell may be padding).
         let columns = lots.min(expected.saturating_add(1));
         RocksteadierOrder {
-            backends,
-            lot_size,
-            lot_seed: hash_pair(self.seed, frontend_lot),
-            unread_lots: RingOrder::from_position(lots as u64, position(frontend_lot)),
-            columns: Vec::with_capacity(columns),
-            cells: Vec::with_capacity(columns * lot_size),
-            row: self.rows[frontend % lot_size],
-            column: 0,
-            remaining: backends,
+            reading: Reading::new(backends, lot_size, rows[frontend % lot_size]),
+            table: ShuffledLots {
+                lot_size,
+                lot_seed: hash_pair(seed, frontend_lot),
+                unread_lots: RingOrder::from_position(lots as u64, position(frontend_lot)),
+                columns: Vec::with_capacity(columns),
+                cells: Vec::with_capacity(columns * lot_size),
+            },
         }
     }
 }
@@ -194,7 +178,13 @@ struct Column {
 /// `r`), so taking `k` entries from a large job costs `O(log N + k × L)` time.
 #[derive(Debug, Clone)]
 pub struct RocksteadierOrder {
-    backends: usize,
+    reading: Reading,
+    table: ShuffledLots,
+}
+
+/// A frontend lot's table of shuffled lots, set up column by column as it is read.
+#[derive(Debug, Clone)]
+struct ShuffledLots {
     lot_size: usize,
     /// `hash_pair(seed, f)`: lot `b`'s shuffle is seeded with `hash_pair(lot_seed, b)`.
     lot_seed: u64,
@@ -204,16 +194,13 @@ pub struct RocksteadierOrder {
     columns: Vec<Column>,
     /// `lot_size` cells per reached column: the slot offsets, shuffled as far as `steps`.
     cells: Vec<u32>,
-    /// The row being read.
-    row: usize,
-    /// The next column to read in that row.
-    column: usize,
-    /// Backends not yet yielded.
-    remaining: usize,
 }
 
-impl RocksteadierOrder {
-    /// Reaches the next column of the first row. Returns false at the end of the first row.
+impl LotColumns for ShuffledLots {
+    fn reached(&self) -> usize {
+        self.columns.len()
+    }
+
     fn reach_next_column(&mut self) -> bool {
         let Some(lot) = self.unread_lots.next() else {
             return false;
@@ -252,27 +239,12 @@ impl Iterator for RocksteadierOrder {
     type Item = usize;
 
     fn next(&mut self) -> Option<usize> {
-        // Each pass of the loop reads one cell; a real task is at most one full
-        // table (L × B cells) ahead while `remaining > 0`, so the loop ends.
-        while self.remaining > 0 {
-            if self.column == self.columns.len() && !self.reach_next_column() {
-                // End of a row: wrap to the next one.
-                self.column = 0;
-                self.row = (self.row + 1) % self.lot_size;
-                continue;
-            }
-            let task = self.cell(self.column, self.row);
-            self.column += 1;
-            if task < self.backends {
-                self.remaining -= 1;
-                return Some(task);
-            }
-        }
-        None
+        self.reading.next_task(&mut self.table)
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        (self.remaining, Some(self.remaining))
+        let remaining = self.reading.remaining();
+        (remaining, Some(remaining))
     }
 }
 
@@ -281,6 +253,7 @@ impl ExactSizeIterator for RocksteadierOrder {}
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lot_table::MAX_LOT_SIZE;
     use crate::prng::shuffle;
 
     #[test]
