@@ -61,7 +61,7 @@ const fn with_digit(n: u64, d: u64, r: u64) -> u64 {
 /// The position `y(index)` as an exact fraction `(numerator, denominator)`, the
 /// denominator being the product of the radices of `index`'s digits (1 for index 0).
 ///
-/// The denominator is at most `5 × 10^20` for any `u64` index.
+/// The denominator is at most `5 × 10^19` for any `u64` index (39 digits).
 pub fn position(index: u64) -> (u128, u128) {
     let (mut numerator, mut denominator) = (0u128, 1u128);
     let (mut rest, mut level) = (index, 0);
@@ -99,23 +99,26 @@ pub fn count_below(mut n: u64, mut index: u64) -> u64 {
 
 /// The index of ring-order rank `rank` among `0..n`.
 ///
-/// Requires `rank < n`, checked by a `debug_assert!`. Costs `O(log n)`.
+/// Requires `rank < n`, checked by a `debug_assert!`; in release builds an out-of-range
+/// rank gives an unspecified index. Costs `O(log n)`.
 pub fn element_at(mut n: u64, mut rank: u64) -> u64 {
     debug_assert!(rank < n, "rank {rank} out of range for {n} indices");
-    let (mut index, mut weight, mut level) = (0u64, 1u64, 0);
+    // The weight of the next digit runs one radix past the last digit: u128.
+    let (mut index, mut weight, mut level) = (0u64, 1u128, 0);
     while n > 1 {
         let r = radix(level);
         for v in 0..r {
             let d = unmapped(v, level);
             let block = with_digit(n, d, r);
             if rank < block {
-                index += d * weight;
+                // d × weight is below n's span, so it fits in u64 whenever d > 0.
+                index += (u128::from(d) * weight) as u64;
                 n = block;
                 break;
             }
             rank -= block;
         }
-        weight *= r;
+        weight *= u128::from(r);
         level += 1;
     }
     index
@@ -134,8 +137,8 @@ fn digits_for(n: u64) -> (u32, u128) {
 /// The ring order of `0..n`, from a given rank, once round: an iterator of indices.
 ///
 /// It counts through the digit strings in position order (the lowest index digit most
-/// significant) and skips the indices `>= n`; fewer than 5 strings in 5 are skipped,
-/// so each step costs amortised `O(1)`.
+/// significant) and skips the strings that stand for indices `>= n`. The strings span
+/// less than one radix (at most 5) times `n`, so each step costs amortised `O(1)`.
 #[derive(Debug, Clone)]
 pub struct DecimalRingOrder {
     n: u64,
@@ -151,7 +154,7 @@ pub struct DecimalRingOrder {
     remaining: u64,
 }
 
-/// Enough digits for any `u64` index (radices alternate 5 and 2: 10^20 > 2^64).
+/// Enough digits for any `u64` index (radices alternate 5 and 2: 5 × 10^19 > 2^64).
 const MAX_DIGITS: usize = 41;
 
 impl DecimalRingOrder {
@@ -251,7 +254,7 @@ mod tests {
         assert_eq!(tenths[5..], [(1, 10), (5, 10), (9, 10), (3, 10), (7, 10)]);
         assert_eq!(position(10), (2, 50));
         let (n, d) = position(u64::MAX);
-        assert!(n < d && d <= 5 * 10u128.pow(20));
+        assert!(n < d && d <= 5 * 10u128.pow(19));
     }
 
     #[test]
@@ -300,6 +303,23 @@ mod tests {
                 assert_eq!(got, want, "n={n} start={start}");
             }
         }
+    }
+
+    #[test]
+    fn the_largest_rings_neither_overflow_nor_panic() {
+        let n = u64::MAX;
+        assert_eq!(element_at(n, 0), 0);
+        assert_eq!(count_below(n, 0), 0);
+        // Index 1 sits at 2/5: exactly the indices whose lowest digit maps below 2 precede it.
+        let below = count_below(n, 1);
+        assert_eq!(element_at(n, below), 1);
+        let first: Vec<u64> = DecimalRingOrder::from_rank(n, 0).take(3).collect();
+        assert_eq!(first.len(), 3);
+        assert_eq!(first[0], 0);
+        assert!(first.windows(2).all(|w| {
+            let ((a, b), (c, d)) = (position(w[0]), position(w[1]));
+            a * d < c * b
+        }));
     }
 
     #[test]

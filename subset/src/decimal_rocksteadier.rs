@@ -5,7 +5,7 @@ use crate::decimal_ring::DecimalRingOrder;
 use crate::hash::hash_pair;
 use crate::lot_table::{LotColumns, LotConfig, Reading, DEFAULT_LOT_SIZE};
 use crate::prng::SplitMix64;
-use crate::ring::element_at;
+use crate::ring;
 use crate::{check_backends, PreferenceOrder, SubsetError, Subsetting};
 
 /// The starting rows for lots of 10: frontend `i` of a frontend lot starts at row
@@ -21,7 +21,8 @@ const RING_OF_TEN: [usize; 10] = [0, 8, 4, 2, 6, 1, 9, 5, 3, 7];
 
 /// Decimal Rocksteadier subsetting: [`crate::Rocksteadier`] on the decimal van der Corput
 /// ring ([`crate::decimal_ring`]) instead of the binary one, with its lots' padding spread
-/// over their rows. It keeps every property of the original and balances better.
+/// over their rows. It keeps the original's churn, order and spread, and balances better;
+/// only very dense fleets lose a little diversity (below).
 ///
 /// Rocksteadier places backend lots on the binary ring, where the first `2^j` positions
 /// are evenly spaced. Fleets are sized in round decimal numbers, though. With 50 backend
@@ -43,8 +44,8 @@ const RING_OF_TEN: [usize; 10] = [0, 8, 4, 2, 6, 1, 9, 5, 3, 7];
 /// frontend when `N` changes by one: positions never move, so a new task only inserts a
 /// cell (a new lot's column, or a padding cell turning real) into every order. Spread is
 /// as good or better. Diversity is the same except in very dense fleets: a rotation has
-/// fewer forms than a shuffle, so 5,000 frontends over 50 backends share a subset in 90
-/// pairs where Rocksteadier has none. It costs `O(log N + k)` per subset for lots of ten.
+/// fewer forms than a shuffle, so 5,000 frontends over 50 backends get 4,910 distinct
+/// subsets where Rocksteadier gets 5,000 (diversity 0.982). It costs `O(log N + k)` per subset for lots of ten.
 /// Its order is a separate frozen contract: switching a fleet between `rocksteadier` and
 /// `rocksteadier-decimal` changes most subsets once.
 ///
@@ -78,8 +79,9 @@ const RING_OF_TEN: [usize; 10] = [0, 8, 4, 2, 6, 1, 9, 5, 3, 7];
 /// tile the backend lots, every backend carries exactly `M × k / N` connections. That holds
 /// in all 144 scenarios of the lab's production-like set (`tests/tests/decimal_rocksteadier.rs`
 /// checks them). On the article's grid (any `M` and `N`, `k = 20`) its mean utilisation is
-/// 0.950 against Rocksteadier's 0.946. Partial frontend lots and padding cost both about
-/// 5 points there, and no lot design removes that: see `docs/rocksteadier-decimal.md`.
+/// 0.950 against Rocksteadier's 0.946. Partial frontend lots and padding together cost
+/// both algorithms about 5 points there, and no lot design removes that: see
+/// `docs/rocksteadier-decimal.md`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DecimalRocksteadier {
     config: LotConfig,
@@ -224,7 +226,7 @@ impl LotColumns for RotatedLots {
         let slot = if l == DEFAULT_LOT_SIZE {
             RING_OF_TEN[rank]
         } else {
-            element_at(l as u64, rank as u64) as usize
+            ring::element_at(l as u64, rank as u64) as usize
         };
         lot * l + slot
     }
@@ -350,7 +352,8 @@ mod tests {
             let rows: Vec<usize> = [50, 51]
                 .map(|t| {
                     let at = order.iter().position(|&x| x == t).unwrap();
-                    // Rows before `at`: each full row holds 5 full lots' cells plus real padding.
+                    // Lot 0 is full and has one task in every row, so its tasks before `at`
+                    // count the rows read before it (up to the same offset for both slots).
                     order[..at].iter().filter(|&&x| x / 10 == 0).count()
                 })
                 .to_vec();

@@ -68,8 +68,8 @@
 //! # Costs
 //!
 //! Ringsteady answers one frontend in `O(log N + k)` time, Rocksteadier in
-//! `O(log N + k × L)` (lots of `L = 10`) and decimal Rocksteadier in `O(log N + k)`, all in
-//! `O(k)` memory, without building the ring. Random, Consistent and the deterministic family touch every backend: `O(N)`
+//! `O(log N + k × L)` (lots of `L = 10`) and decimal Rocksteadier in `O(log N + k)`,
+//! all in `O(k)` memory, without building the ring. Random, Consistent and the deterministic family touch every backend: `O(N)`
 //! (or `O(N log N)` to sort) per call.
 
 #![forbid(unsafe_code)]

@@ -14,7 +14,8 @@ fn utilisation(algorithm: &dyn Subsetting, frontends: usize, backends: usize, si
     normalised_utilisation(&connection_counts(&all, backends))
 }
 
-/// The lab's production-like family: every pair of sizes 10 to 5,000, k in 10..=100.
+/// The lab's production-like family: M and N in {10, 50, 100, 500, 1000, 5000}, k in
+/// {10, 20, 50, 100}.
 fn production_like() -> Vec<(usize, usize, usize)> {
     let sizes = [10, 50, 100, 500, 1000, 5000];
     let mut scenarios = Vec::new();
@@ -54,7 +55,7 @@ fn every_frontend_gets_its_own_subset() {
 
 #[test]
 fn a_rolling_restart_takes_down_no_more_of_a_subset_than_with_rocksteadier() {
-    // M = 500, N = 300, k = 20, restarting 20 consecutive backends at a time.
+    // M = 500, N = 300, k = 20, restarting 5 to 40 consecutive backends at a time.
     for window in [5, 10, 20, 40] {
         let decimal = worst_spread(&subsets(&DecimalRocksteadier::default(), 500, 300, 20).unwrap(), window);
         let faithful = worst_spread(&subsets(&Rocksteadier::default(), 500, 300, 20).unwrap(), window);
@@ -63,7 +64,7 @@ fn a_rolling_restart_takes_down_no_more_of_a_subset_than_with_rocksteadier() {
 }
 
 #[test]
-fn the_sampled_article_grid_stays_balanced() {
+fn the_sampled_article_grid_is_better_balanced() {
     let grid = article_grid(16);
     let mean = |algorithm: &dyn Subsetting| {
         grid.iter().map(|s| utilisation(algorithm, s.frontends, s.backends, s.size)).sum::<f64>()
@@ -71,6 +72,7 @@ fn the_sampled_article_grid_stays_balanced() {
     };
     let decimal = mean(&DecimalRocksteadier::default());
     let faithful = mean(&Rocksteadier::default());
-    assert!(decimal >= 0.93, "decimal {decimal:.4}");
-    assert!(decimal >= faithful - 0.01, "decimal {decimal:.4} vs faithful {faithful:.4}");
+    // Measured: 0.9491 against 0.9446 on this sample, 0.9496 against 0.9462 on the full
+    // grid (`steady-lab grid --step 1`). The orders are frozen, so this cannot drift.
+    assert!(decimal > faithful + 0.003, "decimal {decimal:.4} vs faithful {faithful:.4}");
 }
