@@ -33,45 +33,35 @@ fn sizes_across_lot_boundaries() -> Vec<usize> {
     sizes
 }
 
+/// Both lot algorithms with lots of `lot`.
+fn lot_algorithms(lot: usize) -> [Box<dyn Subsetting>; 2] {
+    [
+        Box::new(Rocksteadier::with_lot_size(lot).unwrap()),
+        Box::new(DecimalRocksteadier::with_lot_size(lot).unwrap()),
+    ]
+}
+
 #[test]
-fn rocksteadier_changes_at_most_one_member_when_n_changes_by_one() {
-    let r = Rocksteadier::default();
-    for n in sizes_across_lot_boundaries() {
-        for size in [1, 3, 10, 20, 45] {
-            // Frontends 0..200: twenty whole frontend lots.
-            assert!(worst_change(&r, 0..200, n, n + 1, size) <= 1, "growth N={n} k={size}");
-            assert!(worst_change(&r, 0..200, n + 1, n, size) <= 1, "shrink N={} k={size}", n + 1);
+fn lot_algorithms_change_at_most_one_member_when_n_changes_by_one() {
+    for r in lot_algorithms(10) {
+        let name = r.name();
+        for n in sizes_across_lot_boundaries() {
+            for size in [1, 3, 10, 20, 45] {
+                // Frontends 0..200: twenty whole frontend lots.
+                assert!(worst_change(&*r, 0..200, n, n + 1, size) <= 1, "{name} growth N={n} k={size}");
+                assert!(worst_change(&*r, 0..200, n + 1, n, size) <= 1, "{name} shrink N={} k={size}", n + 1);
+            }
         }
     }
 }
 
 #[test]
-fn rocksteadier_with_other_lot_sizes_keeps_the_bound() {
+fn lot_algorithms_with_other_lot_sizes_keep_the_bound() {
     for lot in [1, 3, 7, 16] {
-        let r = Rocksteadier::with_lot_size(lot).unwrap();
-        for n in 1..=70 {
-            assert!(worst_change(&r, 0..(lot * 6), n, n + 1, 8) <= 1, "L={lot} N={n}");
-        }
-    }
-}
-
-#[test]
-fn decimal_rocksteadier_changes_at_most_one_member_when_n_changes_by_one() {
-    let r = DecimalRocksteadier::default();
-    for n in sizes_across_lot_boundaries() {
-        for size in [1, 3, 10, 20, 45] {
-            assert!(worst_change(&r, 0..200, n, n + 1, size) <= 1, "growth N={n} k={size}");
-            assert!(worst_change(&r, 0..200, n + 1, n, size) <= 1, "shrink N={} k={size}", n + 1);
-        }
-    }
-}
-
-#[test]
-fn decimal_rocksteadier_with_other_lot_sizes_keeps_the_bound() {
-    for lot in [1, 3, 7, 16] {
-        let r = DecimalRocksteadier::with_lot_size(lot).unwrap();
-        for n in 1..=70 {
-            assert!(worst_change(&r, 0..(lot * 6), n, n + 1, 8) <= 1, "L={lot} N={n}");
+        for r in lot_algorithms(lot) {
+            for n in 1..=70 {
+                assert!(worst_change(&*r, 0..(lot * 6), n, n + 1, 8) <= 1, "{} L={lot} N={n}", r.name());
+            }
         }
     }
 }

@@ -2,11 +2,9 @@
 //! of round sizes, better balance on the article's grid) and what it keeps (diversity,
 //! spread).
 //! Churn is in `churn.rs`, the order and prefix properties in `properties.rs`, the frozen
-//! order in `golden.rs`.
+//! order in `golden.rs`, the better grid mean in `quality_grid.rs`.
 
-use steady_subset::quality::{
-    article_grid, connection_counts, diversity, normalised_utilisation, subsets, worst_spread,
-};
+use steady_subset::quality::{connection_counts, diversity, normalised_utilisation, subsets, worst_spread};
 use steady_subset::{DecimalRocksteadier, Rocksteadier, Subsetting};
 
 fn utilisation(algorithm: &dyn Subsetting, frontends: usize, backends: usize, size: usize) -> f64 {
@@ -61,18 +59,4 @@ fn a_rolling_restart_takes_down_no_more_of_a_subset_than_with_rocksteadier() {
         let faithful = worst_spread(&subsets(&Rocksteadier::default(), 500, 300, 20).unwrap(), window);
         assert!(decimal <= faithful, "w={window}: {decimal} > {faithful}");
     }
-}
-
-#[test]
-fn the_sampled_article_grid_is_better_balanced() {
-    let grid = article_grid(16);
-    let mean = |algorithm: &dyn Subsetting| {
-        grid.iter().map(|s| utilisation(algorithm, s.frontends, s.backends, s.size)).sum::<f64>()
-            / grid.len() as f64
-    };
-    let decimal = mean(&DecimalRocksteadier::default());
-    let faithful = mean(&Rocksteadier::default());
-    // Measured: 0.9491 against 0.9446 on this sample, 0.9496 against 0.9462 on the full
-    // grid (`steady-lab grid --step 1`). The orders are frozen, so this cannot drift.
-    assert!(decimal > faithful + 0.003, "decimal {decimal:.4} vs faithful {faithful:.4}");
 }

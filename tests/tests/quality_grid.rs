@@ -25,9 +25,13 @@ fn check(step: usize) {
     let balanced = mean_utilisation(&Algorithm::from_name("deterministic-balanced").unwrap(), step);
     let random = mean_utilisation(&Algorithm::from_name("random").unwrap(), step);
     assert!(rocksteadier >= 0.93, "rocksteadier mean utilisation {rocksteadier:.4}");
-    // Measured on the full grid: 0.9496 against 0.9462 (docs/rocksteadier-decimal.md).
+    // Measured: 0.9491 against 0.9446 on the sample, 0.9496 against 0.9462 on the full grid
+    // (docs/rocksteadier-decimal.md). The orders are frozen, so this cannot drift.
     let decimal = mean_utilisation(&Algorithm::from_name("rocksteadier-decimal").unwrap(), step);
-    assert!(decimal > rocksteadier, "rocksteadier-decimal {decimal:.4} vs rocksteadier {rocksteadier:.4}");
+    assert!(
+        decimal > rocksteadier + 0.003,
+        "rocksteadier-decimal {decimal:.4} vs rocksteadier {rocksteadier:.4}"
+    );
     assert!(balanced >= 0.97, "deterministic-balanced mean utilisation {balanced:.4}");
     // The article's point: coordination beats independent random choices by far.
     assert!(random < 0.75 && rocksteadier > random + 0.2, "random {random:.4}");
