@@ -69,6 +69,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
 
 mod backoff;
+mod classify;
 mod config;
 mod connector;
 mod control;
@@ -91,7 +92,11 @@ pub use steady_slice::{
 const _: () = assert!(MAX_TASK as usize == steady_subset::MAX_BACKENDS - 1);
 
 pub use backoff::Backoff;
-pub use config::{BalanceConfig, Load, NoReplicaPolicy, MAX_IDLE, MAX_SUBSET_SIZE, MAX_WAIT};
+pub use classify::{Classify, Outcome, Report, TransportErrors};
+pub use config::{
+    BalanceConfig, FailureRate, Load, NoReplicaPolicy, OutlierDetection, SlowStart, MAX_IDLE, MAX_SUBSET_SIZE,
+    MAX_WAIT,
+};
 pub use connector::{Address, Connector};
 pub use error::{BalanceError, BoxError, ConfigError};
 pub use job::{JobView, Task, TaskState};
@@ -99,4 +104,4 @@ pub use key::{KeyExtractor, NoKey};
 pub use layer::BalanceLayer;
 pub use route::future::ResponseFuture;
 pub use service::Balance;
-pub use stats::{BalanceStats, MemberStats};
+pub use stats::{BalanceStats, MemberState, MemberStats};

@@ -12,6 +12,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::WatchStream;
 use tower::Service;
 
+use crate::classify::{Classify, TransportErrors};
 use crate::config::{validate_subset_size, BalanceConfig};
 use crate::connector::{Address, Connector};
 use crate::control::{Command, Control};
@@ -65,27 +66,33 @@ use crate::stats::BalanceStats;
 ///
 /// Each request calls a clone of the chosen backend's service, after that clone's own
 /// `poll_ready`; per-instance state in the backend service (a rate limit, say) is
-/// therefore per request. Any error the backend's service returns counts as a transport
-/// failure and ejects the connection: keep application errors in the response.
-pub struct Balance<S, K = NoKey> {
+/// therefore per request. Every call's outcome is classified by `C` (see
+/// [`Classify`]): with the default [`TransportErrors`], any error the backend's service
+/// returns counts as a transport failure and takes the connection out of rotation, and
+/// every response is a success; a classifier that reads the responses (steady-tonic's
+/// reads gRPC statuses) lets outlier ejection see server faults
+/// ([`crate::OutlierDetection`]).
+pub struct Balance<S, K = NoKey, C = TransportErrors> {
     shared: Arc<Shared<S>>,
     commands: mpsc::UnboundedSender<Command>,
     keys: K,
+    classify: C,
     rng: SplitMix64,
 }
 
-impl<S, K: Clone> Clone for Balance<S, K> {
+impl<S, K: Clone, C: Clone> Clone for Balance<S, K, C> {
     fn clone(&self) -> Self {
         Self {
             shared: self.shared.clone(),
             commands: self.commands.clone(),
             keys: self.keys.clone(),
+            classify: self.classify.clone(),
             rng: fresh_rng(),
         }
     }
 }
 
-impl<S, K> fmt::Debug for Balance<S, K> {
+impl<S, K, C> fmt::Debug for Balance<S, K, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Balance").field("version", &self.shared.table.load().version).finish()
     }
@@ -126,7 +133,7 @@ where
         let (commands, command_rx) = mpsc::unbounded_channel();
         let control = Control::new(config, connector, Box::pin(job), command_rx, shared.clone());
         tokio::spawn(control.supervise());
-        Ok(Self { shared, commands, keys: NoKey, rng: fresh_rng() })
+        Ok(Self { shared, commands, keys: NoKey, classify: TransportErrors, rng: fresh_rng() })
     }
 
     /// A balancer over a fixed list of addresses: task `i` at `addresses[i]`, all serving.
@@ -151,12 +158,20 @@ where
     }
 }
 
-impl<S, K> Balance<S, K> {
+impl<S, K, C> Balance<S, K, C> {
     /// Routes keyed requests: `keys` reads each request's slice key (a closure
     /// `Fn(&Req) -> Option<SliceKey>` will do). Requests without a key, and every request
     /// before the first assignment arrives, are balanced over the subset.
-    pub fn with_key_extractor<K2>(self, keys: K2) -> Balance<S, K2> {
-        Balance { shared: self.shared, commands: self.commands, keys, rng: self.rng }
+    pub fn with_key_extractor<K2>(self, keys: K2) -> Balance<S, K2, C> {
+        let Self { shared, commands, classify, rng, .. } = self;
+        Balance { shared, commands, keys, classify, rng }
+    }
+
+    /// Classifies calls with `classify` (see [`Classify`]) instead of the default
+    /// [`TransportErrors`].
+    pub fn with_classifier<C2>(self, classify: C2) -> Balance<S, K, C2> {
+        let Self { shared, commands, keys, rng, .. } = self;
+        Balance { shared, commands, keys, classify, rng }
     }
 
     /// Follows a source of assignments (replacing any previous source). A newer
@@ -230,16 +245,17 @@ impl<S, K> Balance<S, K> {
     }
 }
 
-impl<S, K, Req> Service<Req> for Balance<S, K>
+impl<S, K, C, Req> Service<Req> for Balance<S, K, C>
 where
     S: Service<Req> + Clone + Send + Sync + 'static,
     S::Error: Into<BoxError>,
     K: KeyExtractor<Req>,
+    C: Classify<S::Response, S::Error>,
     Req: Send + 'static,
 {
     type Response = S::Response;
     type Error = BoxError;
-    type Future = ResponseFuture<S, Req>;
+    type Future = ResponseFuture<S, Req, C>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         Poll::Ready(Ok(()))
@@ -255,7 +271,8 @@ where
                 let _ = self.commands.send(Command::Affinity(slices.chosen(slice).to_vec()));
             }
             if let Some(endpoint) = slices.pick(slice, &mut self.rng) {
-                return ResponseFuture::ready(InFlight::start(endpoint.clone()).keyed(), req).keyed(key);
+                let guard = InFlight::start(endpoint.clone()).keyed();
+                return ResponseFuture::ready(guard, req, self.classify.clone()).keyed(key);
             }
             let budget = WaitBudget::start(&self.shared.waits, true);
             let shared = self.shared.clone();
@@ -265,13 +282,14 @@ where
                 // No chosen replica serves, or all are backing off: nothing to wait for.
                 Box::pin(no_replica(shared, key, budget))
             };
-            return ResponseFuture::waiting(wait, req, budget).keyed(key);
+            return ResponseFuture::waiting(wait, req, budget, self.classify.clone()).keyed(key);
         }
         match table.pick(&mut self.rng) {
-            Some(endpoint) => ResponseFuture::ready(InFlight::start(endpoint.clone()), req),
+            Some(endpoint) => ResponseFuture::ready(InFlight::start(endpoint.clone()), req, self.classify.clone()),
             None => {
                 let budget = WaitBudget::start(&self.shared.waits, false);
-                ResponseFuture::waiting(wait_for_endpoint(self.shared.clone(), budget), req, budget)
+                let wait = wait_for_endpoint(self.shared.clone(), budget);
+                ResponseFuture::waiting(wait, req, budget, self.classify.clone())
             }
         }
     }

@@ -2,7 +2,25 @@
 
 use std::sync::atomic::Ordering;
 
+use crate::route::endpoint::{OPEN, PROBE_WAITING};
 use crate::route::table::Shared;
+
+/// How freely a member of the routing table takes requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemberState {
+    /// A full share of the picks that draw it.
+    Serving,
+    /// Slow start: this percentage of the picks that draw it, rising.
+    SlowStart {
+        /// The share now, in percent (0 to 99).
+        percent: u8,
+    },
+    /// Reconnected after a broken connection: one request (the probe) goes first.
+    Probation {
+        /// Whether the probe is in flight.
+        probe_sent: bool,
+    },
+}
 
 /// One member of the routing table.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,6 +33,10 @@ pub struct MemberStats {
     pub failures: u64,
     /// Requests in flight now.
     pub in_flight: usize,
+    /// Failed calls since its last success (server faults and timeouts).
+    pub consecutive_failures: u32,
+    /// Whether it takes a full share of requests, is ramping up, or is on probation.
+    pub state: MemberState,
 }
 
 /// Counters since the balancer started, and its current membership.
@@ -28,8 +50,20 @@ pub struct BalanceStats {
     pub connections_closed: u64,
     /// Connection attempts that failed.
     pub connect_failures: u64,
-    /// Connections taken out of rotation because a call failed.
+    /// Connections taken out of rotation because their transport failed (a call, or
+    /// readiness).
     pub ejections: u64,
+    /// Members ejected as outliers by the consecutive-failure detector.
+    pub outlier_ejections_consecutive: u64,
+    /// Members ejected as outliers by the failure-rate detector.
+    pub outlier_ejections_failure_rate: u64,
+    /// The tasks ejected as outliers now (connected, out of rotation unless in panic).
+    pub ejected: Vec<usize>,
+    /// Whether the subset is in panic: more than the configured share of it is out
+    /// (ejected or unhealthy), so ejected members serve again.
+    pub panic: bool,
+    /// Times the subset entered panic.
+    pub panics: u64,
     /// Requests sent to backends (all connections, open and closed).
     pub requests: u64,
     /// Calls backends failed (all connections).
@@ -77,6 +111,14 @@ impl BalanceStats {
                 requests: e.requests.load(Ordering::Relaxed),
                 failures: e.failures.load(Ordering::Relaxed),
                 in_flight: e.in_flight.load(Ordering::Relaxed),
+                consecutive_failures: e.consecutive_failures(),
+                state: match e.gate() {
+                    OPEN => MemberState::Serving,
+                    share if share < OPEN => {
+                        MemberState::SlowStart { percent: (u64::from(share) * 100 / u64::from(OPEN)) as u8 }
+                    }
+                    gate => MemberState::Probation { probe_sent: gate != PROBE_WAITING },
+                },
             })
             .collect();
         Self {
@@ -85,6 +127,11 @@ impl BalanceStats {
             connections_closed: c.closed.load(Ordering::Relaxed),
             connect_failures: c.connect_failures.load(Ordering::Relaxed),
             ejections: c.ejections.load(Ordering::Relaxed),
+            outlier_ejections_consecutive: c.ejected_consecutive.load(Ordering::Relaxed),
+            outlier_ejections_failure_rate: c.ejected_failure_rate.load(Ordering::Relaxed),
+            ejected: table.ejected.clone(),
+            panic: table.panic,
+            panics: c.panics.load(Ordering::Relaxed),
             requests: c.closed_requests.load(Ordering::Relaxed)
                 + members.iter().map(|m| m.requests).sum::<u64>()
                 + table.affinity.iter().map(|e| e.requests.load(Ordering::Relaxed)).sum::<u64>(),

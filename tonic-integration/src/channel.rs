@@ -18,6 +18,7 @@ use tonic::body::Body;
 use tonic::transport::{Channel, Endpoint};
 use tower::{BoxError, Service};
 
+use crate::classify::GrpcClassifier;
 use crate::replay::{never_sent, replayable};
 
 /// The metadata key a request's slice key is read from by default.
@@ -77,7 +78,7 @@ impl KeyExtractor<http::Request<Body>> for MetadataKey {
 /// ```
 #[derive(Clone)]
 pub struct SteadyChannel {
-    balance: Balance<Channel, MetadataKey>,
+    balance: Balance<Channel, MetadataKey, GrpcClassifier>,
 }
 
 impl fmt::Debug for SteadyChannel {
@@ -91,12 +92,17 @@ impl fmt::Debug for SteadyChannel {
 pub struct SteadyChannelBuilder {
     config: BalanceConfig,
     key_header: HeaderName,
+    classifier: GrpcClassifier,
 }
 
 impl SteadyChannel {
     /// A builder with the balancer's configuration (frontend index, k, ...).
     pub fn builder(config: BalanceConfig) -> SteadyChannelBuilder {
-        SteadyChannelBuilder { config, key_header: HeaderName::from_static(DEFAULT_KEY_HEADER) }
+        SteadyChannelBuilder {
+            config,
+            key_header: HeaderName::from_static(DEFAULT_KEY_HEADER),
+            classifier: GrpcClassifier::default(),
+        }
     }
 
     /// Counters and membership (see [`BalanceStats`]).
@@ -124,7 +130,7 @@ impl SteadyChannel {
     }
 
     /// The underlying balancer.
-    pub fn balance(&self) -> &Balance<Channel, MetadataKey> {
+    pub fn balance(&self) -> &Balance<Channel, MetadataKey, GrpcClassifier> {
         &self.balance
     }
 }
@@ -133,6 +139,13 @@ impl SteadyChannelBuilder {
     /// Reads slice keys from this metadata entry instead of `x-slice-key`.
     pub fn key_header(mut self, header: HeaderName) -> Self {
         self.key_header = header;
+        self
+    }
+
+    /// Classifies calls with `classifier` (which gRPC codes are server faults, for
+    /// outlier ejection) instead of [`GrpcClassifier::default`].
+    pub fn classifier(mut self, classifier: GrpcClassifier) -> Self {
+        self.classifier = classifier;
         self
     }
 
@@ -202,7 +215,8 @@ impl SteadyChannelBuilder {
             async move { endpoint.connect().await.map_err(BoxError::from) }
         });
         let balance = Balance::new(self.config, connect, views)?
-            .with_key_extractor(MetadataKey { header: self.key_header });
+            .with_key_extractor(MetadataKey { header: self.key_header })
+            .with_classifier(self.classifier);
         Ok(SteadyChannel { balance })
     }
 }
@@ -242,7 +256,7 @@ fn to_status(error: BoxError) -> BoxError {
 /// (`steady_balance::ResponseFuture::resend`). The balancer has ejected the failed
 /// member by then, so the next pick avoids it.
 pub struct ResponseFuture {
-    inner: steady_balance::ResponseFuture<Channel, http::Request<Body>>,
+    inner: steady_balance::ResponseFuture<Channel, http::Request<Body>, GrpcClassifier>,
     /// A copy of the request, for another member if this one proves it never got it.
     replay: Option<http::Request<Body>>,
 }

@@ -30,6 +30,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
 
 mod channel;
+mod classify;
 mod convert;
 #[cfg(feature = "demo")]
 pub mod demo;
@@ -39,6 +40,7 @@ mod watch;
 pub use channel::{
     MetadataKey, ResponseFuture, SteadyChannel, SteadyChannelBuilder, TaskEndpoint, DEFAULT_KEY_HEADER,
 };
+pub use classify::{GrpcClassifier, DEFAULT_FAULTS};
 #[allow(deprecated)]
 pub use convert::{from_proto, to_proto};
 pub use replay::MAX_REPLAY_BYTES;

@@ -15,6 +15,8 @@
 //! * [`draining::Draining`]: retired connections finishing their requests;
 //! * [`affinity::AffinitySet`]: connections to replicas outside the subset;
 //! * [`assignments::Assignments`]: the assignment source and the assignment in force;
+//! * [`outliers::Outliers`]: outlier ejection and its history;
+//! * [`ramp::Ramp`]: slow start of members that join or come back;
 //! * [`publisher::Publisher`]: the routing table's publication.
 //!
 //! Every handler is a plain function: nothing the task does waits, so one event is
@@ -37,7 +39,7 @@ use crate::config::BalanceConfig;
 use crate::connector::{Address, Connector};
 use crate::error::BoxError;
 use crate::job::JobView;
-use crate::route::endpoint::{Endpoint, Feedback};
+use crate::route::endpoint::{Endpoint, Feedback, Reactions, OPEN};
 use crate::route::pick::fresh_rng;
 use crate::route::table::{Counters, Shared};
 
@@ -46,7 +48,9 @@ mod assignments;
 mod attempts;
 mod draining;
 mod order;
+mod outliers;
 mod publisher;
+mod ramp;
 mod slots;
 
 use affinity::AffinitySet;
@@ -55,7 +59,9 @@ use assignments::Assignments;
 use attempts::Attempts;
 use draining::Draining;
 use order::candidate_order;
+use outliers::{Candidate, Cause, Outliers};
 use publisher::{Publisher, TableInputs};
+use ramp::Ramp;
 use slots::{SlotState, Slots};
 
 /// What a `Balance` handle asks of the control task.
@@ -100,6 +106,22 @@ pub(crate) struct Control<T, C, S, J> {
     /// Connections leaving rotation, retired once a table without them is published (so
     /// that no published table names a retired connection).
     retiring: Vec<(Arc<Endpoint<S>>, &'static str)>,
+    outliers: Outliers,
+    ramp: Ramp<S>,
+    /// The subset's health at the last reconcile, for the panic threshold.
+    health: SubsetHealth,
+}
+
+/// How many of the subset's first `k` members are out of rotation (ejected, or failed
+/// and backing off), as of the last reconcile.
+#[derive(Debug, Clone, Copy, Default)]
+struct SubsetHealth {
+    /// The subset's size without stand-ins (at most `k`).
+    primary: usize,
+    /// Of those, how many are out of rotation.
+    out: usize,
+    /// More than the configured share is out: ejected members serve again.
+    panic: bool,
 }
 
 /// Restarts this far apart are not consecutive.
@@ -122,6 +144,8 @@ where
         shared: Arc<Shared<S>>,
     ) -> Self {
         let (feedback_tx, feedback) = mpsc::unbounded_channel();
+        let outliers = Outliers::new(config.outliers, Instant::now());
+        let ramp = Ramp::new(config.slow_start);
         Self {
             attempts: Attempts::new(connector, config.connect_timeout),
             // Jitter seeded per process (not by the frontend index, which frontends of other
@@ -140,6 +164,9 @@ where
             last_attempt: 0,
             stale: false,
             retiring: Vec::new(),
+            outliers,
+            ramp,
+            health: SubsetHealth::default(),
         }
     }
 
@@ -205,8 +232,15 @@ where
             if std::mem::take(&mut self.stale) {
                 self.reconcile();
             }
-            let next_timer =
-                [self.slots.next_retry(), self.affinity.next_sweep()].into_iter().flatten().min();
+            let next_timer = [
+                self.slots.next_retry(),
+                self.affinity.next_sweep(),
+                self.outliers.next_deadline(),
+                self.ramp.next_deadline(),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
             // `biased`: the branches are tried in this order, so that
             // * a stop (every handle gone) wins over everything else;
             // * feedback (a failed call, a drained connection) only takes things away,
@@ -278,9 +312,53 @@ where
             let attempt = self.connect(task, address);
             self.slots.set_state(task, SlotState::Connecting { attempt });
         }
-        if self.affinity.sweep(&self.slots, now) {
+        let mut changed = self.affinity.sweep(&self.slots, now);
+        changed |= self.detect_outliers(now);
+        let slots = &self.slots;
+        self.ramp.advance(now, |id| slots.iter().any(|(_, s)| s.endpoint().is_some_and(|e| e.id == id)));
+        if changed {
             self.reconcile();
         }
+    }
+
+    /// Runs the outlier detectors' interval work; members whose ejection ended come
+    /// back through slow start. Returns whether the rotation changed.
+    fn detect_outliers(&mut self, now: Instant) -> bool {
+        let connected: Vec<(usize, Arc<Endpoint<S>>)> =
+            self.slots.iter().filter_map(|(t, s)| Some((t, s.endpoint()?.clone()))).collect();
+        let candidates: Vec<Candidate<'_, S>> =
+            connected.iter().map(|(task, endpoint)| Candidate { task: *task, endpoint }).collect();
+        let budget = self.ejection_budget();
+        let slots = &self.slots;
+        let tick = self.outliers.tick(&candidates, |t| slots.contains(t), budget, now);
+        for &task in &tick.ejected {
+            self.count_ejection(task, Cause::FailureRate);
+        }
+        for &task in &tick.returned {
+            if let Some(endpoint) = self.slots.endpoint(task) {
+                tracing::info!(task, "ejection over: back in rotation, slow start");
+                self.ramp.start(endpoint.clone(), now);
+            }
+        }
+        !tick.ejected.is_empty() || !tick.returned.is_empty()
+    }
+
+    /// How many more members of the subset ejection may take out: the panic threshold's
+    /// share of the subset (at least one), less those out already.
+    fn ejection_budget(&self) -> usize {
+        let SubsetHealth { primary, out, .. } = self.health;
+        let cap = ((primary as f64 * self.config.outliers.max_ejected_share).floor() as usize).max(1);
+        cap.saturating_sub(out)
+    }
+
+    fn count_ejection(&self, task: usize, cause: Cause) {
+        let counters = &self.shared().counters;
+        let counter = match cause {
+            Cause::Consecutive => &counters.ejected_consecutive,
+            Cause::FailureRate => &counters.ejected_failure_rate,
+        };
+        Counters::add(counter, 1);
+        tracing::warn!(task, ?cause, "outlier ejected");
     }
 
     fn on_connected(&mut self, task: usize, attempt: u64, result: Result<S, BoxError>) {
@@ -293,18 +371,31 @@ where
         let state = match result {
             Ok(service) => {
                 let rotation = Arc::downgrade(self.publisher.shared());
-                let endpoint = Endpoint::new(
+                // Back after a broken connection: probation. Joining while requests flow:
+                // slow start. The first members of a fresh balancer open fully.
+                let returning = self.slots.has_failed(task, &address);
+                let gate = self.ramp.initial_gate(returning, self.requests_flow());
+                let reactions = Reactions {
+                    consecutive: self.config.outliers.consecutive_failures.unwrap_or(0),
+                    after_probe: self.ramp.after_probe(),
+                };
+                let endpoint = Arc::new(Endpoint::new(
                     task,
                     attempt,
                     service,
                     self.config.load,
+                    reactions,
+                    gate,
                     self.feedback_tx.clone(),
                     rotation,
-                );
+                ));
+                if gate < OPEN {
+                    self.ramp.start(endpoint.clone(), Instant::now());
+                }
                 Counters::add(&self.shared().counters.opened, 1);
                 self.shared().open.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(task, "connected");
-                SlotState::Ready(Arc::new(endpoint))
+                tracing::debug!(task, returning, gate, "connected");
+                SlotState::Ready(endpoint)
             }
             Err(error) => {
                 let (failures, until) = self.slots.record_failure(task, &address, false);
@@ -338,8 +429,42 @@ where
                 self.retiring.push((endpoint, "failed"));
                 self.reconcile();
             }
+            Feedback::Consecutive { task, id } => {
+                let Some(endpoint) = self.slots.endpoint(task).filter(|e| e.id == id).cloned() else { return };
+                let now = Instant::now();
+                let connected: Vec<(usize, Arc<Endpoint<S>>)> = self
+                    .slots
+                    .iter()
+                    .filter(|(t, _)| *t != task)
+                    .filter_map(|(t, s)| Some((t, s.endpoint()?.clone())))
+                    .collect();
+                let others: Vec<Candidate<'_, S>> =
+                    connected.iter().map(|(task, endpoint)| Candidate { task: *task, endpoint }).collect();
+                let may_eject = self.ejection_budget() > 0;
+                if self.outliers.on_run(Candidate { task, endpoint: &endpoint }, &others, may_eject, now) {
+                    self.count_ejection(task, Cause::Consecutive);
+                    self.reconcile();
+                }
+            }
+            Feedback::Probed { id } => {
+                let probed = self.slots.iter().find_map(|(_, s)| s.endpoint().filter(|e| e.id == id).cloned());
+                if let Some(endpoint) = probed {
+                    tracing::debug!(task = endpoint.task, "probe served: slow start");
+                    if !self.ramp.contains(id) {
+                        self.ramp.start(endpoint, Instant::now());
+                    }
+                }
+            }
             Feedback::Drained { id } => self.draining.drained(id, self.publisher.shared()),
         }
+    }
+
+    /// Whether requests have been sent through this balancer (members that join then
+    /// take up load gradually; the first ones open at once).
+    fn requests_flow(&self) -> bool {
+        let shared = self.shared();
+        shared.counters.closed_requests.load(Ordering::Relaxed) > 0
+            || shared.table.load().members.iter().any(|e| e.requests.load(Ordering::Relaxed) > 0)
     }
 
     /// The backends to keep connections to, in preference order: the first `k` serving
@@ -347,11 +472,12 @@ where
     /// among those `k` (at most `max_stand_ins`). Stand-ins already connected are kept
     /// (so a recovering candidate never displaces a healthy one); the rest come next in
     /// order, skipping failed tasks.
-    fn wanted(&self, now: Instant) -> Vec<usize> {
+    fn wanted(&mut self, now: Instant) -> Vec<usize> {
         if self.view.size > steady_subset::MAX_BACKENDS {
             // No subset can be computed for such a view: keep the one in force.
             return self.shared().table.load().wanted.clone();
         }
+        let outliers = &self.outliers;
         let (view, slots) = (&self.view, &self.slots);
         // A subset larger than the job is the whole job.
         let k = self.config.subset_size.min(view.size);
@@ -362,7 +488,7 @@ where
             for task in order.by_ref() {
                 let Some(address) = view.serving_task(task) else { continue };
                 primary.push(task);
-                failed += usize::from(slots.is_failed(task, address, now));
+                failed += usize::from(slots.is_failed(task, address, now) || outliers.is_ejected(task, now));
                 if primary.len() == k {
                     break;
                 }
@@ -386,11 +512,25 @@ where
                 break;
             }
             let Some(address) = view.serving_task(task) else { continue };
-            if !primary.contains(&task) && !stand_ins.contains(&task) && !slots.is_failed(task, address, now)
+            if !primary.contains(&task)
+                && !stand_ins.contains(&task)
+                && !slots.is_failed(task, address, now)
+                && !outliers.is_ejected(task, now)
             {
                 stand_ins.push(task);
             }
         }
+        let share = self.config.outliers.max_ejected_share;
+        let panic = failed as f64 > share * primary.len() as f64;
+        if panic != self.health.panic {
+            if panic {
+                Counters::add(&self.shared().counters.panics, 1);
+                tracing::warn!(out = failed, subset = primary.len(), "panic: most of the subset is out; ejected members serve again");
+            } else {
+                tracing::info!(out = failed, subset = primary.len(), "panic over");
+            }
+        }
+        self.health = SubsetHealth { primary: primary.len(), out: failed, panic };
         primary.extend(stand_ins);
         primary
     }
@@ -431,8 +571,15 @@ where
             }
         }
         let (view, slots, max_affinity) = (&self.view, &self.slots, self.config.max_affinity);
+        // Ejected members leave the table, unless the subset is in panic.
+        let ejected = if self.health.panic { Vec::new() } else { self.outliers.ejected(now) };
+        let mut connected = self.slots.connected();
+        connected.retain(|task, _| ejected.binary_search(task).is_err());
         let reachable = |task: u32| {
             let task = task as usize;
+            if ejected.binary_search(&task).is_ok() {
+                return false;
+            }
             view.serving_task(task).is_some_and(|address| match slots.get(task).map(|s| &s.state) {
                 Some(SlotState::Ready(_) | SlotState::Connecting { .. }) => true,
                 Some(SlotState::Backoff { .. }) => false,
@@ -443,9 +590,12 @@ where
         let reachability = self.assignments.replica_tasks().iter().fold(0u64, |digest, &t| {
             steady_subset::hash::hash_pair(digest, u64::from(t) << 1 | u64::from(reachable(t)))
         });
+        let (ejected, panic) = (self.outliers.ejected(now), self.health.panic);
         self.publisher.publish(TableInputs {
             subset,
-            connected: self.slots.connected(),
+            connected,
+            ejected,
+            panic,
             assignment: self.assignments.current(),
             frontend: self.config.frontend,
             fan_out: self.config.fan_out,

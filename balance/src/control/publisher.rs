@@ -25,6 +25,10 @@ pub(super) struct TableInputs<'a, S> {
     pub(super) subset: Vec<usize>,
     /// Every connection in rotation (subset and affinity), by task.
     pub(super) connected: HashMap<usize, Arc<Endpoint<S>>>,
+    /// Tasks ejected as outliers now (in rotation anyway during a panic), ascending.
+    pub(super) ejected: Vec<usize>,
+    /// Whether the subset is in panic (see `OutlierDetection::max_ejected_share`).
+    pub(super) panic: bool,
     pub(super) assignment: Option<&'a Assignment>,
     pub(super) frontend: usize,
     pub(super) fan_out: usize,
@@ -52,8 +56,17 @@ impl<S> Publisher<S> {
     /// Publishes the ready members of the subset, the affinity connections and the
     /// slice table, if anything they are built from changed.
     pub(super) fn publish(&mut self, inputs: TableInputs<'_, S>) {
-        let TableInputs { subset, connected, assignment, frontend, fan_out, reachable, reachability } =
-            inputs;
+        let TableInputs {
+            subset,
+            connected,
+            ejected,
+            panic,
+            assignment,
+            frontend,
+            fan_out,
+            reachable,
+            reachability,
+        } = inputs;
         let members: Vec<Arc<Endpoint<S>>> =
             subset.iter().filter_map(|t| connected.get(t).cloned()).collect();
         // What the table depends on: the subset, its ready members, every connection,
@@ -67,6 +80,8 @@ impl<S> Publisher<S> {
         signature.extend(ids);
         signature.push(assignment.map_or(u64::MAX, Assignment::generation));
         signature.push(reachability);
+        signature.push(u64::from(panic));
+        signature.extend(ejected.iter().map(|&t| t as u64));
         if signature == self.published {
             return;
         }
@@ -83,6 +98,8 @@ impl<S> Publisher<S> {
             affinity = affinity.len(),
             generation = ?slices.as_ref().map(|s| s.generation),
             subset = ?subset,
+            ejected = ?ejected,
+            panic,
             "routing table updated"
         );
         self.shared.publish(RoutingTable {
@@ -91,6 +108,8 @@ impl<S> Publisher<S> {
             wanted: subset,
             affinity,
             slices,
+            ejected,
+            panic,
         });
     }
 }

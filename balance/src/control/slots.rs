@@ -155,6 +155,12 @@ impl<T: Address, S> Slots<T, S> {
         }
     }
 
+    /// Whether `task` (at `address`) failed before and has not served since: a new
+    /// connection to it is a return from failure.
+    pub(super) fn has_failed(&self, task: usize, address: &T) -> bool {
+        self.health.get(&task).is_some_and(|h| h.address == *address)
+    }
+
     /// Records a failure of `task` and returns the consecutive failures and when to
     /// retry it. `served` says whether its connection served a request before failing,
     /// which restarts the count.

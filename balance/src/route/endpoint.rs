@@ -1,7 +1,7 @@
 //! One connection to one backend task, shared by the routing table and the requests
 //! in flight on it.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use steady_slice::SliceKey;
 use tokio::sync::mpsc;
 
+use crate::classify::{Outcome, OutcomeSink};
 use crate::config::{Load, Waits};
 
 /// A member picked for a request that had none (the slow path) or had to move: the
@@ -46,10 +47,37 @@ pub(crate) trait Rotation<S>: Send + Sync {
 /// What requests tell the control task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Feedback {
-    /// A call on connection `id` to `task` failed: take it out of rotation.
+    /// Connection `id` to `task` failed at the transport: take it out of rotation.
     Failed { task: usize, id: u64 },
+    /// Connection `id` to `task` failed its configured number of calls in a row (server
+    /// faults or timeouts): consider ejecting it.
+    Consecutive { task: usize, id: u64 },
+    /// Connection `id`, on probation, served its probe: start its slow start.
+    Probed { id: u64 },
     /// Connection `id`, draining, has no request in flight any more: close it.
     Drained { id: u64 },
+}
+
+/// The gate of an endpoint open to every pick (see [`Endpoint::gate`]).
+pub(crate) const OPEN: u32 = 1 << 16;
+/// The gate of an endpoint on probation whose one request has not been sent.
+pub(crate) const PROBE_WAITING: u32 = OPEN + 1;
+/// The gate of an endpoint on probation whose one request is in flight.
+pub(crate) const PROBE_SENT: u32 = OPEN + 2;
+
+/// How an endpoint reacts to the outcomes of its calls (from the configuration).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Reactions {
+    /// Failed calls in a row that make the endpoint report itself (0: never).
+    pub(crate) consecutive: u32,
+    /// The gate a probation endpoint opens to once its probe succeeded (its slow
+    /// start's first share).
+    pub(crate) after_probe: u32,
+}
+
+impl Reactions {
+    #[cfg(test)]
+    pub(crate) const NONE: Reactions = Reactions { consecutive: 0, after_probe: OPEN };
 }
 
 /// A connected backend: the service to call and its counters.
@@ -66,11 +94,19 @@ pub(crate) struct Endpoint<S> {
     /// Requests routed here by their slice key (a subset of `requests`).
     pub(crate) keyed: AtomicU64,
     pub(crate) failures: AtomicU64,
+    /// Failed calls since the last success.
+    consecutive: AtomicU32,
     /// Set when the endpoint leaves rotation; the last request out reports `Drained`.
     pub(crate) draining: AtomicBool,
-    /// Set by the first failed call, so that requests avoid the endpoint at once,
+    /// Set by the first transport failure, so that requests avoid the endpoint at once,
     /// before the control task has published a table without it.
     broken: AtomicBool,
+    /// Which picks may choose the endpoint: [`OPEN`] (all), a share of [`OPEN`] (slow
+    /// start: picks that draw it take it with that chance), or probation
+    /// ([`PROBE_WAITING`], [`PROBE_SENT`]). Written by the control task (the ramp) and
+    /// by the probe's outcome.
+    gate: AtomicU32,
+    reactions: Reactions,
     ewma: Option<PeakEwma>,
     feedback: mpsc::UnboundedSender<Feedback>,
     /// The balancer, to pick another endpoint when this one cannot take a request.
@@ -78,11 +114,14 @@ pub(crate) struct Endpoint<S> {
 }
 
 impl<S> Endpoint<S> {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         task: usize,
         id: u64,
         service: S,
         load: Load,
+        reactions: Reactions,
+        gate: u32,
         feedback: mpsc::UnboundedSender<Feedback>,
         rotation: Weak<dyn Rotation<S>>,
     ) -> Self {
@@ -98,8 +137,11 @@ impl<S> Endpoint<S> {
             requests: AtomicU64::new(0),
             keyed: AtomicU64::new(0),
             failures: AtomicU64::new(0),
+            consecutive: AtomicU32::new(0),
             draining: AtomicBool::new(false),
             broken: AtomicBool::new(false),
+            gate: AtomicU32::new(gate),
+            reactions,
             ewma,
             feedback,
             rotation,
@@ -110,7 +152,7 @@ impl<S> Endpoint<S> {
     #[cfg(test)]
     pub(crate) fn detached(task: usize, id: u64, service: S) -> Self {
         let (feedback, _) = mpsc::unbounded_channel();
-        Self::new(task, id, service, Load::InFlight, feedback, nowhere())
+        Self::new(task, id, service, Load::InFlight, Reactions::NONE, OPEN, feedback, nowhere())
     }
 
     /// The load estimate: lower is better; infinite once a call has failed.
@@ -136,6 +178,101 @@ impl<S> Endpoint<S> {
     #[inline]
     pub(crate) fn measures_latency(&self) -> bool {
         self.ewma.is_some()
+    }
+
+    /// Which picks may choose the endpoint (see the field's doc).
+    #[inline]
+    pub(crate) fn gate(&self) -> u32 {
+        self.gate.load(Ordering::Relaxed)
+    }
+
+    /// Sets the share of picks that may choose the endpoint (the control task's ramp).
+    /// A probation endpoint keeps its probation: the ramp starts after the probe.
+    pub(crate) fn set_share(&self, share: u32) {
+        let share = share.min(OPEN);
+        let _ = self.gate.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |g| (g <= OPEN).then_some(share));
+    }
+
+    /// Claims the probe of an endpoint on probation: true for the one request that
+    /// then goes.
+    #[inline]
+    pub(crate) fn try_probe(&self) -> bool {
+        self.gate.compare_exchange(PROBE_WAITING, PROBE_SENT, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+    }
+
+    /// Failed calls since the last success.
+    pub(crate) fn consecutive_failures(&self) -> u32 {
+        self.consecutive.load(Ordering::Relaxed)
+    }
+
+    /// Starts the count of consecutive failures afresh (the member was ejected for it).
+    pub(crate) fn reset_run(&self) {
+        self.consecutive.store(0, Ordering::Relaxed);
+    }
+
+    /// Records what a call on this connection came to: counts failures, reports a run
+    /// of them and transport failures to the control task, ends probation.
+    #[inline]
+    pub(crate) fn record(&self, outcome: Outcome) {
+        match outcome {
+            Outcome::Success => {
+                // Read first: a store on every success would bounce the cache line.
+                if self.consecutive.load(Ordering::Relaxed) != 0 {
+                    self.consecutive.store(0, Ordering::Relaxed);
+                }
+                if self.gate() == PROBE_SENT {
+                    self.probe_succeeded();
+                }
+            }
+            Outcome::Fault | Outcome::Timeout => self.faulted(),
+            Outcome::Transport => self.transport_failed(),
+        }
+    }
+
+    #[cold]
+    fn probe_succeeded(&self) {
+        let opened = self.reactions.after_probe;
+        if self.gate.compare_exchange(PROBE_SENT, opened, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+            let _ = self.feedback.send(Feedback::Probed { id: self.id });
+        }
+    }
+
+    /// A call failed over a working connection (a server fault, a timeout).
+    #[cold]
+    fn faulted(&self) {
+        self.count_failure();
+        // A failed probe: the next pick that draws the endpoint probes again.
+        let _ = self.gate.compare_exchange(PROBE_SENT, PROBE_WAITING, Ordering::Relaxed, Ordering::Relaxed);
+        let run = self.consecutive.fetch_add(1, Ordering::Relaxed).saturating_add(1);
+        // Reported when the run reaches the limit, and again at each multiple of it (the
+        // control task may have kept the member then: the others were failing too).
+        let limit = self.reactions.consecutive;
+        if limit != 0 && run % limit == 0 {
+            let _ = self.feedback.send(Feedback::Consecutive { task: self.task, id: self.id });
+        }
+    }
+
+    /// The connection failed: count it, and take the endpoint out of rotation.
+    #[cold]
+    fn transport_failed(&self) {
+        self.count_failure();
+        self.eject();
+    }
+
+    fn count_failure(&self) {
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        // The failure path only: an upgrade costs little next to a failed call.
+        if let Some(rotation) = self.rotation.upgrade() {
+            rotation.call_failed();
+        }
+    }
+
+    /// The endpoint cannot take requests (its connection failed, or its readiness
+    /// did): requests avoid it from now on, and the control task retires it and backs
+    /// off.
+    pub(crate) fn eject(&self) {
+        self.broken.store(true, Ordering::Relaxed);
+        let _ = self.feedback.send(Feedback::Failed { task: self.task, id: self.id });
     }
 
     /// Takes the endpoint out of rotation; true when nothing is in flight (close now).
@@ -187,30 +324,12 @@ impl<S> InFlight<S> {
         &self.endpoint
     }
 
-    /// The response arrived: feed the latency estimate.
+    /// The response's head arrived: feed the latency estimate.
     #[inline]
-    pub(crate) fn succeeded(&self) {
+    pub(crate) fn answered(&self) {
         if let (Some(ewma), Some(start)) = (&self.endpoint.ewma, self.start) {
             ewma.observe(start.elapsed());
         }
-    }
-
-    /// The backend failed the call: count it, and take the endpoint out of rotation.
-    pub(crate) fn failed(&self) {
-        self.endpoint.failures.fetch_add(1, Ordering::Relaxed);
-        // The failure path only: an upgrade costs little next to a failed call.
-        if let Some(rotation) = self.endpoint.rotation.upgrade() {
-            rotation.call_failed();
-        }
-        self.eject();
-    }
-
-    /// The endpoint cannot take requests (a call failed, or its readiness did): requests
-    /// avoid it from now on, and the control task retires it and backs off.
-    pub(crate) fn eject(&self) {
-        self.endpoint.broken.store(true, Ordering::Relaxed);
-        let _ =
-            self.endpoint.feedback.send(Feedback::Failed { task: self.endpoint.task, id: self.endpoint.id });
     }
 }
 
@@ -220,9 +339,25 @@ impl<S> Drop for InFlight<S> {
         // SeqCst pairs with `start_draining`: either it sees our decrement, or we see
         // its flag, so a draining connection is always closed once it is idle.
         let before = self.endpoint.in_flight.fetch_sub(1, Ordering::SeqCst);
-        if before == 1 && self.endpoint.draining.load(Ordering::SeqCst) {
-            let _ = self.endpoint.feedback.send(Feedback::Drained { id: self.endpoint.id });
+        if before == 1 {
+            if self.endpoint.draining.load(Ordering::SeqCst) {
+                let _ = self.endpoint.feedback.send(Feedback::Drained { id: self.endpoint.id });
+            }
+            // A probe given up on before its outcome (or whose outcome is deferred to
+            // its body): free the probe, so that probation cannot stick.
+            let _ = self.endpoint.gate.compare_exchange(
+                PROBE_SENT,
+                PROBE_WAITING,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
         }
+    }
+}
+
+impl<S: Send + Sync> OutcomeSink for Endpoint<S> {
+    fn record(&self, outcome: Outcome) {
+        Endpoint::record(self, outcome);
     }
 }
 
@@ -291,7 +426,7 @@ mod tests {
     #[test]
     fn in_flight_counts_until_dropped_and_a_draining_endpoint_reports_idle() {
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let ep = Arc::new(Endpoint::new(3, 9, (), Load::InFlight, tx, nowhere()));
+        let ep = Arc::new(Endpoint::new(3, 9, (), Load::InFlight, Reactions::NONE, OPEN, tx, nowhere()));
         let a = InFlight::start(ep.clone()).sent();
         let b = InFlight::start(ep.clone());
         // Picked but not sent (it moved elsewhere, say): in the load, not in the count.

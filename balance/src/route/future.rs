@@ -12,6 +12,7 @@ use tower::Service;
 
 use super::endpoint::{Endpoint, InFlight};
 use super::wait::{Wait, WaitBudget};
+use crate::classify::{Classify, Outcome, Report, TransportErrors};
 use crate::error::BoxError;
 
 pin_project! {
@@ -22,13 +23,17 @@ pin_project! {
     /// moves to other members) count against one budget (see `WaitBudget`), and an error
     /// after waiting says how long the request really waited.
     ///
+    /// When the call ends, its outcome is classified by `C` (see [`Classify`]) and
+    /// recorded on the member, for outlier ejection.
+    ///
     /// Dropping it cancels the request; the backend's in-flight count drops with it.
-    pub struct ResponseFuture<S, Req>
+    pub struct ResponseFuture<S, Req, C = TransportErrors>
     where
         S: Service<Req>,
     {
         #[pin]
         state: State<S, Req>,
+        classify: C,
         // A keyed request only ever moves to another replica of its slice (until it
         // falls back to the subset).
         key: Option<SliceKey>,
@@ -60,21 +65,22 @@ pin_project! {
     }
 }
 
-impl<S, Req> ResponseFuture<S, Req>
+impl<S, Req, C> ResponseFuture<S, Req, C>
 where
     S: Service<Req> + Clone,
 {
     /// A request with a chosen endpoint.
     #[inline]
-    pub(crate) fn ready(guard: InFlight<S>, req: Req) -> Self {
+    pub(crate) fn ready(guard: InFlight<S>, req: Req, classify: C) -> Self {
         let service = guard.endpoint().service.clone();
         let state = State::Readying { service, guard: Some(guard), req: Some(req), deadline: None };
-        Self { state, key: None, budget: None, moves: 0 }
+        Self { state, classify, key: None, budget: None, moves: 0 }
     }
 
     /// A request waiting for an endpoint, within `budget`.
-    pub(crate) fn waiting(wait: Wait<S>, req: Req, budget: WaitBudget) -> Self {
-        Self { state: State::Waiting { wait, req: Some(req) }, key: None, budget: Some(budget), moves: 0 }
+    pub(crate) fn waiting(wait: Wait<S>, req: Req, budget: WaitBudget, classify: C) -> Self {
+        let state = State::Waiting { wait, req: Some(req) };
+        Self { state, classify, key: None, budget: Some(budget), moves: 0 }
     }
 
     /// Marks the request as keyed: if its backend cannot take it, it moves only to
@@ -128,6 +134,29 @@ where
     }
 }
 
+/// Classifies a response and records its outcome on the member that answered: at once
+/// when its head says it, else through a [`Report`] its end will use.
+#[inline]
+fn classified<S, Res, E, C>(response: Res, guard: &InFlight<S>, classify: &C) -> Res
+where
+    S: Send + Sync + 'static,
+    C: Classify<Res, E>,
+{
+    match classify.classify(&response) {
+        Some(outcome) => {
+            if outcome == Outcome::Success {
+                guard.answered();
+            }
+            guard.endpoint().record(outcome);
+            response
+        }
+        None => {
+            guard.answered();
+            classify.defer(response, Report::new(guard.endpoint().clone()))
+        }
+    }
+}
+
 /// The most times one request moves to another member because the chosen one could
 /// not take it (nothing was sent).
 const MAX_MOVES: u8 = 2;
@@ -150,16 +179,18 @@ fn another_endpoint<S>(
     Some(picked.endpoint)
 }
 
-impl<S, Req> Future for ResponseFuture<S, Req>
+impl<S, Req, C> Future for ResponseFuture<S, Req, C>
 where
     S: Service<Req> + Clone,
     S::Error: Into<BoxError>,
+    S: Send + Sync + 'static,
+    C: Classify<S::Response, S::Error>,
 {
     type Output = Result<S::Response, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let (key, budget, moves) = (this.key, this.budget, this.moves);
+        let (key, budget, moves, classify) = (this.key, this.budget, this.moves, &*this.classify);
         let mut state = this.state;
         loop {
             match state.as_mut().project() {
@@ -191,7 +222,7 @@ where
                         Poll::Ready(Err(e)) => {
                             // The backend cannot take requests (its connection is gone).
                             let refused = guard.take().expect("guard held until the call");
-                            refused.eject();
+                            refused.endpoint().eject();
                             (refused, e.into())
                         }
                         Poll::Pending => {
@@ -222,15 +253,18 @@ where
                 StateProj::Calling { call, guard } => {
                     let result = ready!(call.poll(cx));
                     let mut failed = None;
-                    if let Some(g) = guard.as_ref() {
-                        match &result {
-                            Ok(_) => g.succeeded(),
-                            Err(_) => {
-                                g.failed();
+                    let result = match (result, guard.as_ref()) {
+                        (Ok(response), Some(g)) => Ok(classified(response, g, classify)),
+                        (Err(error), Some(g)) => {
+                            let outcome = classify.classify_error(&error);
+                            g.endpoint().record(outcome);
+                            if outcome == Outcome::Transport {
                                 failed = Some(g.endpoint().clone());
                             }
+                            Err(error)
                         }
-                    }
+                        (result, None) => result,
+                    };
                     state.set(State::Done { failed });
                     return Poll::Ready(result.map_err(Into::into));
                 }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use steady_subset::prng::SplitMix64;
 
-use super::endpoint::Endpoint;
+use super::endpoint::{Endpoint, OPEN, PROBE_WAITING};
 
 /// Two loads closer than this ratio count as a tie: the second draw is taken over the
 /// first only when its load is at most `TIE_RATIO` times the first's.
@@ -23,6 +23,7 @@ const TIE_RATIO: f64 = 0.75;
 /// Power of two choices over `members`: two distinct random ones, the less loaded
 /// unless their loads are within [`TIE_RATIO`] of each other, in which case either
 /// (both draws are uniformly random). A broken endpoint loses to any healthy one.
+/// Members in slow start or on probation are held back (see [`gated`]).
 /// `None` when there are none (or the only one is broken).
 #[inline]
 pub(crate) fn p2c<'a, S>(
@@ -32,6 +33,7 @@ pub(crate) fn p2c<'a, S>(
     let n = members.len();
     match n {
         0 => None,
+        // The only member: nothing to hold it back for.
         1 => members.first().filter(|e| !e.is_broken()),
         _ => {
             let i = rng.below(n as u64) as usize;
@@ -40,16 +42,70 @@ pub(crate) fn p2c<'a, S>(
                 j += 1;
             }
             let (a, b) = (&members[i], &members[j]);
+            if a.gate() != OPEN || b.gate() != OPEN {
+                return gated(members, a, b, rng);
+            }
             // A broken endpoint's load is infinite: it loses to any healthy one.
             let best = if b.load() <= a.load() * TIE_RATIO { b } else { a };
             if best.is_broken() {
-                // Both draws failed a call already (the control task has not yet
-                // published a table without them): any healthy member will do.
-                return members.iter().find(|e| !e.is_broken());
+                return any_healthy(members);
             }
             Some(best)
         }
     }
+}
+
+/// Both draws failed a call already (the control task has not yet published a table
+/// without them): any healthy member will do, preferably one not held back.
+#[cold]
+fn any_healthy<S>(members: &[Arc<Endpoint<S>>]) -> Option<&Arc<Endpoint<S>>> {
+    members
+        .iter()
+        .find(|e| !e.is_broken() && e.gate() <= OPEN)
+        .or_else(|| members.iter().find(|e| !e.is_broken()))
+}
+
+/// The pick when a draw is held back: a member in slow start (gate below [`OPEN`])
+/// takes a pick that draws it with the chance its gate says, else counts as infinitely
+/// loaded; a member on probation waiting for its probe is as attractive as an idle
+/// one, and takes the request only if it wins and claims the probe; one whose probe is
+/// in flight is held back. When both draws are held back, a slow-starting one still
+/// serves (a ramp only shifts load between members), and probation members only when
+/// nothing else can.
+#[cold]
+#[inline(never)]
+fn gated<'a, S>(
+    members: &'a [Arc<Endpoint<S>>],
+    a: &'a Arc<Endpoint<S>>,
+    b: &'a Arc<Endpoint<S>>,
+    rng: &mut SplitMix64,
+) -> Option<&'a Arc<Endpoint<S>>> {
+    let mut admitted_load = |e: &Endpoint<S>| -> f64 {
+        match e.gate() {
+            OPEN => e.load(),
+            PROBE_WAITING if !e.is_broken() => 0.0,
+            share if share < OPEN && rng.below(u64::from(OPEN)) < u64::from(share) => e.load(),
+            _ => f64::INFINITY,
+        }
+    };
+    let (la, lb) = (admitted_load(a), admitted_load(b));
+    let (best, other) = if lb <= la * TIE_RATIO { (b, a) } else { (a, b) };
+    let best_load = if std::ptr::eq(best, b) { lb } else { la };
+    if best_load.is_finite() {
+        if best.gate() != PROBE_WAITING || best.try_probe() {
+            return Some(best);
+        }
+        // Another request claimed the probe first.
+        let other_load = if std::ptr::eq(other, b) { lb } else { la };
+        if other_load.is_finite() && other.gate() <= OPEN {
+            return Some(other);
+        }
+    }
+    // Both held back: a healthy one not on probation, the better draw first.
+    [best, other]
+        .into_iter()
+        .find(|e| !e.is_broken() && e.gate() <= OPEN)
+        .or_else(|| any_healthy(members))
 }
 
 /// Power of two choices over `members` other than connection `avoid`, for a request
@@ -84,7 +140,7 @@ mod tests {
     use std::sync::atomic::Ordering;
 
     use super::*;
-    use crate::route::endpoint::InFlight;
+    use crate::classify::Outcome;
 
     fn members(loads: &[usize]) -> Vec<Arc<Endpoint<()>>> {
         loads
@@ -132,7 +188,7 @@ mod tests {
         let m = members(&[0, 500, 0]);
         // Members 0 and 2 failed a call (idle, but broken): only member 1 is picked.
         for broken in [&m[0], &m[2]] {
-            InFlight::start(broken.clone()).failed();
+            broken.record(Outcome::Transport);
         }
         let mut rng = SplitMix64::new(3);
         for _ in 0..300 {

@@ -31,12 +31,24 @@ pub(crate) struct RoutingTable<S> {
     pub(crate) affinity: Vec<Arc<Endpoint<S>>>,
     /// The assignment in force, as this frontend routes it; `None` before the first.
     pub(crate) slices: Option<SliceTable<S>>,
+    /// Tasks ejected as outliers, ascending (still connected; members again in panic).
+    pub(crate) ejected: Vec<usize>,
+    /// Whether the subset is in panic: too much of it is out, ejected members serve.
+    pub(crate) panic: bool,
 }
 
 impl<S> RoutingTable<S> {
     /// The table of a balancer with nothing connected, at `version`.
     pub(crate) fn empty(version: u64) -> Self {
-        Self { version, members: Vec::new(), wanted: Vec::new(), affinity: Vec::new(), slices: None }
+        Self {
+            version,
+            members: Vec::new(),
+            wanted: Vec::new(),
+            affinity: Vec::new(),
+            slices: None,
+            ejected: Vec::new(),
+            panic: false,
+        }
     }
 
     /// Power of two choices over the subset's ready members.
@@ -53,6 +65,12 @@ pub(crate) struct Counters {
     pub(crate) closed: AtomicU64,
     pub(crate) connect_failures: AtomicU64,
     pub(crate) ejections: AtomicU64,
+    /// Outlier ejections by the consecutive-failure detector.
+    pub(crate) ejected_consecutive: AtomicU64,
+    /// Outlier ejections by the failure-rate detector.
+    pub(crate) ejected_failure_rate: AtomicU64,
+    /// Times the subset entered panic.
+    pub(crate) panics: AtomicU64,
     pub(crate) no_backend: AtomicU64,
     pub(crate) assignments_accepted: AtomicU64,
     pub(crate) assignments_stale: AtomicU64,

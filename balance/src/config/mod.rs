@@ -8,6 +8,10 @@ use steady_subset::Algorithm;
 use crate::backoff::Backoff;
 use crate::error::ConfigError;
 
+mod health;
+
+pub use health::{FailureRate, OutlierDetection, SlowStart};
+
 /// The largest subset size `k` (the most backends subsetting handles). A `k` above the
 /// job's size means every task of the job.
 pub const MAX_SUBSET_SIZE: usize = steady_subset::MAX_BACKENDS;
@@ -98,6 +102,10 @@ pub struct BalanceConfig {
     /// then waits up to `no_backend_wait` more for the subset: `affinity_wait +
     /// no_backend_wait` in all before [`crate::BalanceError::NoReadyBackends`].
     pub affinity_wait: Duration,
+    /// Ejection of members that fail markedly more calls than the rest (on by default).
+    pub outliers: OutlierDetection,
+    /// How members that join or come back take up load (on by default).
+    pub slow_start: SlowStart,
 }
 
 /// The request side's share of the configuration: how long requests wait, and what a
@@ -131,6 +139,8 @@ impl BalanceConfig {
             max_affinity: 16,
             affinity_idle: Duration::from_secs(60),
             affinity_wait: Duration::from_millis(250),
+            outliers: OutlierDetection::default(),
+            slow_start: SlowStart::default(),
         }
     }
 
@@ -154,6 +164,12 @@ impl BalanceConfig {
     /// | `backoff.base` | `1 ms..=MAX_WAIT`; `backoff.max`: `backoff.base..=MAX_WAIT` |
     /// | `backoff.jitter` | a number in `0.0..=1.0` |
     /// | `load` (Peak EWMA) | `decay` `1 ms..=MAX_WAIT`, `default_rtt` `0..=MAX_WAIT` |
+    /// | `outliers.consecutive_failures` | `1..=1000000` or `None` |
+    /// | `outliers.failure_rate` | `threshold` in `(0, 1]`, `min_requests` `1..=2^32-1`, or `None` |
+    /// | `outliers.interval` | `10 ms..=MAX_WAIT` |
+    /// | `outliers.base_ejection` | `1 ms..=MAX_WAIT`; `outliers.max_ejection`: `base_ejection..=MAX_WAIT` |
+    /// | `outliers.max_ejected_share` | `0.0..=1.0` |
+    /// | `slow_start.window` | `0..=MAX_WAIT`; `slow_start.min_share` in `(0, 1]` |
     ///
     /// # Errors
     ///
@@ -178,6 +194,8 @@ impl BalanceConfig {
             check("load.decay", decay, MS, MAX_WAIT, "1 ms..=1 h")?;
             check("load.default_rtt", default_rtt, Duration::ZERO, MAX_WAIT, "0..=1 h")?;
         }
+        self.outliers.validate()?;
+        self.slow_start.validate()?;
         Ok(())
     }
 
@@ -230,6 +248,18 @@ impl BalanceConfig {
         self
     }
 
+    /// Sets outlier ejection (see [`OutlierDetection`]).
+    pub fn with_outliers(mut self, outliers: OutlierDetection) -> Self {
+        self.outliers = outliers;
+        self
+    }
+
+    /// Sets slow start and probation (see [`SlowStart`]).
+    pub fn with_slow_start(mut self, slow_start: SlowStart) -> Self {
+        self.slow_start = slow_start;
+        self
+    }
+
     /// Sets how long a request waits for a ready backend.
     pub fn with_no_backend_wait(mut self, wait: Duration) -> Self {
         self.no_backend_wait = wait;
@@ -242,7 +272,7 @@ pub(crate) fn validate_subset_size(k: usize) -> Result<(), ConfigError> {
     check("subset_size", k, 1, MAX_SUBSET_SIZE, "1..=MAX_SUBSET_SIZE (2^24)")
 }
 
-fn check<V: PartialOrd + std::fmt::Debug>(
+pub(crate) fn check<V: PartialOrd + std::fmt::Debug>(
     field: &'static str,
     value: V,
     min: V,

@@ -1,0 +1,104 @@
+//! Slow start: members that join or come back take up their share of picks gradually
+//! (see [`crate::SlowStart`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::config::SlowStart;
+use crate::route::endpoint::{Endpoint, OPEN, PROBE_WAITING};
+
+/// How often a ramping member's share is raised: twenty steps per window, at most
+/// every 10 ms.
+const STEPS: u32 = 20;
+
+/// The members ramping up, and the configuration of the ramp.
+pub(super) struct Ramp<S> {
+    config: SlowStart,
+    /// Each ramping connection and when its ramp began.
+    ramping: Vec<(Arc<Endpoint<S>>, Instant)>,
+    next_step: Option<Instant>,
+}
+
+impl<S> Ramp<S> {
+    pub(super) fn new(config: SlowStart) -> Self {
+        Self { config, ramping: Vec::new(), next_step: None }
+    }
+
+    /// The gate a new connection opens with: probation when `returning` from a broken
+    /// connection (and probation is on), a ramp's first share when it must ramp, else
+    /// fully open.
+    pub(super) fn initial_gate(&self, returning: bool, ramps: bool) -> u32 {
+        if returning && self.config.probation {
+            PROBE_WAITING
+        } else if ramps && !self.config.window.is_zero() {
+            self.first_share()
+        } else {
+            OPEN
+        }
+    }
+
+    /// The gate a probation member opens to once its probe succeeded.
+    pub(super) fn after_probe(&self) -> u32 {
+        if self.config.window.is_zero() {
+            OPEN
+        } else {
+            self.first_share()
+        }
+    }
+
+    fn first_share(&self) -> u32 {
+        ((self.config.min_share * f64::from(OPEN)) as u32).clamp(1, OPEN)
+    }
+
+    /// Ramps `endpoint` up from its first share, starting now (nothing with no window).
+    pub(super) fn start(&mut self, endpoint: Arc<Endpoint<S>>, now: Instant) {
+        if self.config.window.is_zero() {
+            endpoint.set_share(OPEN);
+            return;
+        }
+        endpoint.set_share(self.first_share());
+        self.ramping.retain(|(e, _)| e.id != endpoint.id);
+        self.ramping.push((endpoint, now));
+        self.next_step.get_or_insert(now + self.step());
+    }
+
+    /// Whether connection `id` is ramping.
+    pub(super) fn contains(&self, id: u64) -> bool {
+        self.ramping.iter().any(|(e, _)| e.id == id)
+    }
+
+    fn step(&self) -> Duration {
+        (self.config.window / STEPS).max(Duration::from_millis(10))
+    }
+
+    /// When the shares must next be raised.
+    pub(super) fn next_deadline(&self) -> Option<Instant> {
+        self.next_step
+    }
+
+    /// Raises every ramping member's share to where its ramp stands; those whose window
+    /// has passed open fully and leave the ramp. Connections no longer in rotation
+    /// (`in_rotation` false) leave too.
+    pub(super) fn advance(&mut self, now: Instant, in_rotation: impl Fn(u64) -> bool) {
+        if self.next_step.is_none_or(|t| t > now) {
+            return;
+        }
+        let (window, min) = (self.config.window, self.config.min_share);
+        self.ramping.retain(|(endpoint, started)| {
+            if !in_rotation(endpoint.id) {
+                return false;
+            }
+            let elapsed = now.duration_since(*started);
+            if elapsed >= window {
+                endpoint.set_share(OPEN);
+                return false;
+            }
+            let share = min + (1.0 - min) * elapsed.as_secs_f64() / window.as_secs_f64();
+            endpoint.set_share((share * f64::from(OPEN)) as u32);
+            true
+        });
+        self.next_step = (!self.ramping.is_empty()).then(|| now + self.step());
+    }
+}
