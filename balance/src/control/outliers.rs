@@ -22,6 +22,12 @@ const OUTLIER_RATIO: f64 = 2.0;
 /// show one in its calls with at most this expected count.
 const RUN_EVIDENCE: f64 = 0.01;
 
+/// The others' share of failed calls is judged from at least this many of their
+/// completed calls per failure of the run (20 for a run of 5): fewer say too little (30%
+/// failing shows no failure in 20 calls once in 1,250 times). Until then a run is
+/// reported again at the next multiple of the limit.
+const RUN_SAMPLE_PER_FAILURE: u64 = 4;
+
 /// Why a member was ejected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Cause {
@@ -39,9 +45,13 @@ struct Counts {
 }
 
 impl Counts {
+    /// The calls of `endpoint` that have completed (sent, and no longer in flight; a
+    /// request counts as sent before it completes, so counting those in flight would
+    /// understate the share that fails), and those that failed.
     fn of<S>(endpoint: &Endpoint<S>) -> Self {
+        let in_flight = endpoint.in_flight.load(Ordering::Relaxed) as u64;
         Self {
-            requests: endpoint.requests.load(Ordering::Relaxed),
+            requests: endpoint.requests.load(Ordering::Relaxed).saturating_sub(in_flight),
             failures: endpoint.failures.load(Ordering::Relaxed),
         }
     }
@@ -152,11 +162,12 @@ impl Outliers {
             return false;
         }
         // The others' share over the last one to two intervals.
-        let rest = others
-            .iter()
-            .map(|c| self.recent(c))
-            .fold(Counts::default(), Counts::add)
-            .share();
+        let rest = others.iter().map(|c| self.recent(c)).fold(Counts::default(), Counts::add);
+        if !others.is_empty() && rest.requests < RUN_SAMPLE_PER_FAILURE * u64::from(limit) {
+            tracing::debug!(task = failing.task, "a run of failures, too few other calls to judge it yet");
+            return false;
+        }
+        let rest = rest.share();
         let calls = self.recent(&failing).requests.max(u64::from(limit)) as f64;
         let expected_runs = calls * rest.powi(limit.min(i32::MAX as u32) as i32);
         if expected_runs >= RUN_EVIDENCE {

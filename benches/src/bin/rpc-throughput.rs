@@ -3,7 +3,7 @@
 //!
 //! `cargo run --release -p steady-benches --bin rpc-throughput -- [--threads 1] [--seconds 1]
 //! [--runs 3] [--concurrency 1,16,256] [--clients rr4,steady,balance_list,single]
-//! [--scenario equal|slow|failing]`
+//! [--scenario equal|slow|failing|erroring|flaky|blackhole|all-flaky]`
 //!
 //! Four echo servers (64-byte payloads) run on a runtime of their own; the client
 //! runtime has `--threads` worker threads (1 gives steadier figures on a shared
@@ -14,6 +14,13 @@
 //! * `failing` — task 0 fails every call at the transport: its listener accepts each
 //!   connection and resets it at once (`SO_LINGER` 0, then close), so clients see
 //!   connection errors, never a gRPC status from a server.
+//! * `erroring` — task 0 answers every call `UNAVAILABLE` at once (a backend whose
+//!   database is gone: up, but useless);
+//! * `flaky` — task 0 answers half its calls (at random) `UNAVAILABLE`;
+//! * `blackhole` — task 0 accepts calls and never answers; every call of every client
+//!   carries a 100 ms deadline (`Request::set_timeout`);
+//! * `all-flaky` — every server answers 30% of its calls (at random) `UNAVAILABLE` (a
+//!   fault they share: none of them is an outlier).
 //!
 //! Clients:
 //! * `rr4` — 4 plain `Channel`s picked by an atomic round-robin counter (the floor);
@@ -34,11 +41,14 @@
 //! Columns, per client and concurrency:
 //! * `req/s` — successful requests per second, the median over rounds;
 //! * `p50 µs`, `p99 µs` — latency of the successful requests of the median round;
-//! * `failed` — failed requests, summed over the `--runs` rounds (warm-up excluded);
+//! * `failed` — failed requests, summed over the `--runs` rounds (warm-up excluded; a
+//!   line after the table gives the warm-up's failures);
 //! * `bad %` — the bad server's share over those rounds: of the successful requests,
-//!   the share task 0 served (`equal`, `slow`: 25% is an even spread); with `failing`,
-//!   the share of all attempts that failed (task 0 never answers, so each failure is
-//!   a request sent to it);
+//!   the share task 0 served (`equal`, `slow`: 25% is an even spread); in the other
+//!   scenarios, the share of all attempts that failed;
+//! * `min srv %` — the smallest share of attempts any one server got (attempts are
+//!   attributed by the replying task, or the task a failure's status names; failures
+//!   with no status, such as timeouts, count for task 0);
 //! * `vs rr4`, `vs bl` — the median over rounds of the client's `req/s` divided by that
 //!   of `rr4` and of `balance_list` in the same round;
 //! * `cpu µs/r` — CPU time the process spent per attempt (median over rounds).
@@ -118,7 +128,18 @@ enum Scenario {
     Slow,
     /// Task 0 resets every connection it accepts.
     Failing,
+    /// Task 0 answers every call `UNAVAILABLE`.
+    Erroring,
+    /// Task 0 answers half its calls `UNAVAILABLE`.
+    Flaky,
+    /// Task 0 never answers; calls carry [`DEADLINE`].
+    Blackhole,
+    /// Every server answers 30% of its calls `UNAVAILABLE`.
+    AllFlaky,
 }
+
+/// The deadline every call carries in the `blackhole` scenario.
+const DEADLINE: Duration = Duration::from_millis(100);
 
 /// How late the slow server answers.
 const SLOW_DELAY: Duration = Duration::from_millis(20);
@@ -129,13 +150,29 @@ impl Scenario {
             "equal" => Scenario::Equal,
             "slow" => Scenario::Slow,
             "failing" => Scenario::Failing,
-            other => panic!("unknown scenario {other}; the scenarios are equal, slow, failing"),
+            "erroring" => Scenario::Erroring,
+            "flaky" => Scenario::Flaky,
+            "blackhole" => Scenario::Blackhole,
+            "all-flaky" => Scenario::AllFlaky,
+            other => panic!(
+                "unknown scenario {other}; the scenarios are equal, slow, failing, erroring, flaky, blackhole, all-flaky"
+            ),
+        }
+    }
+
+    /// The share of calls server `task` fails with `UNAVAILABLE` (`None`: never fails).
+    fn failure_share(self, task: u32) -> Option<f64> {
+        match (self, task) {
+            (Scenario::Erroring, 0) => Some(1.0),
+            (Scenario::Flaky, 0) => Some(0.5),
+            (Scenario::AllFlaky, _) => Some(0.3),
+            _ => None,
         }
     }
 
     /// The task a `single` client talks to: a good server.
     fn single_task(self) -> usize {
-        if self == Scenario::Equal {
+        if matches!(self, Scenario::Equal | Scenario::AllFlaky) {
             0
         } else {
             1
@@ -215,6 +252,39 @@ async fn serve_slow(task: u32, delay: Duration) -> std::io::Result<SocketAddr> {
     Ok(addr)
 }
 
+/// An echo service that fails a share of its calls with `UNAVAILABLE` (naming its task),
+/// at random, or never answers (`share` `None`).
+struct FaultyEcho {
+    task: u32,
+    share: Option<f64>,
+    calls: AtomicUsize,
+}
+
+#[tonic::async_trait]
+impl Echo for FaultyEcho {
+    async fn echo(&self, request: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
+        let Some(share) = self.share else { return std::future::pending().await };
+        let call = self.calls.fetch_add(1, Ordering::Relaxed) as u64;
+        let draw = steady_subset::hash::mix64(call ^ (u64::from(self.task) << 40)) >> 11;
+        if (draw as f64) < share * (1u64 << 53) as f64 {
+            return Err(Status::unavailable(format!("task {}", self.task)));
+        }
+        Ok(Response::new(EchoReply { payload: request.into_inner().payload, task: self.task }))
+    }
+}
+
+/// Serves [`FaultyEcho`] on 127.0.0.1 (until the process exits).
+async fn serve_faulty(task: u32, share: Option<f64>) -> std::io::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(
+        Server::builder()
+            .add_service(EchoServer::new(FaultyEcho { task, share, calls: AtomicUsize::new(0) }))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    Ok(addr)
+}
+
 /// A listener on 127.0.0.1 that accepts every connection and resets it at once
 /// (`SO_LINGER` 0, then close: the peer gets an RST), until the process exits.
 async fn serve_resetting() -> std::io::Result<SocketAddr> {
@@ -248,6 +318,10 @@ fn start_servers(scenario: Scenario) -> Vec<SocketAddr> {
                 let addr = match (task, scenario) {
                     (0, Scenario::Slow) => serve_slow(task, SLOW_DELAY).await,
                     (0, Scenario::Failing) => serve_resetting().await,
+                    (0, Scenario::Blackhole) => serve_faulty(task, None).await,
+                    (task, scenario) if scenario.failure_share(task).is_some() => {
+                        serve_faulty(task, scenario.failure_share(task)).await
+                    }
                     _ => steady_tonic::demo::serve_echo(task).await.map(|(addr, stop)| {
                         stops.push(stop);
                         addr
@@ -286,6 +360,8 @@ struct Round {
     failed: u64,
     /// Successful requests that task 0 served.
     from_task0: u64,
+    /// Attempts per server (see the `min srv %` column).
+    per_task: [u64; 4],
     /// CPU time this process spent per attempt, in µs (with `--connect`, the client's
     /// own cost; otherwise clients and servers together).
     cpu_us: Option<f64>,
@@ -297,6 +373,12 @@ struct Loop {
     latencies: Vec<u32>,
     failed: u64,
     from_task0: u64,
+    per_task: [u64; 4],
+}
+
+/// The task a failure's status names (`task N`), else 0 (timeouts, transport errors).
+fn failed_task(status: &Status) -> usize {
+    status.message().strip_prefix("task ").and_then(|t| t.parse().ok()).filter(|&t: &usize| t < 4).unwrap_or(0)
 }
 
 /// How long past a round's end its loops may take to finish their last request
@@ -307,7 +389,7 @@ const GRACE: Duration = Duration::from_secs(10);
 const CLIENTS: [&str; 4] = ["rr4", "steady", "balance_list", "single"];
 
 /// One round: `concurrency` loops for `seconds`.
-async fn round<T>(client: EchoClient<T>, concurrency: usize, seconds: f64) -> Round
+async fn round<T>(client: EchoClient<T>, concurrency: usize, seconds: f64, deadline_each: Option<Duration>) -> Round
 where
     T: tonic::client::GrpcService<Body> + Clone + Send + 'static,
     T::Future: Send,
@@ -325,13 +407,20 @@ where
                 let mut own = Loop::default();
                 while Instant::now() < deadline {
                     let t = Instant::now();
-                    match client.echo(EchoRequest { payload: vec![7; 64] }).await {
+                    let mut request = Request::new(EchoRequest { payload: vec![7; 64] });
+                    if let Some(each) = deadline_each {
+                        request.set_timeout(each);
+                    }
+                    match client.echo(request).await {
                         Ok(reply) => {
                             own.latencies.push(t.elapsed().as_micros() as u32);
-                            own.from_task0 += u64::from(reply.into_inner().task == 0);
+                            let task = reply.into_inner().task;
+                            own.from_task0 += u64::from(task == 0);
+                            own.per_task[(task as usize).min(3)] += 1;
                         }
-                        Err(_) => {
+                        Err(status) => {
                             own.failed += 1;
+                            own.per_task[failed_task(&status)] += 1;
                             // An error may come back without the call ever waiting:
                             // let the other loops run before the next attempt.
                             tokio::task::yield_now().await;
@@ -342,7 +431,7 @@ where
             })
         })
         .collect();
-    let (mut all, mut failed, mut from_task0) = (Vec::new(), 0, 0);
+    let (mut all, mut failed, mut from_task0, mut per_task) = (Vec::new(), 0, 0, [0u64; 4]);
     for mut t in tasks {
         // A call that never ends must not hang the benchmark: abandon its loop (and
         // what it measured) after the grace period.
@@ -352,6 +441,9 @@ where
                 all.extend(own.latencies);
                 failed += own.failed;
                 from_task0 += own.from_task0;
+                for (total, n) in per_task.iter_mut().zip(own.per_task) {
+                    *total += n;
+                }
             }
             Err(_) => {
                 t.abort();
@@ -365,7 +457,7 @@ where
     let cpu_us =
         cpu_start.zip(cpu_ns()).map(|(a, b)| b.saturating_sub(a) as f64 / 1e3 / attempts.max(1) as f64);
     all.sort_unstable();
-    Round { rate, latencies: all, failed, from_task0, cpu_us }
+    Round { rate, latencies: all, failed, from_task0, per_task, cpu_us }
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -403,6 +495,7 @@ fn main() {
             .expect("valid balancer configuration");
         // Wait for the steady channel to connect to every server that accepts calls.
         let good = if scenario == Scenario::Failing { 3 } else { 4 };
+        let deadline_each = (scenario == Scenario::Blackhole).then_some(DEADLINE);
         let start = Instant::now();
         while steady.stats().members.len() < good && start.elapsed() < Duration::from_secs(10) {
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -426,8 +519,8 @@ fn main() {
             o.threads, o.seconds, o.runs, scenario
         );
         println!(
-            "{:<14} {:>5} {:>11} {:>8} {:>8} {:>8} {:>6} {:>9} {:>9} {:>9}",
-            "client", "conc", "req/s", "p50 µs", "p99 µs", "failed", "bad %", "vs rr4", "vs bl", "cpu µs/r"
+            "{:<14} {:>5} {:>11} {:>8} {:>8} {:>8} {:>6} {:>9} {:>9} {:>9} {:>9}",
+            "client", "conc", "req/s", "p50 µs", "p99 µs", "failed", "bad %", "min srv %", "vs rr4", "vs bl", "cpu µs/r"
         );
         let clients: Vec<&str> = o.clients.iter().map(String::as_str).collect();
         let position = |name: &str| clients.iter().position(|c| *c == name);
@@ -438,16 +531,20 @@ fn main() {
                 let name = name.to_string();
                 async move {
                     match name.as_str() {
-                        "steady" => round(EchoClient::new(steady), concurrency, seconds).await,
-                        "rr4" => round(EchoClient::new(rr), concurrency, seconds).await,
-                        "balance_list" => round(EchoClient::new(balanced), concurrency, seconds).await,
-                        _ => round(EchoClient::new(single), concurrency, seconds).await,
+                        "steady" => round(EchoClient::new(steady), concurrency, seconds, deadline_each).await,
+                        "rr4" => round(EchoClient::new(rr), concurrency, seconds, deadline_each).await,
+                        "balance_list" => {
+                            round(EchoClient::new(balanced), concurrency, seconds, deadline_each).await
+                        }
+                        _ => round(EchoClient::new(single), concurrency, seconds, deadline_each).await,
                     }
                 }
             };
             // Warm every client up at this concurrency (h2 windows, allocator, caches).
+            // What failed then is printed too: that is where a balancer learns.
+            let mut warm_up_failed = Vec::new();
             for name in &clients {
-                run(name, o.seconds / 4.0).await;
+                warm_up_failed.push(format!("{name} {}", run(name, o.seconds / 4.0).await.failed));
             }
             // Round r runs the clients in an order rotated by r, so that drift in the
             // machine's speed hits every client alike; ratios are taken within a round.
@@ -472,14 +569,22 @@ fn main() {
                 let failed: u64 = rounds[c].iter().map(|r| r.failed).sum();
                 let succeeded: u64 = rounds[c].iter().map(|r| r.latencies.len() as u64).sum();
                 let from_task0: u64 = rounds[c].iter().map(|r| r.from_task0).sum();
-                // Task 0's share: of the successes it served, or (failing) of all attempts.
-                let bad = if scenario == Scenario::Failing {
-                    failed as f64 / (failed + succeeded).max(1) as f64
-                } else {
+                // Task 0's share of the successes (equal, slow), else the failed share of all attempts.
+                let bad = if matches!(scenario, Scenario::Equal | Scenario::Slow) {
                     from_task0 as f64 / succeeded.max(1) as f64
+                } else {
+                    failed as f64 / (failed + succeeded).max(1) as f64
                 };
+                let per_task = rounds[c].iter().fold([0u64; 4], |mut sum, r| {
+                    for (s, n) in sum.iter_mut().zip(r.per_task) {
+                        *s += n;
+                    }
+                    sum
+                });
+                let attempts: u64 = per_task.iter().sum();
+                let min_share = *per_task.iter().min().unwrap_or(&0) as f64 / attempts.max(1) as f64;
                 println!(
-                    "{:<14} {:>5} {:>11.0} {:>8} {:>8} {:>8} {:>6.1} {:>9} {:>9} {:>9}",
+                    "{:<14} {:>5} {:>11.0} {:>8} {:>8} {:>8} {:>6.1} {:>9.1} {:>9} {:>9} {:>9}",
                     name,
                     concurrency,
                     rate,
@@ -487,11 +592,13 @@ fn main() {
                     percentile(latencies, 0.99),
                     failed,
                     bad * 100.0,
+                    min_share * 100.0,
                     ratio_to(position("rr4")),
                     ratio_to(position("balance_list")),
                     cpu.map_or("-".to_string(), |c| format!("{c:.2}"))
                 );
             }
+            println!("# failed in the warm-up (not in the table): {}", warm_up_failed.join(", "));
         }
     });
 }
