@@ -94,8 +94,8 @@ const _: () = assert!(MAX_TASK as usize == steady_subset::MAX_BACKENDS - 1);
 pub use backoff::Backoff;
 pub use classify::{Classify, Outcome, Report, TransportErrors};
 pub use config::{
-    BalanceConfig, FailureRate, Load, NoReplicaPolicy, OutlierDetection, SlowStart, MAX_IDLE, MAX_SUBSET_SIZE,
-    MAX_WAIT,
+    BalanceConfig, FailureRate, Load, NoReplicaPolicy, OutlierDetection, SlowStart, MAX_IDLE,
+    MAX_SUBSET_SIZE, MAX_WAIT,
 };
 pub use connector::{Address, Connector};
 pub use error::{BalanceError, BoxError, ConfigError};

@@ -285,7 +285,9 @@ where
             return ResponseFuture::waiting(wait, req, budget, self.classify.clone()).keyed(key);
         }
         match table.pick(&mut self.rng) {
-            Some(endpoint) => ResponseFuture::ready(InFlight::start(endpoint.clone()), req, self.classify.clone()),
+            Some(endpoint) => {
+                ResponseFuture::ready(InFlight::start(endpoint.clone()), req, self.classify.clone())
+            }
             None => {
                 let budget = WaitBudget::start(&self.shared.waits, false);
                 let wait = wait_for_endpoint(self.shared.clone(), budget);

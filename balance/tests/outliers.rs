@@ -7,12 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use steady_balance::{
-    Balance, BalanceConfig, BalanceStats, Classify, FailureRate, JobView, MemberState, Outcome, OutlierDetection,
-    SlowStart,
+    Balance, BalanceConfig, BalanceStats, Classify, FailureRate, JobView, MemberState, Outcome,
+    OutlierDetection, SlowStart,
 };
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tokio_stream::wrappers::WatchStream;
 use tower::{service_fn, BoxError, Service, ServiceExt};
 
 /// How a backend task answers.
@@ -69,19 +68,54 @@ impl Fleet {
     }
 }
 
-/// A balancer over `size` tasks (all fine), classifying with [`ByReply`]; the sender
-/// releases held calls.
-#[allow(clippy::type_complexity)]
+/// One connection to one task of the [`Fleet`].
+#[derive(Clone)]
+struct Conn {
+    task: usize,
+    fleet: Fleet,
+}
+
+impl Service<u32> for Conn {
+    type Response = Reply;
+    type Error = BoxError;
+    type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Reply, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), BoxError>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: u32) -> Self::Future {
+        let (task, f) = (self.task, self.fleet.clone());
+        Box::pin(async move {
+            let n = f.calls[task].fetch_add(1, Ordering::SeqCst);
+            let answers = f.answers.lock().unwrap()[task];
+            match answers {
+                Answers::Fine => Ok(Reply::Ok(task)),
+                Answers::Faults(share) => {
+                    let draw = steady_subset::hash::mix64(n ^ ((task as u64) << 40)) >> 11;
+                    let fault = (draw as f64) < share * (1u64 << 53) as f64;
+                    Ok(if fault { Reply::Fault(task) } else { Reply::Ok(task) })
+                }
+                Answers::AppErrors => Ok(Reply::AppError(task)),
+                Answers::Broken => Err("connection reset".into()),
+                Answers::Held => {
+                    let mut release = f.release.clone();
+                    let _ = release.wait_for(|r| *r).await;
+                    Ok(Reply::Ok(task))
+                }
+            }
+        })
+    }
+}
+
+type Balancer = Balance<Conn, steady_balance::NoKey, ByReply>;
+
+/// A balancer over `size` tasks (all fine), classifying with [`ByReply`], with its
+/// stats, the fleet, and the sender that releases held calls.
 fn start(
     config: BalanceConfig,
     size: usize,
-) -> (
-    impl Service<u32, Response = Reply, Error = BoxError, Future: Send> + Clone + Send + 'static,
-    impl Fn() -> BalanceStats,
-    Fleet,
-    watch::Sender<bool>,
-    Balance<impl Send + Sync + 'static, steady_balance::NoKey, ByReply>,
-) {
+) -> (Balancer, impl Fn() -> BalanceStats, Fleet, watch::Sender<bool>) {
     let (release_tx, release) = watch::channel(false);
     let fleet = Fleet {
         answers: Arc::new(Mutex::new(vec![Answers::Fine; size])),
@@ -90,43 +124,22 @@ fn start(
     };
     let f = fleet.clone();
     let connector = service_fn(move |task: usize| {
-        let f = f.clone();
+        let fleet = f.clone();
         async move {
-            if f.answers.lock().unwrap()[task] == Answers::Broken {
-                return Err::<_, BoxError>("connection refused".into());
+            if fleet.answers.lock().unwrap()[task] == Answers::Broken {
+                return Err::<Conn, BoxError>("connection refused".into());
             }
-            Ok(service_fn(move |_: u32| {
-                let f = f.clone();
-                async move {
-                    let n = f.calls[task].fetch_add(1, Ordering::SeqCst);
-                    let answers = f.answers.lock().unwrap()[task];
-                    match answers {
-                        Answers::Fine => Ok(Reply::Ok(task)),
-                        Answers::Faults(share) => {
-                            let draw = steady_subset::hash::mix64(n ^ ((task as u64) << 40)) >> 11;
-                            let fault = (draw as f64) < share * (1u64 << 53) as f64;
-                            Ok(if fault { Reply::Fault(task) } else { Reply::Ok(task) })
-                        }
-                        Answers::AppErrors => Ok(Reply::AppError(task)),
-                        Answers::Broken => Err::<Reply, BoxError>("connection reset".into()),
-                        Answers::Held => {
-                            let mut release = f.release.clone();
-                            let _ = release.wait_for(|r| *r).await;
-                            Ok(Reply::Ok(task))
-                        }
-                    }
-                }
-            }))
+            Ok(Conn { task, fleet })
         }
     });
-    let (_views, views) = watch::channel(JobView::serving(0..size));
-    std::mem::forget(_views);
-    let balance = Balance::new(config, connector, WatchStream::new(views)).unwrap().with_classifier(ByReply);
+    // The job never changes: a source that yields one view and ends.
+    let views = futures_util::stream::iter([JobView::serving(0..size)]);
+    let balance = Balance::new(config, connector, views).unwrap().with_classifier(ByReply);
     let stats = {
         let b = balance.clone();
         move || b.stats()
     };
-    (balance.clone(), stats, fleet, release_tx, balance)
+    (balance, stats, fleet, release_tx)
 }
 
 /// Sends `n` requests one after another, yielding between them so the control task
@@ -152,7 +165,11 @@ fn config(k: usize) -> BalanceConfig {
 }
 
 /// Polls `stats` every 10 ms (on the paused clock) until `done` holds, for at most `limit`.
-async fn wait_until(stats: &impl Fn() -> BalanceStats, limit: Duration, done: impl Fn(&BalanceStats) -> bool) -> bool {
+async fn wait_until(
+    stats: &impl Fn() -> BalanceStats,
+    limit: Duration,
+    done: impl Fn(&BalanceStats) -> bool,
+) -> bool {
     let end = Instant::now() + limit;
     while Instant::now() < end {
         if done(&stats()) {
@@ -165,8 +182,8 @@ async fn wait_until(stats: &impl Fn() -> BalanceStats, limit: Duration, done: im
 
 #[tokio::test(start_paused = true)]
 async fn a_member_answering_faults_is_ejected_after_a_run_and_a_stand_in_keeps_the_subset_size() {
-    let (balance, stats, fleet, _release, handle) = start(config(3), 6);
-    assert!(handle.wait_for_members(3, Duration::from_secs(1)).await);
+    let (balance, stats, fleet, _release) = start(config(3), 6);
+    assert!(balance.wait_for_members(3, Duration::from_secs(1)).await);
     let subset = stats().subset;
     let bad = subset[0];
     fleet.set(bad, Answers::Faults(1.0));
@@ -180,7 +197,7 @@ async fn a_member_answering_faults_is_ejected_after_a_run_and_a_stand_in_keeps_t
     assert!(faults(&replies) <= 15, "{} faults", faults(&replies));
     // The stand-in: the subset keeps three members in rotation, and the ejected one's
     // connection stays open.
-    assert!(handle.wait_for_members(3, Duration::from_secs(1)).await);
+    assert!(balance.wait_for_members(3, Duration::from_secs(1)).await);
     let s = stats();
     assert_eq!(s.subset.len(), 4, "{s:?}");
     assert!(!s.members.iter().any(|m| m.task == bad));
@@ -192,8 +209,8 @@ async fn a_member_answering_faults_is_ejected_after_a_run_and_a_stand_in_keeps_t
 
 #[tokio::test(start_paused = true)]
 async fn application_answers_never_eject() {
-    let (balance, stats, fleet, _release, handle) = start(config(3), 3);
-    assert!(handle.wait_for_members(3, Duration::from_secs(1)).await);
+    let (balance, stats, fleet, _release) = start(config(3), 3);
+    assert!(balance.wait_for_members(3, Duration::from_secs(1)).await);
     fleet.set(1, Answers::AppErrors);
     for _ in 0..3 {
         send(&balance, 500).await;
@@ -206,8 +223,8 @@ async fn application_answers_never_eject() {
 
 #[tokio::test(start_paused = true)]
 async fn a_fleet_failing_alike_keeps_every_member() {
-    let (balance, stats, fleet, _release, handle) = start(config(4), 4);
-    assert!(handle.wait_for_members(4, Duration::from_secs(1)).await);
+    let (balance, stats, fleet, _release) = start(config(4), 4);
+    assert!(balance.wait_for_members(4, Duration::from_secs(1)).await);
     for task in 0..4 {
         fleet.set(task, Answers::Faults(0.3));
     }
@@ -233,8 +250,8 @@ async fn the_failure_rate_detector_ejects_a_member_failing_half_its_calls_but_no
     let outliers = OutlierDetection::default()
         .with_consecutive_failures(None)
         .with_failure_rate(Some(FailureRate::new(0.3, 50)));
-    let (balance, stats, fleet, _release, handle) = start(config(4).with_outliers(outliers), 4);
-    assert!(handle.wait_for_members(4, Duration::from_secs(1)).await);
+    let (balance, stats, fleet, _release) = start(config(4).with_outliers(outliers), 4);
+    assert!(balance.wait_for_members(4, Duration::from_secs(1)).await);
     fleet.set(0, Answers::Faults(0.5));
     fleet.set(1, Answers::Faults(0.1));
     send(&balance, 800).await;
@@ -257,8 +274,8 @@ async fn ejection_time_grows_with_each_ejection_up_to_the_cap_and_is_forgiven_in
     let outliers = OutlierDetection::default()
         .with_ejection(Duration::from_secs(1), Duration::from_millis(2500))
         .with_interval(Duration::from_millis(100));
-    let (balance, stats, fleet, _release, handle) = start(config(3).with_outliers(outliers), 3);
-    assert!(handle.wait_for_members(3, Duration::from_secs(1)).await);
+    let (balance, stats, fleet, _release) = start(config(3).with_outliers(outliers), 3);
+    assert!(balance.wait_for_members(3, Duration::from_secs(1)).await);
     fleet.set(0, Answers::Faults(1.0));
     // Ejects task 0 (sending until it is), then times how long it stays out.
     let ejection = || async {
@@ -276,7 +293,10 @@ async fn ejection_time_grows_with_each_ejection_up_to_the_cap_and_is_forgiven_in
     let expected = [1000, 2000, 2500, 2500];
     for (length, ms) in lengths.iter().zip(expected) {
         let ms = Duration::from_millis(ms);
-        assert!(*length >= ms - Duration::from_millis(20) && *length <= ms + Duration::from_millis(20), "{lengths:?}");
+        assert!(
+            *length >= ms - Duration::from_millis(20) && *length <= ms + Duration::from_millis(20),
+            "{lengths:?}"
+        );
     }
     // In rotation and answering well for four base ejection times: all forgiven, and the
     // next ejection is a first one again.
@@ -294,8 +314,8 @@ async fn ejection_time_grows_with_each_ejection_up_to_the_cap_and_is_forgiven_in
 async fn ejection_stops_at_the_panic_threshold_and_past_it_ejected_members_serve_again() {
     // Eight members, at most a quarter (two) ejected.
     let outliers = OutlierDetection::default().with_max_ejected_share(0.25);
-    let (balance, stats, fleet, _release, handle) = start(config(8).with_outliers(outliers), 8);
-    assert!(handle.wait_for_members(8, Duration::from_secs(1)).await);
+    let (balance, stats, fleet, _release) = start(config(8).with_outliers(outliers), 8);
+    assert!(balance.wait_for_members(8, Duration::from_secs(1)).await);
     for task in 0..3 {
         fleet.set(task, Answers::Faults(1.0));
     }
@@ -325,13 +345,15 @@ async fn ejection_stops_at_the_panic_threshold_and_past_it_ejected_members_serve
 #[tokio::test(start_paused = true)]
 async fn a_member_joining_while_requests_flow_ramps_up_over_the_window() {
     let slow_start = SlowStart::default().with_window(Duration::from_secs(5), 0.1);
-    let (balance, stats, fleet, _release, handle) =
-        start(BalanceConfig::new(0, 2).with_slow_start(slow_start), 3);
-    assert!(handle.wait_for_members(2, Duration::from_secs(1)).await);
-    assert!(stats().members.iter().all(|m| m.state == MemberState::Serving), "the first members open at once");
+    let (balance, stats, fleet, _release) = start(BalanceConfig::new(0, 2).with_slow_start(slow_start), 3);
+    assert!(balance.wait_for_members(2, Duration::from_secs(1)).await);
+    assert!(
+        stats().members.iter().all(|m| m.state == MemberState::Serving),
+        "the first members open at once"
+    );
     send(&balance, 100).await;
-    handle.set_subset_size(3).unwrap();
-    assert!(handle.wait_for_members(3, Duration::from_secs(1)).await);
+    balance.set_subset_size(3).unwrap();
+    assert!(balance.wait_for_members(3, Duration::from_secs(1)).await);
     let joined = *stats().subset.last().unwrap();
     let state = stats().members.iter().find(|m| m.task == joined).unwrap().state;
     assert_eq!(state, MemberState::SlowStart { percent: 9 }, "10% of the picks, rounded down");
@@ -349,8 +371,8 @@ async fn a_member_joining_while_requests_flow_ramps_up_over_the_window() {
 
 #[tokio::test(start_paused = true)]
 async fn a_member_reconnected_after_a_broken_connection_gets_one_request_first() {
-    let (balance, stats, fleet, release, handle) = start(BalanceConfig::new(0, 2), 2);
-    assert!(handle.wait_for_members(2, Duration::from_secs(1)).await);
+    let (balance, stats, fleet, release) = start(BalanceConfig::new(0, 2), 2);
+    assert!(balance.wait_for_members(2, Duration::from_secs(1)).await);
     send(&balance, 10).await;
     // Task 0's connection breaks; it is back once it has been reconnected (a held call
     // answers when released).
@@ -384,4 +406,31 @@ async fn a_member_reconnected_after_a_broken_connection_gets_one_request_first()
     }
     // The probe succeeded: slow start.
     assert!(matches!(state(&stats()), Some(MemberState::SlowStart { .. })), "{:?}", stats());
+}
+
+#[tokio::test(start_paused = true)]
+async fn keyed_requests_leave_an_ejected_replica_for_the_slice_s_other_replicas() {
+    // Replicas 2 and 3 of the one slice sit outside the subset (k = 2: tasks of its own).
+    let (balance, stats, fleet, _release) = start(config(2), 4);
+    assert!(balance.wait_for_members(2, Duration::from_secs(1)).await);
+    let outside: Vec<u32> = (0..4u32).filter(|t| !stats().subset.contains(&(*t as usize))).collect();
+    let (_assignments, rx) = watch::channel(steady_balance::Assignment::single(1, outside.clone()).unwrap());
+    balance.follow_assignment_watch(rx);
+    let keyed = balance.clone().with_key_extractor(|_: &u32| Some(steady_balance::SliceKey(42)));
+    let bad = outside[0] as usize;
+    fleet.set(bad, Answers::Faults(1.0));
+    let replies = send(&keyed, 400).await;
+    let s = stats();
+    assert_eq!(s.ejected, vec![bad], "{s:?}");
+    // Once out, the slice's other replica takes every keyed request (none falls back).
+    let last: Vec<usize> = replies[300..]
+        .iter()
+        .map(|r| match r {
+            Ok(Reply::Ok(t) | Reply::Fault(t) | Reply::AppError(t)) => *t,
+            Err(e) => panic!("{e}"),
+        })
+        .collect();
+    assert!(last.iter().all(|&t| t == outside[1] as usize), "{last:?}");
+    assert_eq!(s.keyed_fallbacks, 0);
+    assert!(faults(&replies) <= 15, "{}", faults(&replies));
 }

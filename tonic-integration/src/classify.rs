@@ -166,12 +166,18 @@ impl HttpBody for Classified {
     type Data = Bytes;
     type Error = Status;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
         let frame = ready!(Pin::new(&mut self.inner).poll_frame(cx));
         match &frame {
             Some(Ok(frame)) => {
                 if let Some(trailers) = frame.trailers_ref() {
-                    let outcome = self.classifier.from_headers(trailers).unwrap_or(self.classifier.outcome(Code::Internal));
+                    let outcome = self
+                        .classifier
+                        .from_headers(trailers)
+                        .unwrap_or(self.classifier.outcome(Code::Internal));
                     self.record(outcome);
                 }
             }

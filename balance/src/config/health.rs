@@ -149,13 +149,29 @@ impl OutlierDetection {
         }
         if let Some(rate) = self.failure_rate {
             if !(rate.threshold > 0.0 && rate.threshold <= 1.0) {
-                return Err(ConfigError::new("outliers.failure_rate.threshold", rate.threshold, "(0.0, 1.0]"));
+                return Err(ConfigError::new(
+                    "outliers.failure_rate.threshold",
+                    rate.threshold,
+                    "(0.0, 1.0]",
+                ));
             }
-            check("outliers.failure_rate.min_requests", rate.min_requests, 1, u64::from(u32::MAX), "1..=2^32-1")?;
+            check(
+                "outliers.failure_rate.min_requests",
+                rate.min_requests,
+                1,
+                u64::from(u32::MAX),
+                "1..=2^32-1",
+            )?;
         }
         check("outliers.interval", self.interval, 10 * MS, MAX_WAIT, "10 ms..=1 h")?;
         check("outliers.base_ejection", self.base_ejection, MS, MAX_WAIT, "1 ms..=1 h")?;
-        check("outliers.max_ejection", self.max_ejection, self.base_ejection, MAX_WAIT, "outliers.base_ejection..=1 h")?;
+        check(
+            "outliers.max_ejection",
+            self.max_ejection,
+            self.base_ejection,
+            MAX_WAIT,
+            "outliers.base_ejection..=1 h",
+        )?;
         if !(0.0..=1.0).contains(&self.max_ejected_share) {
             return Err(ConfigError::new("outliers.max_ejected_share", self.max_ejected_share, "0.0..=1.0"));
         }

@@ -430,7 +430,9 @@ where
                 self.reconcile();
             }
             Feedback::Consecutive { task, id } => {
-                let Some(endpoint) = self.slots.endpoint(task).filter(|e| e.id == id).cloned() else { return };
+                let Some(endpoint) = self.slots.endpoint(task).filter(|e| e.id == id).cloned() else {
+                    return;
+                };
                 let now = Instant::now();
                 let connected: Vec<(usize, Arc<Endpoint<S>>)> = self
                     .slots
@@ -447,7 +449,8 @@ where
                 }
             }
             Feedback::Probed { id } => {
-                let probed = self.slots.iter().find_map(|(_, s)| s.endpoint().filter(|e| e.id == id).cloned());
+                let probed =
+                    self.slots.iter().find_map(|(_, s)| s.endpoint().filter(|e| e.id == id).cloned());
                 if let Some(endpoint) = probed {
                     tracing::debug!(task = endpoint.task, "probe served: slow start");
                     if !self.ramp.contains(id) {
@@ -525,7 +528,11 @@ where
         if panic != self.health.panic {
             if panic {
                 Counters::add(&self.shared().counters.panics, 1);
-                tracing::warn!(out = failed, subset = primary.len(), "panic: most of the subset is out; ejected members serve again");
+                tracing::warn!(
+                    out = failed,
+                    subset = primary.len(),
+                    "panic: most of the subset is out; ejected members serve again"
+                );
             } else {
                 tracing::info!(out = failed, subset = primary.len(), "panic over");
             }

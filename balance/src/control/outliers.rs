@@ -127,8 +127,12 @@ impl Outliers {
 
     /// The tasks ejected now, ascending.
     pub(super) fn ejected(&self, now: Instant) -> Vec<usize> {
-        let mut tasks: Vec<usize> =
-            self.records.iter().filter(|(_, r)| r.ejected_until.is_some_and(|u| u > now)).map(|(t, _)| *t).collect();
+        let mut tasks: Vec<usize> = self
+            .records
+            .iter()
+            .filter(|(_, r)| r.ejected_until.is_some_and(|u| u > now))
+            .map(|(t, _)| *t)
+            .collect();
         tasks.sort_unstable();
         tasks
     }
@@ -198,7 +202,10 @@ impl Outliers {
                 record.changed = now;
                 returned.push(*task);
             }
-            if record.ejected_until.is_none() && record.ejections > 0 && now.duration_since(record.changed) >= base {
+            if record.ejected_until.is_none()
+                && record.ejections > 0
+                && now.duration_since(record.changed) >= base
+            {
                 record.ejections -= 1;
                 record.changed = now;
             }
@@ -215,8 +222,11 @@ impl Outliers {
                     .filter(|(_, c)| c.requests >= rate.min_requests)
                     .filter_map(|(i, c)| {
                         let share = c.share();
-                        let rest = Counts { requests: total.requests - c.requests, failures: total.failures - c.failures }
-                            .share();
+                        let rest = Counts {
+                            requests: total.requests - c.requests,
+                            failures: total.failures - c.failures,
+                        }
+                        .share();
                         (share >= rate.threshold && share >= OUTLIER_RATIO * rest).then_some((share, i))
                     })
                     .collect();

@@ -190,7 +190,8 @@ impl<S> Endpoint<S> {
     /// A probation endpoint keeps its probation: the ramp starts after the probe.
     pub(crate) fn set_share(&self, share: u32) {
         let share = share.min(OPEN);
-        let _ = self.gate.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |g| (g <= OPEN).then_some(share));
+        let _ =
+            self.gate.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |g| (g <= OPEN).then_some(share));
     }
 
     /// Claims the probe of an endpoint on probation: true for the one request that

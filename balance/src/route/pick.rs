@@ -102,10 +102,7 @@ fn gated<'a, S>(
         }
     }
     // Both held back: a healthy one not on probation, the better draw first.
-    [best, other]
-        .into_iter()
-        .find(|e| !e.is_broken() && e.gate() <= OPEN)
-        .or_else(|| any_healthy(members))
+    [best, other].into_iter().find(|e| !e.is_broken() && e.gate() <= OPEN).or_else(|| any_healthy(members))
 }
 
 /// Power of two choices over `members` other than connection `avoid`, for a request

@@ -378,7 +378,12 @@ struct Loop {
 
 /// The task a failure's status names (`task N`), else 0 (timeouts, transport errors).
 fn failed_task(status: &Status) -> usize {
-    status.message().strip_prefix("task ").and_then(|t| t.parse().ok()).filter(|&t: &usize| t < 4).unwrap_or(0)
+    status
+        .message()
+        .strip_prefix("task ")
+        .and_then(|t| t.parse().ok())
+        .filter(|&t: &usize| t < 4)
+        .unwrap_or(0)
 }
 
 /// How long past a round's end its loops may take to finish their last request
@@ -389,7 +394,12 @@ const GRACE: Duration = Duration::from_secs(10);
 const CLIENTS: [&str; 4] = ["rr4", "steady", "balance_list", "single"];
 
 /// One round: `concurrency` loops for `seconds`.
-async fn round<T>(client: EchoClient<T>, concurrency: usize, seconds: f64, deadline_each: Option<Duration>) -> Round
+async fn round<T>(
+    client: EchoClient<T>,
+    concurrency: usize,
+    seconds: f64,
+    deadline_each: Option<Duration>,
+) -> Round
 where
     T: tonic::client::GrpcService<Body> + Clone + Send + 'static,
     T::Future: Send,
@@ -520,7 +530,17 @@ fn main() {
         );
         println!(
             "{:<14} {:>5} {:>11} {:>8} {:>8} {:>8} {:>6} {:>9} {:>9} {:>9} {:>9}",
-            "client", "conc", "req/s", "p50 µs", "p99 µs", "failed", "bad %", "min srv %", "vs rr4", "vs bl", "cpu µs/r"
+            "client",
+            "conc",
+            "req/s",
+            "p50 µs",
+            "p99 µs",
+            "failed",
+            "bad %",
+            "min srv %",
+            "vs rr4",
+            "vs bl",
+            "cpu µs/r"
         );
         let clients: Vec<&str> = o.clients.iter().map(String::as_str).collect();
         let position = |name: &str| clients.iter().position(|c| *c == name);
