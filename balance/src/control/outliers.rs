@@ -22,11 +22,11 @@ const OUTLIER_RATIO: f64 = 2.0;
 /// show one in its calls with at most this expected count.
 const RUN_EVIDENCE: f64 = 0.01;
 
-/// The others' share of failed calls is judged from at least this many of their
-/// completed calls per failure of the run (20 for a run of 5): fewer say too little (30%
-/// failing shows no failure in 20 calls once in 1,250 times). Until then a run is
-/// reported again at the next multiple of the limit.
-const RUN_SAMPLE_PER_FAILURE: u64 = 4;
+/// The others' share of failed calls is taken at its plausible upper end,
+/// `(failures + RUN_PRIOR) / (calls + RUN_PRIOR)`, so that a few good calls of theirs
+/// prove little: with no failure in 10 calls it reads 23%, in 100 calls 3%. A run judged
+/// too early is reported again at the next multiple of the limit.
+const RUN_PRIOR: f64 = 3.0;
 
 /// Why a member was ejected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,11 +167,12 @@ impl Outliers {
         }
         // The others' share over the last one to two intervals.
         let rest = others.iter().map(|c| self.recent(c)).fold(Counts::default(), Counts::add);
-        if !others.is_empty() && rest.requests < RUN_SAMPLE_PER_FAILURE * u64::from(limit) {
-            tracing::debug!(task = failing.task, "a run of failures, too few other calls to judge it yet");
-            return false;
-        }
-        let rest = rest.share();
+        // With no other member there is nothing to compare: the run stands out.
+        let rest = if others.is_empty() {
+            0.0
+        } else {
+            ((rest.failures as f64 + RUN_PRIOR) / (rest.requests as f64 + RUN_PRIOR)).min(1.0)
+        };
         let calls = self.recent(&failing).requests.max(u64::from(limit)) as f64;
         let expected_runs = calls * rest.powi(limit.min(i32::MAX as u32) as i32);
         if expected_runs >= RUN_EVIDENCE {
