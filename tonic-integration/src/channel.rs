@@ -4,6 +4,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use futures_util::{Stream, StreamExt};
@@ -19,6 +20,7 @@ use tonic::transport::{Channel, Endpoint};
 use tower::{BoxError, Service};
 
 use crate::classify::GrpcClassifier;
+use crate::health::{with_health, HealthBoard, WatchGuard};
 use crate::replay::{never_sent, replayable};
 
 /// The metadata key a request's slice key is read from by default.
@@ -32,6 +34,31 @@ pub struct TaskEndpoint(pub Endpoint);
 impl PartialEq for TaskEndpoint {
     fn eq(&self, other: &Self) -> bool {
         self.0.uri() == other.0.uri()
+    }
+}
+
+/// The connection to one member of the subset: a tonic `Channel`, and the member's
+/// health watcher when active health checks are on
+/// ([`SteadyChannelBuilder::health_checks`]). Cloning it clones the channel.
+#[derive(Clone, Debug)]
+pub struct MemberChannel {
+    channel: Channel,
+    _health: Option<Arc<WatchGuard>>,
+}
+
+impl Service<http::Request<Body>> for MemberChannel {
+    type Response = http::Response<Body>;
+    type Error = tonic::transport::Error;
+    type Future = tonic::transport::channel::ResponseFuture;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.channel.poll_ready(cx)
+    }
+
+    #[inline]
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        self.channel.call(req)
     }
 }
 
@@ -78,7 +105,7 @@ impl KeyExtractor<http::Request<Body>> for MetadataKey {
 /// ```
 #[derive(Clone)]
 pub struct SteadyChannel {
-    balance: Balance<Channel, MetadataKey, GrpcClassifier>,
+    balance: Balance<MemberChannel, MetadataKey, GrpcClassifier>,
 }
 
 impl fmt::Debug for SteadyChannel {
@@ -93,6 +120,8 @@ pub struct SteadyChannelBuilder {
     config: BalanceConfig,
     key_header: HeaderName,
     classifier: GrpcClassifier,
+    /// The service name of active health checks; `None`: off.
+    health_service: Option<String>,
 }
 
 impl SteadyChannel {
@@ -102,6 +131,7 @@ impl SteadyChannel {
             config,
             key_header: HeaderName::from_static(DEFAULT_KEY_HEADER),
             classifier: GrpcClassifier::default(),
+            health_service: None,
         }
     }
 
@@ -130,7 +160,7 @@ impl SteadyChannel {
     }
 
     /// The underlying balancer.
-    pub fn balance(&self) -> &Balance<Channel, MetadataKey, GrpcClassifier> {
+    pub fn balance(&self) -> &Balance<MemberChannel, MetadataKey, GrpcClassifier> {
         &self.balance
     }
 }
@@ -139,6 +169,18 @@ impl SteadyChannelBuilder {
     /// Reads slice keys from this metadata entry instead of `x-slice-key`.
     pub fn key_header(mut self, header: HeaderName) -> Self {
         self.key_header = header;
+        self
+    }
+
+    /// Turns on active health checks (off by default): each member's
+    /// `grpc.health.v1.Health/Watch` stream for `service` (`""`: the server as a whole),
+    /// on the member's own connection. A member reported anything but `SERVING` is taken
+    /// out of rotation as a draining task is (its requests in flight finish, the next
+    /// backend in the order stands in) until it reports `SERVING` again. A backend
+    /// without the health service is taken as serving. The checks cost one stream per
+    /// member and nothing per request.
+    pub fn health_checks(mut self, service: impl Into<String>) -> Self {
+        self.health_service = Some(service.into());
         self
     }
 
@@ -204,17 +246,29 @@ impl SteadyChannelBuilder {
         self,
         views: impl Stream<Item = JobView<TaskEndpoint>> + Send + 'static,
     ) -> Result<SteadyChannel, ConfigError> {
+        let board = self.health_service.map(HealthBoard::new);
         // An endpoint without a connect timeout of its own gets the balancer's, so that a
         // reconnection inside tonic's channel gives up as a first connection does.
         let timeout = self.config.connect_timeout;
+        let watchers = board.clone();
         let connect = tower::service_fn(move |task: TaskEndpoint| {
             let endpoint = match task.0.get_connect_timeout() {
                 Some(_) => task.0,
                 None => task.0.connect_timeout(timeout),
             };
-            async move { endpoint.connect().await.map_err(BoxError::from) }
+            let watchers = watchers.clone();
+            async move {
+                let uri = endpoint.uri().clone();
+                let channel = endpoint.connect().await.map_err(BoxError::from)?;
+                let health = watchers.map(|board| Arc::new(board.watch(uri, channel.clone())));
+                Ok::<_, BoxError>(MemberChannel { channel, _health: health })
+            }
         });
-        let balance = Balance::new(self.config, connect, views)?
+        let balance = match board {
+            Some(board) => Balance::new(self.config, connect, with_health(views, board))?,
+            None => Balance::new(self.config, connect, views)?,
+        };
+        let balance = balance
             .with_key_extractor(MetadataKey { header: self.key_header })
             .with_classifier(self.classifier);
         Ok(SteadyChannel { balance })
@@ -256,7 +310,7 @@ fn to_status(error: BoxError) -> BoxError {
 /// (`steady_balance::ResponseFuture::resend`). The balancer has ejected the failed
 /// member by then, so the next pick avoids it.
 pub struct ResponseFuture {
-    inner: steady_balance::ResponseFuture<Channel, http::Request<Body>, GrpcClassifier>,
+    inner: steady_balance::ResponseFuture<MemberChannel, http::Request<Body>, GrpcClassifier>,
     /// A copy of the request, for another member if this one proves it never got it.
     replay: Option<http::Request<Body>>,
 }

@@ -34,11 +34,13 @@ mod classify;
 mod convert;
 #[cfg(feature = "demo")]
 pub mod demo;
+mod health;
 mod replay;
 mod watch;
 
 pub use channel::{
-    MetadataKey, ResponseFuture, SteadyChannel, SteadyChannelBuilder, TaskEndpoint, DEFAULT_KEY_HEADER,
+    MemberChannel, MetadataKey, ResponseFuture, SteadyChannel, SteadyChannelBuilder, TaskEndpoint,
+    DEFAULT_KEY_HEADER,
 };
 pub use classify::{GrpcClassifier, DEFAULT_FAULTS};
 #[allow(deprecated)]

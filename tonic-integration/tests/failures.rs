@@ -227,3 +227,90 @@ async fn a_status_in_the_trailers_is_classified_when_the_body_ends() {
         }
     }
 }
+
+/// A backend with the standard health service beside its echo service.
+struct Checked {
+    calls: Arc<AtomicUsize>,
+    reporter: tonic_health::server::HealthReporter,
+    _stop: tokio::sync::oneshot::Sender<()>,
+    addr: std::net::SocketAddr,
+}
+
+async fn checked_backend(task: u32) -> Checked {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    let backend = Backend { task, mode: Arc::new(Mutex::new(Mode::Fine)), calls: Arc::default() };
+    let calls = backend.calls.clone();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(health)
+            .add_service(EchoServer::new(backend))
+            .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), async {
+                let _ = stopped.await;
+            }),
+    );
+    Checked { calls, reporter, _stop: stop, addr }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_health_checks_a_member_not_serving_leaves_rotation_until_it_serves_again() {
+    const SERVICE: &str = "steady.echo.v1.Echo";
+    let mut backends = Vec::new();
+    for task in 0..3 {
+        let b = checked_backend(task).await;
+        b.reporter.set_service_status(SERVICE, tonic_health::ServingStatus::Serving).await;
+        backends.push(b);
+    }
+    let endpoints = backends.iter().map(|b| endpoint(b.addr)).collect();
+    let channel = SteadyChannel::builder(BalanceConfig::new(0, 2))
+        .health_checks(SERVICE)
+        .from_endpoints(endpoints)
+        .unwrap();
+    assert!(channel.balance().wait_for_members(2, Duration::from_secs(10)).await);
+    let subset = channel.stats().subset;
+    let (bad, spare) = (subset[0], (0..3).find(|t| !subset.contains(t)).unwrap());
+    backends[bad].reporter.set_service_status(SERVICE, tonic_health::ServingStatus::NotServing).await;
+    eventually("the member reported NOT_SERVING leaves the subset", || {
+        let s = channel.stats();
+        !s.subset.contains(&bad) && s.members.len() == 2
+    })
+    .await;
+    // The next backend in the order stands in, and the member gets no new request.
+    assert!(channel.stats().subset.contains(&spare));
+    let before = backends[bad].calls.load(Ordering::SeqCst);
+    let mut client = EchoClient::new(channel.clone());
+    for _ in 0..50 {
+        client.echo(EchoRequest { payload: b"hi".to_vec() }).await.unwrap();
+    }
+    assert_eq!(backends[bad].calls.load(Ordering::SeqCst), before);
+    // Serving again: back in the subset, and it gets requests again.
+    backends[bad].reporter.set_service_status(SERVICE, tonic_health::ServingStatus::Serving).await;
+    eventually("the member serving again is back", || {
+        let s = channel.stats();
+        s.subset.contains(&bad) && s.members.iter().any(|m| m.task == bad)
+    })
+    .await;
+    let before = backends[bad].calls.load(Ordering::SeqCst);
+    for _ in 0..200 {
+        client.echo(EchoRequest { payload: b"hi".to_vec() }).await.unwrap();
+    }
+    assert!(backends[bad].calls.load(Ordering::SeqCst) > before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_health_checks_a_backend_without_the_health_service_serves() {
+    let fleet_backends = support::start_backends(2).await;
+    let channel = SteadyChannel::builder(BalanceConfig::new(0, 2))
+        .health_checks("")
+        .from_endpoints(support::endpoints(&fleet_backends))
+        .unwrap();
+    assert!(channel.balance().wait_for_members(2, Duration::from_secs(10)).await);
+    let mut client = EchoClient::new(channel.clone());
+    for _ in 0..100 {
+        client.echo(EchoRequest { payload: b"hi".to_vec() }).await.unwrap();
+    }
+    assert_eq!(channel.stats().members.len(), 2);
+    assert!(fleet_backends.iter().all(|b| b.backend.requests.load(Ordering::SeqCst) > 0));
+}
