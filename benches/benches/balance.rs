@@ -6,7 +6,9 @@
 //! * `bare` — one `service_fn`, no balancing: the floor;
 //! * `tower_p2c` — `tower::balance::p2c::Balance` over the endpoints, each wrapped in
 //!   `tower::load::PendingRequests` (the baseline);
-//! * `steady` — `steady_balance::Balance` with k = N (every endpoint a member).
+//! * `steady` — `steady_balance::Balance` with k = N (every endpoint a member), default
+//!   configuration; `steady_inflight` and `steady_ewma` the same with the load signal
+//!   pinned to requests in flight and to Peak EWMA (`Load::peak_ewma()`).
 //!
 //! Target (DESIGN §5): steady at least 3x faster than tower_p2c at every N. Ratios:
 //! `cargo run --release -p steady-benches --bin bench-ratios -- pick tower_p2c`.
@@ -19,7 +21,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use steady_balance::{Balance, BalanceConfig, JobView};
+use steady_balance::{Balance, BalanceConfig, JobView, Load};
 use steady_subset::{Algorithm, Subsetting};
 use tokio::runtime::Runtime;
 use tokio::sync::watch;
@@ -72,16 +74,26 @@ fn pick(c: &mut Criterion) {
             let mut balance = rt.block_on(async { p2c::Balance::new(ServiceList::new(services)) });
             b.iter_custom(|iters| rt.block_on(drive(&mut balance, iters)));
         });
-        group.bench_with_input(BenchmarkId::new("steady", n), &n, |b, &n| {
-            let mut balance = rt.block_on(async {
-                let connect = service_fn(|_task: usize| async { Ok::<_, Infallible>(endpoint()) });
-                let balance =
-                    Balance::from_addresses(BalanceConfig::new(0, n), connect, (0..n).collect()).unwrap();
-                assert!(balance.wait_for_members(n, Duration::from_secs(10)).await);
-                balance
+        // The default configuration, then each load signal pinned.
+        for (name, load) in [
+            ("steady", None),
+            ("steady_inflight", Some(Load::InFlight)),
+            ("steady_ewma", Some(Load::peak_ewma())),
+        ] {
+            group.bench_with_input(BenchmarkId::new(name, n), &n, |b, &n| {
+                let mut balance = rt.block_on(async {
+                    let connect = service_fn(|_task: usize| async { Ok::<_, Infallible>(endpoint()) });
+                    let mut config = BalanceConfig::new(0, n);
+                    if let Some(load) = load {
+                        config = config.with_load(load);
+                    }
+                    let balance = Balance::from_addresses(config, connect, (0..n).collect()).unwrap();
+                    assert!(balance.wait_for_members(n, Duration::from_secs(10)).await);
+                    balance
+                });
+                b.iter_custom(|iters| rt.block_on(drive(&mut balance, iters)));
             });
-            b.iter_custom(|iters| rt.block_on(drive(&mut balance, iters)));
-        });
+        }
     }
     group.finish();
 }

@@ -40,6 +40,15 @@ pub enum Load {
     },
 }
 
+impl Load {
+    /// Peak EWMA with a 1 s decay and a 1 ms estimate before the first response: the
+    /// settings the throughput benchmark measures (`rpc-throughput`, client
+    /// `steady_ewma`).
+    pub fn peak_ewma() -> Self {
+        Load::PeakEwma { decay: Duration::from_secs(1), default_rtt: Duration::from_millis(1) }
+    }
+}
+
 /// What a keyed request does when none of its slice's replicas is usable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum NoReplicaPolicy {

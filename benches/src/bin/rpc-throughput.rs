@@ -53,8 +53,9 @@
 //!   of `rr4` and of `balance_list` in the same round;
 //! * `cpu µs/r` — CPU time the process spent per attempt (median over rounds).
 //!
-//! `STEADY_LOAD=ewma` makes the steady channel balance by Peak EWMA latency instead of
-//! in-flight counts.
+//! Two more clients compare the load signals in the same rounds (not run unless named
+//! in `--clients`): `steady_inflight` (requests in flight) and `steady_ewma` (Peak EWMA
+//! latency times requests in flight, `Load::peak_ewma()`); `steady` runs the default.
 //!
 //! For a quieter measurement, run the servers in a process of their own on another core:
 //! `taskset -c 1 rpc-throughput --serve [--scenario S]` prints their addresses (task 0
@@ -69,7 +70,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use steady_balance::BalanceConfig;
+use steady_balance::{BalanceConfig, Load};
 use steady_tonic::demo::percentile;
 use steady_tonic::echo::echo_client::EchoClient;
 use steady_tonic::echo::echo_server::{Echo, EchoServer};
@@ -188,7 +189,7 @@ fn options() -> Options {
         serve: false,
         connect: None,
         concurrency: vec![1, 16, 256],
-        clients: CLIENTS.iter().map(ToString::to_string).collect(),
+        clients: CLIENTS[..4].iter().map(ToString::to_string).collect(),
         scenario: Scenario::Equal,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -391,7 +392,7 @@ fn failed_task(status: &Status) -> usize {
 const GRACE: Duration = Duration::from_secs(10);
 
 /// The clients, in the order a round runs them (rotated from round to round).
-const CLIENTS: [&str; 4] = ["rr4", "steady", "balance_list", "single"];
+const CLIENTS: [&str; 6] = ["rr4", "steady", "balance_list", "single", "steady_inflight", "steady_ewma"];
 
 /// One round: `concurrency` loops for `seconds`.
 async fn round<T>(
@@ -492,22 +493,27 @@ fn main() {
     rt.block_on(async move {
         let endpoints: Vec<Endpoint> =
             addrs.iter().map(|a| Endpoint::from_shared(format!("http://{a}")).unwrap()).collect();
-        // STEADY_LOAD=ewma: Peak EWMA instead of in-flight counts (an experiment switch).
-        let mut config = BalanceConfig::new(0, 4);
-        if std::env::var("STEADY_LOAD").as_deref() == Ok("ewma") {
-            config = config.with_load(steady_balance::Load::PeakEwma {
-                decay: Duration::from_secs(1),
-                default_rtt: Duration::from_millis(1),
-            });
-        }
-        let steady = SteadyChannel::builder(config)
-            .from_endpoints(endpoints.clone())
-            .expect("valid balancer configuration");
+        // `steady` runs the default configuration; `steady_inflight` and `steady_ewma` pin
+        // the load signal, to compare the two in the same rounds.
+        let channel = |load: Option<Load>| {
+            let mut config = BalanceConfig::new(0, 4);
+            if let Some(load) = load {
+                config = config.with_load(load);
+            }
+            SteadyChannel::builder(config)
+                .from_endpoints(endpoints.clone())
+                .expect("valid balancer configuration")
+        };
+        let steady = channel(None);
+        let steady_inflight = channel(Some(Load::InFlight));
+        let steady_ewma = channel(Some(Load::peak_ewma()));
         // Wait for the steady channel to connect to every server that accepts calls.
         let good = if scenario == Scenario::Failing { 3 } else { 4 };
         let deadline_each = (scenario == Scenario::Blackhole).then_some(DEADLINE);
         let start = Instant::now();
-        while steady.stats().members.len() < good && start.elapsed() < Duration::from_secs(10) {
+        while [&steady, &steady_inflight, &steady_ewma].iter().any(|c| c.stats().members.len() < good)
+            && start.elapsed() < Duration::from_secs(10)
+        {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let mut channels = Vec::new();
@@ -548,10 +554,17 @@ fn main() {
             let run = |name: &str, seconds: f64| {
                 let (steady, rr, balanced, single) =
                     (steady.clone(), rr.clone(), balanced.clone(), single.clone());
+                let (steady_inflight, steady_ewma) = (steady_inflight.clone(), steady_ewma.clone());
                 let name = name.to_string();
                 async move {
                     match name.as_str() {
                         "steady" => round(EchoClient::new(steady), concurrency, seconds, deadline_each).await,
+                        "steady_inflight" => {
+                            round(EchoClient::new(steady_inflight), concurrency, seconds, deadline_each).await
+                        }
+                        "steady_ewma" => {
+                            round(EchoClient::new(steady_ewma), concurrency, seconds, deadline_each).await
+                        }
                         "rr4" => round(EchoClient::new(rr), concurrency, seconds, deadline_each).await,
                         "balance_list" => {
                             round(EchoClient::new(balanced), concurrency, seconds, deadline_each).await
