@@ -10,7 +10,8 @@ use steady_balance::TaskState;
 use super::record::{valid_address, TaskRecord};
 use super::{bounded, check_job, indices_in, keys_only, unavailable, Registry, RegistryError, MAX_TASKS};
 use crate::identity::Identity;
-use steady_etcd::HeldLease;
+use steady_etcd::{HeldLease, LeaseMode};
+use tokio::time::Instant;
 
 /// A task's key in the registry, held under a lease that a task of its own renews.
 ///
@@ -25,11 +26,26 @@ use steady_etcd::HeldLease;
 /// the key disappears at once and the index is free for the next claimant. A task that
 /// crashes stops renewing; etcd deletes its key a TTL later.
 ///
+/// # Through an outage of etcd
+///
+/// The lease is kept as an identity, not a lock ([`LeaseMode::Tolerant`]): while etcd
+/// does not answer, the keeper keeps retrying (within half a second of each failure) and
+/// the registration still counts as held, past the TTL too, so its holder keeps using
+/// its index. A restarted etcd restores its leases with a fresh TTL and the next renewal
+/// is answered: nothing was lost, nothing moves. [`Registration::is_confirmed`] tells
+/// whether etcd has vouched for the lease within its TTL.
+///
+/// The cost, where etcd stays up but this task cannot reach it (a partition) for longer
+/// than the TTL: etcd deletes the key, another claimant may take the index, and for a
+/// while two tasks use it (their subsets overlap) until this task reaches etcd again
+/// and learns the lease is gone.
+///
 /// # Losing it
 ///
-/// If the lease lapses anyway (etcd unreachable for a whole TTL) the key is gone and
-/// [`Registration::lost`] resolves; the registration is not renewed or re-created: its
-/// holder should register (or claim) again, and a claim may then get another index.
+/// When etcd answers that it no longer knows the lease (it lapsed or was revoked), the
+/// key is gone (or going) and [`Registration::lost`] resolves; the registration is not
+/// renewed or re-created: its holder should register (or claim) again, and a claim may
+/// then get another index.
 pub struct Registration {
     registry: Registry,
     job: String,
@@ -88,14 +104,29 @@ impl Registration {
         }
     }
 
-    /// Whether the lease is alive, as far as its keeper knows (its renewals are
-    /// answered). `false` once [`Registration::lost`] has resolved.
+    /// Whether the registration counts as held: `true` until etcd answers that the lease
+    /// is gone (also while etcd does not answer; see "Through an outage of etcd"),
+    /// `false` once [`Registration::lost`] has resolved.
     pub fn is_held(&self) -> bool {
         self.lease.is_alive()
     }
 
-    /// Resolves when the lease is lost (it lapsed, or etcd no longer knows it): the key
-    /// is gone; see "Losing it" above.
+    /// Whether the registration is held and etcd vouches for its lease now: a renewal
+    /// was answered within the last TTL (counted from its sending). `false` while etcd
+    /// has not answered for a TTL, even though the registration still counts as held.
+    pub fn is_confirmed(&self) -> bool {
+        self.lease.is_confirmed()
+    }
+
+    /// Until when etcd is known to keep the lease: the sending of the last answered
+    /// renewal plus the TTL (never later than etcd's own expiry, unless the lease is
+    /// revoked). In the past while etcd has not answered for a TTL.
+    pub fn renewed_until(&self) -> Instant {
+        self.lease.renewed_until()
+    }
+
+    /// Resolves when the lease is lost, on etcd's word (it lapsed or was revoked): the
+    /// key is gone; see "Losing it" above. An outage of etcd alone never resolves it.
     pub async fn lost(&self) {
         let mut held = self.lease.held();
         // An error means the keeper ended, which it does only after reporting the loss
@@ -186,9 +217,7 @@ impl Registry {
         if index >= MAX_TASKS {
             return Err(RegistryError::InvalidArgument { what: "index", reason: "below MAX_TASKS (65,536)" });
         }
-        let lease = HeldLease::grant(&self.client, self.config.lease_ttl, self.timeout(), "registry")
-            .await
-            .map_err(unavailable)?;
+        let lease = self.grant_lease().await?;
         let key = self.task_key(job, index);
         let value = TaskRecord { address: address.to_owned(), state: TaskState::Serving }.encode();
         let mut kv = self.client.kv_client();
@@ -215,9 +244,7 @@ impl Registry {
     pub async fn claim(&self, job: &str, member: &str) -> Result<Registration, RegistryError> {
         check_job(job)?;
         check_address(member)?;
-        let lease = HeldLease::grant(&self.client, self.config.lease_ttl, self.timeout(), "registry")
-            .await
-            .map_err(unavailable)?;
+        let lease = self.grant_lease().await?;
         let prefix = self.tasks_prefix(job);
         let value = TaskRecord { address: member.to_owned(), state: TaskState::Serving }.encode();
         let mut held = self.held_indices(job).await?;
@@ -276,6 +303,14 @@ impl Registry {
     /// As [`Registry::claim`].
     pub async fn claim_index(&self, job: &str, member: &str) -> Result<Identity, RegistryError> {
         self.claim(job, member).await.map(Registration::into_identity)
+    }
+
+    /// A lease for a registration: kept as an identity, not a lock (see
+    /// [`Registration`]'s "Through an outage of etcd").
+    async fn grant_lease(&self) -> Result<HeldLease, RegistryError> {
+        HeldLease::grant(&self.client, self.config.lease_ttl, self.timeout(), "registry", LeaseMode::Tolerant)
+            .await
+            .map_err(unavailable)
     }
 
     fn registration(
