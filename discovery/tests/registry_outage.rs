@@ -1,8 +1,9 @@
 //! The registry through the control plane's own outage, on a real etcd on 127.0.0.1
 //! (`steady_testing::Etcd`, skipped when etcd is missing unless STEADY_REQUIRE_ETCD is
 //! set): etcd is killed (SIGKILL) for three lease TTLs and restarted on its data, and
-//! every frontend keeps its index. Every wait is bounded; the measured figures are
-//! printed to stderr:
+//! every frontend keeps its index; a lease etcd really lost (revoked, with etcd up) is
+//! reported, and its holder takes its own index back, even from under another lease.
+//! Every wait is bounded; the measured figures are printed to stderr:
 //!
 //! ```text
 //! STEADY_REQUIRE_ETCD=1 cargo test -p steady-discovery --test registry_outage -- --nocapture
@@ -55,7 +56,6 @@ struct Frontend {
 /// Keeps a frontend's identity as an application would: whenever the registration is
 /// lost, re-claim (retrying while etcd does not answer), and publish the new one.
 async fn keep_identity(
-    registry: Registry,
     name: String,
     mut registration: Arc<Registration>,
     current: watch::Sender<Arc<Registration>>,
@@ -65,7 +65,7 @@ async fn keep_identity(
         registration.lost().await;
         losses.fetch_add(1, Ordering::Relaxed);
         let next = loop {
-            match registry.claim(registration.job(), &name).await {
+            match registration.reclaim().await {
                 Ok(next) => break next,
                 Err(RegistryError::Unavailable(_)) => tokio::time::sleep(RECLAIM_RETRY).await,
                 Err(error) => panic!("{name}: re-claim: {error}"),
@@ -126,17 +126,17 @@ async fn sixty_frontends_keep_their_indices_through_an_etcd_outage_of_three_ttls
         claims.push(tokio::spawn(async move {
             let name = format!("web-host-{n}");
             let registration = registry.claim(job, &name).await;
-            (registry, name, registration)
+            (name, registration)
         }));
     }
     let (mut frontends, mut keepers) = (Vec::new(), Vec::new());
     let losses = Arc::new(AtomicUsize::new(0));
     for claim in claims {
-        let (own_registry, name, registration) = within("a claim", claim).await.unwrap();
+        let (name, registration) = within("a claim", claim).await.unwrap();
         let registration = Arc::new(registration.unwrap());
         let (current, watched) = watch::channel(registration.clone());
         frontends.push(Frontend { name: name.clone(), first_index: registration.index(), current: watched });
-        keepers.push(tokio::spawn(keep_identity(own_registry, name, registration, current, losses.clone())));
+        keepers.push(tokio::spawn(keep_identity(name, registration, current, losses.clone())));
     }
     let mut first: Vec<usize> = frontends.iter().map(|f| f.first_index).collect();
     first.sort_unstable();
@@ -209,4 +209,76 @@ async fn sixty_frontends_keep_their_indices_through_an_etcd_outage_of_three_ttls
     for keeper in keepers {
         keeper.abort();
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_etcd_really_lost_is_reported_and_reclaimed_at_its_own_index_when_free() {
+    let Some(etcd) = Etcd::start() else { return };
+    let registry = connect(&etcd).await;
+    let job = "web";
+    let mut frontends = Vec::new();
+    for n in 0..6 {
+        let registration = within("a claim", registry.claim(job, &format!("web-host-{n}"))).await.unwrap();
+        assert_eq!(registration.index(), n);
+        frontends.push(registration);
+    }
+
+    // etcd up, and the leases of 1 and 3 revoked behind their holders' backs (as etcd
+    // expires the lease of a holder cut off from it for a TTL): both keys are gone, and
+    // each holder hears of it at its next renewal.
+    let mut raw = within("connecting", etcd_client::Client::connect([etcd.endpoint()], None)).await.unwrap();
+    for index in [1, 3] {
+        raw.lease_revoke(frontends[index].lease_id()).await.unwrap();
+    }
+    let revoked = Instant::now();
+    within("the holders see their loss", async {
+        frontends[1].lost().await;
+        frontends[3].lost().await;
+    })
+    .await;
+    eprintln!("revoked leases reported lost {:?} after the revocation (TTL {TTL:?})", revoked.elapsed());
+    assert!(!frontends[1].is_held() && !frontends[3].is_held());
+    let still_held: Vec<usize> = frontends.iter().filter(|f| f.is_held()).map(Registration::index).collect();
+    assert_eq!(still_held, [0, 2, 4, 5], "the others' leases are untouched");
+
+    // 3 re-claims first: its own index, although 1 is lower and free too; then 1.
+    let three = within("re-claim", frontends[3].reclaim()).await.unwrap();
+    assert_eq!(three.index(), 3, "a re-claim takes its own free index, not the lowest free one");
+    let one = within("re-claim", frontends[1].reclaim()).await.unwrap();
+    assert_eq!(one.index(), 1);
+    assert_ne!(three.lease_id(), frontends[3].lease_id(), "a lost lease is not reused");
+    assert!(one.is_held() && three.is_held());
+    assert_eq!(registry.job_size(job).await.unwrap(), 6);
+    frontends[1] = one;
+    frontends[3] = three;
+
+    // A member's own key under a lease that is not its current one (here its crashed
+    // predecessor's, not lapsed yet; after an etcd restart, its own old lease restored
+    // with a fresh TTL) is still its own: taken over in one transaction, and the old
+    // lease's lapse no longer deletes it.
+    let old_lease = frontends[5].lease_id();
+    frontends.pop().unwrap().crash();
+    let five = within("re-claim", registry.claim_preferring(job, "web-host-5", 5)).await.unwrap();
+    assert_eq!(five.index(), 5, "its own key, still there under the old lease");
+    within("the old lease lapses", async {
+        while raw.lease_time_to_live(old_lease, None).await.unwrap().ttl() > 0 {
+            tokio::time::sleep(SAMPLE_EVERY).await;
+        }
+    })
+    .await;
+    let key = raw.get(five.key(), None).await.unwrap();
+    assert_eq!(
+        key.kvs().first().map(|kv| kv.lease()),
+        Some(five.lease_id()),
+        "the key went with the old lease"
+    );
+    assert!(five.is_held());
+
+    // Somebody else's key is not taken: another member preferring index 0 gets the
+    // lowest free index.
+    let intruder = within("a claim", registry.claim_preferring(job, "intruder", 0)).await.unwrap();
+    assert_eq!(intruder.index(), 6);
+    assert!(frontends[0].is_held());
+    let zero = raw.get(frontends[0].key(), None).await.unwrap();
+    assert_eq!(zero.kvs().first().map(|kv| kv.lease()), Some(frontends[0].lease_id()));
 }
