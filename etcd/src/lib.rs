@@ -3,9 +3,13 @@
 //!
 //! * [`bounded`]: an etcd call that gives up after a timeout, with a [`CallError`] that
 //!   names the call;
-//! * [`HeldLease`]: a lease renewed every third of its TTL by a task of its own, whose
-//!   lapse is reported no later than etcd's own, revoked when dropped unless left to
-//!   lapse (for fault injection).
+//! * [`HeldLease`]: a lease renewed every third of its TTL by a task of its own (a failed
+//!   renewal is retried within half a second), revoked when dropped unless left to lapse
+//!   (for fault injection). Its [`LeaseMode`] says when it counts as lost: for a lock
+//!   ([`LeaseMode::Strict`], the election) no later than etcd's own expiry, even while
+//!   etcd cannot be asked; for an identity ([`LeaseMode::Tolerant`], the registry) only
+//!   when etcd answers that the lease is gone, so an outage of etcd that etcd survives
+//!   with its leases costs no identity.
 //!
 //! # Dependencies
 //!
@@ -91,7 +95,46 @@ pub async fn bounded<T>(
     }
 }
 
-/// An etcd lease renewed every third of its TTL by a task of its own.
+/// What a [`HeldLease`]'s keeper concludes when etcd does not answer its renewals: the
+/// one choice between a lease that guards a lock and one that carries an identity.
+///
+/// In both modes the keeper renews every third of the TTL, retries a failed renewal
+/// soon (after 50 ms, doubling up to 500 ms, never more than a third of the TTL) rather
+/// than a whole period later, and reports the lease lost at once when etcd answers that
+/// it does not know it (it lapsed or was revoked).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseMode {
+    /// For a lock or a leader's term (fencing): the lease counts as lost at the keeper's
+    /// own deadline, the sending of the last answered renewal plus the TTL etcd granted,
+    /// which is never later than etcd's own expiry. The holder never believes it holds
+    /// a lease that etcd has let go, at the price of giving the lease up during any
+    /// outage of etcd longer than what is left of the TTL, even one that etcd survives
+    /// with the lease (a restarted etcd restores its leases with a fresh TTL). After the
+    /// deadline the keeper stops; the lease is not renewed again.
+    Strict,
+    /// For an identity (a task's index in the registry): the lease counts as lost only
+    /// when etcd answers that it does not know it. While etcd does not answer, past the
+    /// deadline too, the keeper keeps retrying and the lease still counts as held, so the
+    /// holder keeps using what it holds; [`HeldLease::is_confirmed`] tells whether etcd
+    /// has vouched for it lately. Through an etcd restart the lease lives on: etcd
+    /// restores it with a fresh TTL and the next renewal is answered.
+    ///
+    /// The cost: while the holder is cut off from an etcd that stays up (a network
+    /// partition) longer than the TTL, etcd lets the lease go and deletes its keys, and
+    /// another task may take what they held before this holder hears of it (at its
+    /// first answered renewal). Right for an identity, where two tasks briefly sharing
+    /// an index only overlap subsets; wrong for a lock.
+    Tolerant,
+}
+
+/// The first wait before retrying a failed renewal; it doubles up to [`MAX_RETRY`].
+const FIRST_RETRY: Duration = Duration::from_millis(50);
+/// The longest wait between two renewal attempts after a failure (or a third of the
+/// TTL, when that is shorter).
+const MAX_RETRY: Duration = Duration::from_millis(500);
+
+/// An etcd lease renewed every third of its TTL by a task of its own, which reports
+/// when it is lost as its [`LeaseMode`] says.
 ///
 /// Dropping it revokes the lease (in the background, when a tokio runtime is running),
 /// which deletes every key attached to it at once; after [`HeldLease::stop_renewing`]
@@ -99,12 +142,15 @@ pub async fn bounded<T>(
 pub struct HeldLease {
     client: Client,
     id: i64,
+    mode: LeaseMode,
     timeout: Duration,
     keeper: JoinHandle<()>,
     /// Tells the keeper to stop renewing (it still reports the lapse).
     stop: watch::Sender<bool>,
-    /// `true` while the lease is alive, as far as the keeper knows.
+    /// `true` while the lease counts as held (see [`LeaseMode`]).
     held: watch::Receiver<bool>,
+    /// The keeper's deadline: when the last answered renewal was sent, plus the TTL.
+    renewed_until: watch::Receiver<Instant>,
     /// Who holds it, for the logs.
     holder: &'static str,
 }
@@ -114,14 +160,16 @@ impl fmt::Debug for HeldLease {
         f.debug_struct("HeldLease")
             .field("id", &self.id)
             .field("holder", &self.holder)
+            .field("mode", &self.mode)
             .field("alive", &self.is_alive())
+            .field("confirmed", &self.is_confirmed())
             .finish_non_exhaustive()
     }
 }
 
 impl HeldLease {
-    /// Grants a lease of `ttl` and starts keeping it alive; `holder` names it in logs
-    /// (`"registry"`, `"leadership"`).
+    /// Grants a lease of `ttl` and starts keeping it alive in `mode`; `holder` names it
+    /// in logs (`"registry"`, `"leadership"`).
     ///
     /// # Errors
     ///
@@ -131,24 +179,27 @@ impl HeldLease {
         ttl: Duration,
         timeout: Duration,
         holder: &'static str,
+        mode: LeaseMode,
     ) -> Result<Self, CallError> {
         let mut leases = client.lease_client();
         let granted_at = Instant::now();
         let response = bounded(timeout, "lease grant", leases.grant(ttl.as_secs() as i64, None)).await?;
         let (id, ttl) = (response.id(), Duration::from_secs(response.ttl().max(1) as u64));
         let (held_tx, held) = watch::channel(true);
+        let (renewed_tx, renewed_until) = watch::channel(granted_at + ttl);
         let (stop, stopped) = watch::channel(false);
-        let keeper = tokio::spawn(keep_alive(
-            client.clone(),
+        let keeper = Keeper {
+            client: client.clone(),
             id,
             ttl,
-            granted_at + ttl,
+            mode,
             timeout,
-            held_tx,
-            stopped,
+            held: held_tx,
+            renewed_until: renewed_tx,
             holder,
-        ));
-        Ok(Self { client: client.clone(), id, timeout, keeper, stop, held, holder })
+        };
+        let keeper = tokio::spawn(keeper.run(stopped));
+        Ok(Self { client: client.clone(), id, mode, timeout, keeper, stop, held, renewed_until, holder })
     }
 
     /// The lease's id.
@@ -156,18 +207,41 @@ impl HeldLease {
         self.id
     }
 
-    /// Follows whether the lease is alive (`false` once it lapsed or etcd forgot it).
+    /// The mode it is kept in.
+    pub fn mode(&self) -> LeaseMode {
+        self.mode
+    }
+
+    /// Follows whether the lease counts as held (`false` once it is lost, see
+    /// [`LeaseMode`]; it never turns `true` again).
     pub fn held(&self) -> watch::Receiver<bool> {
         self.held.clone()
     }
 
-    /// Whether the lease is alive as far as its keeper knows.
+    /// Whether the lease counts as held (see [`LeaseMode`]).
     pub fn is_alive(&self) -> bool {
         *self.held.borrow()
     }
 
+    /// Until when etcd is known to keep the lease: the sending of the last renewal etcd
+    /// answered (or of the grant) plus the TTL it granted, never later than etcd's own
+    /// expiry (unless something revokes the lease). A [`LeaseMode::Strict`] lease is
+    /// lost at this instant unless a renewal moves it; a [`LeaseMode::Tolerant`] one
+    /// may outlive it while etcd does not answer.
+    pub fn renewed_until(&self) -> Instant {
+        *self.renewed_until.borrow()
+    }
+
+    /// Whether the lease is held and etcd vouches for it now: [`HeldLease::is_alive`]
+    /// and [`HeldLease::renewed_until`] still ahead. `false` while a
+    /// [`LeaseMode::Tolerant`] lease outlives its deadline during an outage of etcd.
+    pub fn is_confirmed(&self) -> bool {
+        self.is_alive() && Instant::now() < self.renewed_until()
+    }
+
     /// Stops renewing: the lease lapses a TTL after its last renewal, and dropping it
-    /// no longer revokes it.
+    /// no longer revokes it. In either mode the keeper then reports it lost at its
+    /// deadline, [`HeldLease::renewed_until`].
     pub fn stop_renewing(&self) {
         self.stop.send_replace(true);
     }
@@ -212,58 +286,105 @@ impl Drop for HeldLease {
     }
 }
 
-/// Renews lease `id` every third of `ttl` until told to stop, and reports (through
-/// `held`) when it lapses: at `expires`, pushed back by each renewal to the time the
-/// renewal was *sent* plus the TTL etcd grants. Measured from the sending, our deadline
-/// is never later than etcd's, so the holder never believes it holds a lease etcd has
-/// let go.
-#[allow(clippy::too_many_arguments)]
-async fn keep_alive(
-    mut client: Client,
+/// The task that renews one lease; see [`LeaseMode`] for what it concludes when etcd
+/// does not answer.
+struct Keeper {
+    client: Client,
     id: i64,
     ttl: Duration,
-    mut expires: Instant,
+    mode: LeaseMode,
     timeout: Duration,
     held: watch::Sender<bool>,
-    mut stop: watch::Receiver<bool>,
+    /// The deadline: pushed back by each answered renewal to the time the renewal was
+    /// *sent* plus the TTL etcd grants. Measured from the sending, it is never later
+    /// than etcd's own expiry.
+    renewed_until: watch::Sender<Instant>,
     holder: &'static str,
-) {
-    let period = ttl / 3;
-    let mut renewals: Option<(LeaseKeeper, LeaseKeepAliveStream)> = None;
-    let mut renewing = true;
-    loop {
-        tokio::select! {
-            // The lapse first: when it is due, nothing else may report the lease alive.
-            biased;
-            _ = tokio::time::sleep_until(expires) => {
-                held.send_replace(false);
-                tracing::warn!(lease = id, holder, "lease lapsed");
-                return;
+}
+
+impl Keeper {
+    /// Renews the lease until it is lost (reported through `held`) or, once `stop`
+    /// says so, until its deadline passes.
+    async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        let period = self.ttl / 3;
+        let max_retry = MAX_RETRY.min(period);
+        let mut renewals: Option<(LeaseKeeper, LeaseKeepAliveStream)> = None;
+        let mut renewing = true;
+        let mut next_attempt = period;
+        // Failed attempts in a row: the retry backoff, and one warning per outage.
+        let mut failures = 0_u32;
+        let mut unconfirmed_reported = false;
+        loop {
+            let deadline = *self.renewed_until.borrow();
+            // A strict lease (or one left to lapse) is lost at the deadline; a tolerant
+            // one only on etcd's word.
+            let lapses_at_deadline = self.mode == LeaseMode::Strict || !renewing;
+            tokio::select! {
+                // The lapse first: when it is due, nothing else may report the lease alive.
+                biased;
+                _ = tokio::time::sleep_until(deadline), if lapses_at_deadline => {
+                    self.lost("lease lapsed: no renewal answered within its TTL");
+                    return;
+                }
+                _ = stop.changed(), if renewing => {
+                    renewing = false;
+                    renewals = None;
+                    continue;
+                }
+                _ = tokio::time::sleep(next_attempt), if renewing => {}
             }
-            _ = stop.changed(), if renewing => {
-                renewing = false;
-                renewals = None;
-                continue;
+            let sent = Instant::now();
+            // A strict lease must not count as held past its deadline while an attempt
+            // is pending: the attempt gives up at the deadline, and the lapse follows.
+            let mut give_up = sent + self.timeout.min(period);
+            if self.mode == LeaseMode::Strict {
+                give_up = give_up.min(deadline);
             }
-            _ = tokio::time::sleep(period), if renewing => {}
+            let attempt = renew(&mut self.client, self.id, &mut renewals);
+            let error = match tokio::time::timeout_at(give_up, attempt).await {
+                Ok(Renewal::Renewed(granted)) => {
+                    self.renewed_until.send_replace(sent + Duration::from_secs(granted));
+                    if failures > 0 {
+                        tracing::info!(
+                            lease = self.id,
+                            holder = self.holder,
+                            failures,
+                            "lease renewed again"
+                        );
+                    }
+                    (failures, unconfirmed_reported, next_attempt) = (0, false, period);
+                    continue;
+                }
+                Ok(Renewal::Gone) => {
+                    self.lost("etcd no longer knows the lease (lapsed or revoked)");
+                    return;
+                }
+                Ok(Renewal::Failed(error)) => error,
+                Err(_) => "no answer in time".to_owned(),
+            };
+            renewals = None;
+            failures += 1;
+            next_attempt = FIRST_RETRY.saturating_mul(2_u32.saturating_pow(failures - 1)).min(max_retry);
+            if failures == 1 {
+                tracing::warn!(lease = self.id, %error, holder = self.holder, "lease renewal failed; retrying");
+            } else {
+                tracing::debug!(lease = self.id, %error, holder = self.holder, failures, "lease renewal failed; retrying");
+            }
+            let past_deadline = Instant::now() >= *self.renewed_until.borrow();
+            if self.mode == LeaseMode::Tolerant && past_deadline && !unconfirmed_reported {
+                unconfirmed_reported = true;
+                tracing::warn!(
+                    lease = self.id,
+                    holder = self.holder,
+                    "lease past its deadline without an answer from etcd; still held until etcd says it is gone"
+                );
+            }
         }
-        let sent = Instant::now();
-        match tokio::time::timeout(timeout.min(period), renew(&mut client, id, &mut renewals)).await {
-            Ok(Renewal::Renewed(granted)) => expires = sent + Duration::from_secs(granted),
-            Ok(Renewal::Gone) => {
-                held.send_replace(false);
-                tracing::warn!(lease = id, holder, "etcd no longer knows the lease (lapsed or revoked)");
-                return;
-            }
-            Ok(Renewal::Failed(error)) => {
-                tracing::warn!(lease = id, %error, holder, "lease renewal failed; retrying");
-                renewals = None;
-            }
-            Err(_) => {
-                tracing::warn!(lease = id, holder, "lease renewal timed out; retrying");
-                renewals = None;
-            }
-        }
+    }
+
+    fn lost(&self, why: &'static str) {
+        self.held.send_replace(false);
+        tracing::warn!(lease = self.id, holder = self.holder, mode = ?self.mode, why, "lease lost");
     }
 }
 

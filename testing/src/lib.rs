@@ -53,8 +53,10 @@ const PORT_ATTEMPTS: usize = 5;
 
 /// A running single-member `etcd` on 127.0.0.1, for one test.
 ///
-/// Its client and peer ports were free when it started (bound to port 0, then released;
-/// a race for them is retried with new ports). Its data directory is a fresh temporary
+/// Its client and peer ports were free when it started (bound, then released; a race
+/// for them is retried with new ports), and lie below the kernel's ephemeral range, so
+/// that clients reconnecting while it is killed cannot take them before
+/// [`Etcd::restart`] binds them again. Its data directory is a fresh temporary
 /// directory. Dropping it kills the server and removes the directory, so a failing test
 /// leaves nothing running.
 #[derive(Debug)]
@@ -210,21 +212,68 @@ fn required() -> bool {
     std::env::var_os(REQUIRE_ETCD).is_some_and(|v| v != "0" && !v.is_empty())
 }
 
-/// Two distinct ports that were free a moment ago (the kernel's picks for port 0,
-/// released).
+/// Two distinct ports that were free a moment ago, below the kernel's ephemeral range
+/// when it can be read (Linux), else the kernel's picks for port 0.
+///
+/// Why below it: [`Etcd::restart`] binds the same ports again after [`Etcd::kill`], and
+/// meanwhile every client retrying a connection to a dead loopback port takes a new
+/// ephemeral port each time. Were etcd's ports in that range, one of those attempts
+/// could take one of them (or connect a socket to itself, which loopback allows) and the
+/// restart would fail with "address in use". Outside it, nothing but another listener
+/// binds them.
 fn free_ports() -> (SocketAddr, SocketAddr) {
-    let port = || {
-        TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+    let client = free_port(None);
+    (client, free_port(Some(client)))
+}
+
+/// A loopback port that was free a moment ago, other than `not`.
+fn free_port(not: Option<SocketAddr>) -> SocketAddr {
+    let free = |port: u16| {
+        TcpListener::bind((Ipv4Addr::LOCALHOST, port))
             .and_then(|l| l.local_addr())
-            .expect("bind a loopback port")
+            .ok()
+            .filter(|addr| Some(*addr) != not)
     };
-    let client = port();
-    loop {
-        let peer = port();
-        if peer != client {
-            return (client, peer);
+    if let Some(range) = below_ephemeral_range() {
+        let mut seed = seed();
+        for _ in 0..1000 {
+            seed = mix(seed);
+            let port = range.start + (seed % u64::from(range.end - range.start)) as u16;
+            if let Some(addr) = free(port) {
+                return addr;
+            }
         }
     }
+    loop {
+        if let Some(addr) = free(0) {
+            return addr;
+        }
+    }
+}
+
+/// Ports that no outgoing connection is given: the 10,000 below the start of the
+/// kernel's ephemeral range (`/proc/sys/net/ipv4/ip_local_port_range`), above 1024.
+/// `None` when the range cannot be read or leaves too little room below it.
+fn below_ephemeral_range() -> Option<std::ops::Range<u16>> {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    let low: u16 = text.split_whitespace().next()?.parse().ok()?;
+    let start = low.saturating_sub(10_000).max(1025);
+    (low > start + 1000).then_some(start..low)
+}
+
+/// A seed no other test (of this process or another) is likely to share.
+fn seed() -> u64 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    nanos ^ (u64::from(std::process::id()) << 32) ^ (u64::from(NEXT.fetch_add(1, Ordering::Relaxed)) << 48)
+}
+
+/// SplitMix64's step: spreads consecutive seeds over the whole range.
+fn mix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// A directory name no other test (of this process or another) uses.
@@ -268,6 +317,11 @@ mod tests {
     fn a_killed_etcd_restarts_on_the_same_port() {
         let Some(mut etcd) = Etcd::start() else { return };
         let endpoint = etcd.endpoint();
+        if let Some(range) = below_ephemeral_range() {
+            for port in [etcd.client.port(), etcd.peer.port()] {
+                assert!(range.contains(&port), "port {port} may be handed to a client meanwhile");
+            }
+        }
         etcd.kill();
         assert!(!healthy(etcd.client));
         etcd.restart();

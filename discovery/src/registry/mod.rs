@@ -45,6 +45,22 @@
 //!   attempt means another holder created a key since our read, so `C` simultaneous
 //!   claimants need at most `C` attempts each; a claim gives up after
 //!   [`RegistryConfig::max_claim_attempts`].
+//! * [`Registration::reclaim`] / [`Registry::claim_preferring`]: a member's own index
+//!   back, in one transaction, `If(value(key) == its record) Then(put) Else(
+//!   If(version(key) == 0) Then(put) Else(read the job's keys))`: taken when it is free
+//!   or its key records the member (under any lease: an old one of its own that a
+//!   restarted etcd restored, a crashed predecessor's); else a claim of the lowest free
+//!   index goes on from the keys read. After a mass loss every task takes its own
+//!   index back at one transaction each.
+//!
+//! # Through an outage of etcd
+//!
+//! Leases are kept as identities, not locks (`steady_etcd::LeaseMode::Tolerant`): while
+//! etcd does not answer, registrations still count as held and their keepers retry
+//! within half a second of each failure; a restarted etcd restores the leases with a
+//! fresh TTL and the next renewal is answered, so no index moves. A registration is
+//! lost only when etcd answers that its lease is gone ([`Registration::lost`]); its
+//! holder then re-claims ([`Registration::reclaim`]).
 //! * [`watch_job`]: one read of the prefix, then one etcd watch from the next revision.
 //! * [`Registry::job_size`]: one keys-only read of the prefix.
 //!

@@ -10,7 +10,8 @@ use steady_balance::TaskState;
 use super::record::{valid_address, TaskRecord};
 use super::{bounded, check_job, indices_in, keys_only, unavailable, Registry, RegistryError, MAX_TASKS};
 use crate::identity::Identity;
-use steady_etcd::HeldLease;
+use steady_etcd::{HeldLease, LeaseMode};
+use tokio::time::Instant;
 
 /// A task's key in the registry, held under a lease that a task of its own renews.
 ///
@@ -25,11 +26,27 @@ use steady_etcd::HeldLease;
 /// the key disappears at once and the index is free for the next claimant. A task that
 /// crashes stops renewing; etcd deletes its key a TTL later.
 ///
+/// # Through an outage of etcd
+///
+/// The lease is kept as an identity, not a lock ([`LeaseMode::Tolerant`]): while etcd
+/// does not answer, the keeper keeps retrying (within half a second of each failure) and
+/// the registration still counts as held, past the TTL too, so its holder keeps using
+/// its index. A restarted etcd restores its leases with a fresh TTL and the next renewal
+/// is answered: nothing was lost, nothing moves. [`Registration::is_confirmed`] tells
+/// whether etcd has vouched for the lease within its TTL.
+///
+/// The cost, where etcd stays up but this task cannot reach it (a partition) for longer
+/// than the TTL: etcd deletes the key, another claimant may take the index, and for a
+/// while two tasks use it (their subsets overlap) until this task reaches etcd again
+/// and learns the lease is gone.
+///
 /// # Losing it
 ///
-/// If the lease lapses anyway (etcd unreachable for a whole TTL) the key is gone and
-/// [`Registration::lost`] resolves; the registration is not renewed or re-created: its
-/// holder should register (or claim) again, and a claim may then get another index.
+/// When etcd answers that it no longer knows the lease (it lapsed or was revoked), the
+/// key is gone (or going) and [`Registration::lost`] resolves; this registration is not
+/// renewed or re-created. Its holder calls [`Registration::reclaim`], which takes the
+/// same index back when it is free (or its key still records this member), and else the
+/// lowest free one.
 pub struct Registration {
     registry: Registry,
     job: String,
@@ -88,14 +105,29 @@ impl Registration {
         }
     }
 
-    /// Whether the lease is alive, as far as its keeper knows (its renewals are
-    /// answered). `false` once [`Registration::lost`] has resolved.
+    /// Whether the registration counts as held: `true` until etcd answers that the lease
+    /// is gone (also while etcd does not answer; see "Through an outage of etcd"),
+    /// `false` once [`Registration::lost`] has resolved.
     pub fn is_held(&self) -> bool {
         self.lease.is_alive()
     }
 
-    /// Resolves when the lease is lost (it lapsed, or etcd no longer knows it): the key
-    /// is gone; see "Losing it" above.
+    /// Whether the registration is held and etcd vouches for its lease now: a renewal
+    /// was answered within the last TTL (counted from its sending). `false` while etcd
+    /// has not answered for a TTL, even though the registration still counts as held.
+    pub fn is_confirmed(&self) -> bool {
+        self.lease.is_confirmed()
+    }
+
+    /// Until when etcd is known to keep the lease: the sending of the last answered
+    /// renewal plus the TTL (never later than etcd's own expiry, unless the lease is
+    /// revoked). In the past while etcd has not answered for a TTL.
+    pub fn renewed_until(&self) -> Instant {
+        self.lease.renewed_until()
+    }
+
+    /// Resolves when the lease is lost, on etcd's word (it lapsed or was revoked): the
+    /// key is gone; see "Losing it" above. An outage of etcd alone never resolves it.
     pub async fn lost(&self) {
         let mut held = self.lease.held();
         // An error means the keeper ended, which it does only after reporting the loss
@@ -154,6 +186,28 @@ impl Registration {
         self.lease.stop_renewing();
     }
 
+    /// Claims an index again, for the same job and member, after this registration was
+    /// [lost](Registration::lost): this registration's own index when it is free or its
+    /// key still holds exactly what this registration wrote (under another lease: an old
+    /// one a restarted etcd restored, say), else the lowest free index, as
+    /// [`Registry::claim`] does. The new registration has a new lease and this one's
+    /// state (serving, or draining after [`Registration::drain`]).
+    ///
+    /// After a mass loss (every task of a job cut off from etcd for a TTL) every task
+    /// takes its own index back, so no subset moves, at a cost of one lease grant and
+    /// one transaction per task. See [`Registry::claim_preferring`] for the transaction.
+    ///
+    /// Meant for a lost registration: on one still held it takes its own key over with
+    /// the new lease, and this registration then no longer carries the key.
+    ///
+    /// # Errors
+    ///
+    /// As [`Registry::claim`]; on any error nothing new is held (retry on
+    /// [`RegistryError::Unavailable`]).
+    pub async fn reclaim(&self) -> Result<Registration, RegistryError> {
+        self.registry.claim_at(&self.job, &self.address, self.state(), Some(self.index)).await
+    }
+
     /// The index as a task [`Identity`] (origin [`Origin::Registry`](crate::identity::Origin::Registry)),
     /// which holds this registration (and so its lease) until it is dropped.
     pub fn into_identity(self) -> Identity {
@@ -186,16 +240,14 @@ impl Registry {
         if index >= MAX_TASKS {
             return Err(RegistryError::InvalidArgument { what: "index", reason: "below MAX_TASKS (65,536)" });
         }
-        let lease = HeldLease::grant(&self.client, self.config.lease_ttl, self.timeout(), "registry")
-            .await
-            .map_err(unavailable)?;
+        let lease = self.grant_lease().await?;
         let key = self.task_key(job, index);
         let value = TaskRecord { address: address.to_owned(), state: TaskState::Serving }.encode();
         let mut kv = self.client.kv_client();
         let put = kv.put(key.as_str(), value, Some(PutOptions::new().with_lease(lease.id())));
         bounded(self.timeout(), "put", put).await?;
         tracing::info!(%key, address, lease = lease.id(), "registry: registered");
-        Ok(self.registration(job, index, key, address, lease))
+        Ok(self.registration(job, index, key, address, TaskState::Serving, lease))
     }
 
     /// Takes the lowest free index of `job` for `member` (a frontend's name, or a
@@ -213,14 +265,127 @@ impl Registry {
     /// lost races; [`RegistryError::Unavailable`] when etcd does not answer. On any error
     /// nothing is held.
     pub async fn claim(&self, job: &str, member: &str) -> Result<Registration, RegistryError> {
+        self.claim_at(job, member, TaskState::Serving, None).await
+    }
+
+    /// Takes `index` of `job` for `member` if it is free or its key records `member`,
+    /// else the lowest free index as [`Registry::claim`] does; under a new lease, serving.
+    ///
+    /// For a member that knows its index from before: a lost registration (see
+    /// [`Registration::reclaim`]), or a restarted process that kept its last index. A
+    /// key that records `member` (`serving <member>`) is the member's own, whoever's
+    /// lease it is attached to (an old one of its own that a restarted etcd restored
+    /// with a fresh TTL, a crashed predecessor's that has not lapsed yet), and is taken
+    /// over: rewritten under the new lease, so that the old lease's lapse or revocation
+    /// no longer deletes it. Member names must therefore be unique in a job.
+    ///
+    /// # Costs
+    ///
+    /// One lease grant and one transaction, `If(value(key) == record) Then(put) Else(
+    /// If(version(key) == 0) Then(put) Else(read the job's keys))`, when the index is
+    /// taken back; otherwise the claim goes on as [`Registry::claim`] with the keys that
+    /// transaction read.
+    ///
+    /// # Errors
+    ///
+    /// As [`Registry::claim`], and [`RegistryError::InvalidArgument`] for an index at or
+    /// past [`MAX_TASKS`]. On any error nothing is held.
+    pub async fn claim_preferring(
+        &self,
+        job: &str,
+        member: &str,
+        index: usize,
+    ) -> Result<Registration, RegistryError> {
+        self.claim_at(job, member, TaskState::Serving, Some(index)).await
+    }
+
+    /// Claims for `member` in `state`: `preferred` when it is free or its key holds
+    /// exactly the record this claim writes, else the lowest free index.
+    async fn claim_at(
+        &self,
+        job: &str,
+        member: &str,
+        state: TaskState,
+        preferred: Option<usize>,
+    ) -> Result<Registration, RegistryError> {
         check_job(job)?;
         check_address(member)?;
-        let lease = HeldLease::grant(&self.client, self.config.lease_ttl, self.timeout(), "registry")
-            .await
-            .map_err(unavailable)?;
+        if preferred.is_some_and(|index| index >= MAX_TASKS) {
+            return Err(RegistryError::InvalidArgument { what: "index", reason: "below MAX_TASKS (65,536)" });
+        }
+        let lease = self.grant_lease().await?;
+        let value = TaskRecord { address: member.to_owned(), state }.encode();
+        let held = match preferred {
+            Some(index) => match self.take_own_index(job, index, &value, &lease).await? {
+                Ok(registration_key) => {
+                    tracing::info!(key = %registration_key, member, lease = lease.id(), "registry: re-claimed its own index");
+                    return Ok(self.registration(job, index, registration_key, member, state, lease));
+                }
+                Err(held) => held,
+            },
+            None => self.held_indices(job).await?,
+        };
+        self.claim_lowest_free(job, member, state, value, lease, held).await
+    }
+
+    /// One transaction: puts `value` at `index` under `lease` when the key holds exactly
+    /// `value` (it is the member's own, under whatever lease) or does not exist. Returns
+    /// the key when it did; else the job's held indices, read in the same transaction.
+    async fn take_own_index(
+        &self,
+        job: &str,
+        index: usize,
+        value: &str,
+        lease: &HeldLease,
+    ) -> Result<Result<String, Vec<usize>>, RegistryError> {
+        let (key, prefix) = (self.task_key(job, index), self.tasks_prefix(job));
+        let put = || TxnOp::put(key.as_str(), value, Some(PutOptions::new().with_lease(lease.id())));
+        // etcd compares are conjunctions: "ours or free" is a transaction nested in the
+        // else branch, still one round trip and one atomic step.
+        let if_free = Txn::new()
+            .when([Compare::version(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([put()])
+            .or_else([TxnOp::get(prefix.as_str(), Some(keys_only(MAX_TASKS)))]);
+        let txn = Txn::new()
+            .when([Compare::value(key.as_str(), CompareOp::Equal, value)])
+            .and_then([put()])
+            .or_else([TxnOp::txn(if_free)]);
+        let mut kv = self.client.kv_client();
+        let response = bounded(self.timeout(), "re-claim transaction", kv.txn(txn)).await?;
+        if response.succeeded() {
+            return Ok(Ok(key));
+        }
+        let inner = response.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Txn(inner) => Some(inner),
+            _ => None,
+        });
+        match inner {
+            Some(inner) if inner.succeeded() => Ok(Ok(key)),
+            Some(inner) => {
+                let mut held = held_in(&inner, prefix.len()).unwrap_or_default();
+                // The comparison failed, so `index` is held even if the read was cut short.
+                if let Err(position) = held.binary_search(&index) {
+                    held.insert(position, index);
+                }
+                Ok(Err(held))
+            }
+            // Not what etcd answers; read the job's keys as a plain claim would.
+            None => self.held_indices(job).await.map(Err),
+        }
+    }
+
+    /// The lowest free index, by create-if-absent transactions, starting from the
+    /// indices `held`.
+    async fn claim_lowest_free(
+        &self,
+        job: &str,
+        member: &str,
+        state: TaskState,
+        value: String,
+        lease: HeldLease,
+        mut held: Vec<usize>,
+    ) -> Result<Registration, RegistryError> {
         let prefix = self.tasks_prefix(job);
-        let value = TaskRecord { address: member.to_owned(), state: TaskState::Serving }.encode();
-        let mut held = self.held_indices(job).await?;
         let mut kv = self.client.kv_client();
         for attempt in 1..=self.config.max_claim_attempts {
             let index = lowest_free(&held);
@@ -239,26 +404,13 @@ impl Registry {
             let response = bounded(self.timeout(), "claim transaction", kv.txn(txn)).await?;
             if response.succeeded() {
                 tracing::info!(%key, member, attempt, lease = lease.id(), "registry: claimed");
-                return Ok(self.registration(job, index, key, member, lease));
+                return Ok(self.registration(job, index, key, member, state, lease));
             }
             // Someone created `index` since our read: take the keys this transaction
             // read (atomically with the failed comparison) and try the lowest free one.
-            held = response
-                .op_responses()
-                .into_iter()
-                .find_map(|op| match op {
-                    TxnOpResponse::Get(get) => {
-                        Some(indices_in(prefix.len(), get.kvs().iter().map(|kv| kv.key())))
-                    }
-                    _ => None,
-                })
-                .unwrap_or_else(|| {
-                    // Not what etcd answers; assume only that `index` is taken.
-                    let mut held = held.clone();
-                    held.push(index);
-                    held.sort_unstable();
-                    held
-                });
+            // (Without a read, which is not what etcd answers, assume only that `index`
+            // is taken.)
+            held = held_in(&response, prefix.len()).unwrap_or(held);
             // The comparison failed, so `index` is held even if the read was cut short.
             if let Err(position) = held.binary_search(&index) {
                 held.insert(position, index);
@@ -278,12 +430,21 @@ impl Registry {
         self.claim(job, member).await.map(Registration::into_identity)
     }
 
+    /// A lease for a registration: kept as an identity, not a lock (see
+    /// [`Registration`]'s "Through an outage of etcd").
+    async fn grant_lease(&self) -> Result<HeldLease, RegistryError> {
+        HeldLease::grant(&self.client, self.config.lease_ttl, self.timeout(), "registry", LeaseMode::Tolerant)
+            .await
+            .map_err(unavailable)
+    }
+
     fn registration(
         &self,
         job: &str,
         index: usize,
         key: String,
         address: &str,
+        state: TaskState,
         lease: HeldLease,
     ) -> Registration {
         Registration {
@@ -292,10 +453,18 @@ impl Registry {
             index,
             key,
             address: address.to_owned(),
-            draining: AtomicBool::new(false),
+            draining: AtomicBool::new(state == TaskState::Draining),
             lease,
         }
     }
+}
+
+/// The indices a transaction's get of the job's keys read, if it has one.
+fn held_in(response: &etcd_client::TxnResponse, prefix_len: usize) -> Option<Vec<usize>> {
+    response.op_responses().into_iter().find_map(|op| match op {
+        TxnOpResponse::Get(get) => Some(indices_in(prefix_len, get.kvs().iter().map(|kv| kv.key()))),
+        _ => None,
+    })
 }
 
 /// The smallest index not in `held` (ascending, without duplicates).

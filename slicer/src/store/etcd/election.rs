@@ -7,7 +7,7 @@ use etcd_client::{
     Client, Compare, CompareOp, Error as EtcdError, EventType, PutOptions, Txn, TxnOp, TxnOpResponse,
     WatchOptions,
 };
-use steady_etcd::HeldLease;
+use steady_etcd::{HeldLease, LeaseMode};
 use tokio::sync::watch;
 
 use super::{bounded, EtcdStore};
@@ -77,10 +77,18 @@ pub(super) async fn campaign(
             tokio::time::sleep(Duration::from_millis(100) * failures).await;
         }
         // A lease that lapsed while we waited cannot carry the leader key: take another.
+        // Strict: a term is a lock, so the leader must give it up no later than etcd
+        // could hand the key to a standby, even while etcd cannot be asked.
         if !lease.as_ref().is_some_and(HeldLease::is_alive) {
-            lease = match HeldLease::grant(client, store.config.lease_ttl, timeout, "leadership")
-                .await
-                .map_err(StoreError::unavailable)
+            lease = match HeldLease::grant(
+                client,
+                store.config.lease_ttl,
+                timeout,
+                "leadership",
+                LeaseMode::Strict,
+            )
+            .await
+            .map_err(StoreError::unavailable)
             {
                 Ok(granted) => Some(granted),
                 Err(error) => {

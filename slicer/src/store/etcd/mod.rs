@@ -112,8 +112,11 @@ impl EtcdConfig {
 ///   it fails, the leader key, read in the same transaction, tells
 ///   [`StoreError::NotLeader`] (the term is over) from [`StoreError::Conflict`].
 /// * A campaign grants a lease of [`EtcdConfig::lease_ttl`], keeps it alive (every third
-///   of the TTL), and creates the leader key if absent (`If(create_revision(leader) == 0)`),
-///   else waits for its deletion and tries again.
+///   of the TTL, a failed renewal retried within half a second), and creates the leader
+///   key if absent (`If(create_revision(leader) == 0)`), else waits for its deletion and
+///   tries again. The lease is kept strictly ([`steady_etcd::LeaseMode::Strict`]): the
+///   leader counts its term over when no renewal has been answered for a TTL, even if
+///   etcd was merely down and restores the lease when it comes back.
 /// * A watch reads the key, then follows it with an etcd watch from the next revision,
 ///   so nothing between the two is missed; after an error it re-establishes the watch
 ///   from the revision after the last it saw, with backoff (50 ms doubling to 2 s). If that
