@@ -168,12 +168,7 @@ impl BalanceConfig {
         check("no_backend_wait", self.no_backend_wait, Duration::ZERO, MAX_WAIT, "0..=1 h")?;
         check("affinity_wait", self.affinity_wait, Duration::ZERO, MAX_WAIT, "0..=1 h")?;
         check("affinity_idle", self.affinity_idle, MS, MAX_IDLE, "1 ms..=24 h")?;
-        let b = &self.backoff;
-        check("backoff.base", b.base, MS, MAX_WAIT, "1 ms..=1 h")?;
-        check("backoff.max", b.max, b.base, MAX_WAIT, "backoff.base..=1 h")?;
-        if !(0.0..=1.0).contains(&b.jitter) {
-            return Err(ConfigError::new("backoff.jitter", b.jitter, "0.0..=1.0"));
-        }
+        self.backoff.validate()?;
         if let Load::PeakEwma { decay, default_rtt } = self.load {
             check("load.decay", decay, MS, MAX_WAIT, "1 ms..=1 h")?;
             check("load.default_rtt", default_rtt, Duration::ZERO, MAX_WAIT, "0..=1 h")?;
@@ -242,7 +237,7 @@ pub(crate) fn validate_subset_size(k: usize) -> Result<(), ConfigError> {
     check("subset_size", k, 1, MAX_SUBSET_SIZE, "1..=MAX_SUBSET_SIZE (2^24)")
 }
 
-fn check<V: PartialOrd + std::fmt::Debug>(
+pub(crate) fn check<V: PartialOrd + std::fmt::Debug>(
     field: &'static str,
     value: V,
     min: V,
