@@ -34,7 +34,7 @@ async fn the_binary_serves_the_first_generation_to_a_watcher() {
     // "steady-slicer: job users on 127.0.0.1:PORT (Memory store), candidate assigner"
     let address = first.split_whitespace().nth(4).unwrap().to_owned();
     let endpoint = Endpoint::from_shared(format!("http://{address}")).unwrap();
-    let mut watch = Box::pin(steady_tonic::watch_assignments(endpoint, "users", Default::default()));
+    let mut watch = Box::pin(steady_tonic::watch_assignments(endpoint, "users", Default::default()).unwrap());
     let assignment =
         tokio::time::timeout(Duration::from_secs(10), watch.next()).await.unwrap().unwrap().unwrap();
     assert!(assignment.generation() >= 1);
