@@ -232,12 +232,40 @@ impl BalanceConfig {
     }
 }
 
+// Here, not in `backoff.rs`: the accepted ranges are configuration's (`MAX_WAIT`), and
+// `backoff` does not depend on `config`.
+impl Backoff {
+    /// Checks every field; the first out of its range is the error.
+    ///
+    /// | field | accepted |
+    /// |---|---|
+    /// | `backoff.base` | `1 ms..=MAX_WAIT` (an hour) |
+    /// | `backoff.max` | `backoff.base..=MAX_WAIT` |
+    /// | `backoff.jitter` | a number in `0.0..=1.0` |
+    ///
+    /// [`crate::BalanceConfig::validate`] runs this same check on its `backoff`.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the field (`backoff.base`, `backoff.max` or
+    /// `backoff.jitter`), its value and the accepted range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        const MS: Duration = Duration::from_millis(1);
+        check("backoff.base", self.base, MS, MAX_WAIT, "1 ms..=1 h")?;
+        check("backoff.max", self.max, self.base, MAX_WAIT, "backoff.base..=1 h")?;
+        if !(0.0..=1.0).contains(&self.jitter) {
+            return Err(ConfigError::new("backoff.jitter", self.jitter, "0.0..=1.0"));
+        }
+        Ok(())
+    }
+}
+
 /// Checks a subset size `k` (at build time and when it is changed at run time).
 pub(crate) fn validate_subset_size(k: usize) -> Result<(), ConfigError> {
     check("subset_size", k, 1, MAX_SUBSET_SIZE, "1..=MAX_SUBSET_SIZE (2^24)")
 }
 
-pub(crate) fn check<V: PartialOrd + std::fmt::Debug>(
+fn check<V: PartialOrd + std::fmt::Debug>(
     field: &'static str,
     value: V,
     min: V,

@@ -11,7 +11,7 @@ use futures_util::StreamExt;
 use proptest::prelude::*;
 use steady_balance::{
     Assignment, Backoff, Balance, BalanceConfig, BalanceError, BalanceLayer, JobView, Load, SliceKey,
-    MAX_SUBSET_SIZE,
+    MAX_SUBSET_SIZE, MAX_WAIT,
 };
 use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
@@ -121,6 +121,41 @@ proptest! {
             }
             Ok(())
         })?;
+    }
+}
+
+/// A `Backoff` alone (as `watch_assignments` and `Slicelet::report_to_with_backoff` take
+/// it) is checked with the same ranges as `BalanceConfig::validate` checks its own.
+#[test]
+fn a_backoff_out_of_range_is_a_typed_error_naming_its_field() {
+    let good = Backoff::default();
+    assert_eq!(good.validate(), Ok(()));
+    let ms = Duration::from_millis(1);
+    let cases = [
+        (Backoff { base: Duration::ZERO, ..good }, "backoff.base"),
+        (Backoff { base: ms - Duration::from_nanos(1), ..good }, "backoff.base"),
+        (Backoff { base: MAX_WAIT + Duration::from_nanos(1), max: Duration::MAX, ..good }, "backoff.base"),
+        (Backoff { base: Duration::MAX, max: Duration::MAX, ..good }, "backoff.base"),
+        (Backoff { base: ms * 10, max: ms * 9, ..good }, "backoff.max"),
+        (Backoff { max: MAX_WAIT + Duration::from_nanos(1), ..good }, "backoff.max"),
+        (Backoff { max: Duration::MAX, ..good }, "backoff.max"),
+        (Backoff { jitter: f64::NAN, ..good }, "backoff.jitter"),
+        (Backoff { jitter: -0.1, ..good }, "backoff.jitter"),
+        (Backoff { jitter: 1.0 + f64::EPSILON, ..good }, "backoff.jitter"),
+        (Backoff { jitter: f64::INFINITY, ..good }, "backoff.jitter"),
+    ];
+    for (backoff, field) in cases {
+        let error = backoff.validate().unwrap_err();
+        assert_eq!(error.field(), field, "{backoff:?}: {error}");
+        assert!(error.to_string().contains(field), "{error}");
+        // The same error as a balancer configuration with it.
+        assert_eq!(BalanceConfig::new(0, 1).with_backoff(backoff).validate(), Err(error));
+    }
+    // The bounds themselves are accepted.
+    for backoff in
+        [Backoff { base: ms, max: ms, jitter: 0.0 }, Backoff { base: MAX_WAIT, max: MAX_WAIT, jitter: 1.0 }]
+    {
+        assert_eq!(backoff.validate(), Ok(()), "{backoff:?}");
     }
 }
 
