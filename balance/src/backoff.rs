@@ -6,6 +6,11 @@ use steady_subset::prng::SplitMix64;
 
 /// Reconnection delays: `base × 2^(failures - 1)`, capped at `max`, then scaled by a
 /// random factor in `[1 - jitter, 1]` so that many frontends do not retry in lockstep.
+///
+/// The fields are public, so any values can be built; every API that takes a `Backoff`
+/// checks it with [`Backoff::validate`] and refuses one out of range with a
+/// [`crate::ConfigError`]. [`Backoff::delay`] itself is total: it never panics, whatever
+/// the fields hold.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Backoff {
     /// The delay after the first failure.
@@ -23,7 +28,12 @@ impl Default for Backoff {
 }
 
 impl Backoff {
-    /// The delay after `failures` consecutive failures (`failures >= 1`).
+    /// The delay after `failures` consecutive failures (`failures >= 1`; `0` counts as
+    /// `1`): at most `max`, at least `(1 - jitter)` of it.
+    ///
+    /// Total: for a `Backoff` that [`Backoff::validate`] refuses it still returns a
+    /// delay and never panics. A `base` above `max` is capped at `max`; a `jitter` out
+    /// of `0.0..=1.0` is clamped into it, and NaN counts as `0.0`.
     pub fn delay(&self, failures: u32, rng: &mut SplitMix64) -> Duration {
         let exponent = failures.saturating_sub(1).min(30);
         let full = self.base.saturating_mul(1 << exponent).min(self.max);
@@ -31,7 +41,11 @@ impl Backoff {
         let jitter = if self.jitter.is_nan() { 0.0 } else { self.jitter.clamp(0.0, 1.0) };
         // A uniform fraction in [0, 1) from 53 random bits.
         let unit = (rng.next() >> 11) as f64 / (1u64 << 53) as f64;
-        full.mul_f64(1.0 - jitter * unit)
+        // A finite number in [0, full]: but `full` in seconds as an `f64` may round up
+        // past `Duration::MAX` (`Duration::mul_f64` panics there), and may exceed
+        // `full` by a rounding step. Out of range means `full` itself.
+        let scaled = full.as_secs_f64() * (1.0 - jitter * unit);
+        Duration::try_from_secs_f64(scaled).map_or(full, |d| d.min(full))
     }
 }
 
@@ -52,5 +66,40 @@ mod tests {
         }
         let exact = Backoff { jitter: 0.0, ..b };
         assert_eq!(exact.delay(2, &mut rng), Duration::from_millis(200));
+    }
+
+    fn extreme_durations() -> [Duration; 7] {
+        [
+            Duration::ZERO,
+            Duration::from_nanos(1),
+            Duration::from_millis(1),
+            Duration::from_secs(3600),
+            Duration::from_secs(u64::MAX / 2),
+            Duration::new(u64::MAX, 0),
+            Duration::MAX,
+        ]
+    }
+
+    #[test]
+    fn delay_is_total_and_within_its_bounds_for_any_fields() {
+        let jitters = [f64::NAN, f64::NEG_INFINITY, -1.0, 0.0, 0.5, 1.0, 1.5, f64::INFINITY];
+        let mut rng = SplitMix64::new(7);
+        for base in extreme_durations() {
+            for max in extreme_durations() {
+                for jitter in jitters {
+                    let b = Backoff { base, max, jitter };
+                    for failures in [0, 1, 2, 31, 32, 64, u32::MAX] {
+                        for _ in 0..20 {
+                            let d = b.delay(failures, &mut rng);
+                            let full = base.saturating_mul(1 << failures.saturating_sub(1).min(30)).min(max);
+                            assert!(d <= full, "{b:?} {failures}: {d:?} > {full:?}");
+                        }
+                    }
+                }
+            }
+        }
+        // No jitter: exactly the capped delay, even at the very top of `Duration`.
+        let top = Backoff { base: Duration::MAX, max: Duration::MAX, jitter: 0.0 };
+        assert_eq!(top.delay(1, &mut rng), Duration::MAX);
     }
 }

@@ -43,8 +43,9 @@ impl fmt::Display for BalanceError {
 impl std::error::Error for BalanceError {}
 
 /// A configuration value the balancer does not accept: which field, the value, and the
-/// range it must be in. Returned when a balancer or channel is built, and by
-/// [`crate::Balance::set_subset_size`]; nothing is started or changed.
+/// range it must be in. Returned when a balancer or channel is built, by
+/// [`crate::Balance::set_subset_size`], and by [`crate::Backoff::validate`] (so by every
+/// API that takes a `Backoff`); nothing is started or changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
     field: &'static str,

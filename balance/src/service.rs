@@ -178,8 +178,11 @@ impl<S, K, C> Balance<S, K, C> {
     /// generation replaces the assignment in force; an older or equal one is ignored
     /// and counted; an error (a [`steady_slice::AssignmentError`] from validation, a
     /// [`steady_slice::DecodeError`] from the wire, or the source's own) is logged,
-    /// counted and changes nothing. When the source ends or fails, the last good
-    /// assignment stays in force.
+    /// counted and changes nothing. When the source ends, the last good assignment
+    /// stays in force. A source that panics is kept and polled again after a backoff
+    /// (100 ms doubling with each panic in a row, up to 10 s, with jitter), counted in
+    /// [`BalanceStats::assignment_source_restarts`]; the assignment in force stays
+    /// meanwhile.
     pub fn follow_assignments<A, E>(&self, source: A)
     where
         A: Stream<Item = Result<Assignment, E>> + Send + 'static,

@@ -84,6 +84,10 @@ pub struct BalanceStats {
     pub assignments_stale: u64,
     /// Assignments rejected as invalid (the last good one stayed).
     pub assignments_rejected: u64,
+    /// Panics of the assignment source: each time the source was kept and polled again
+    /// after a backoff (growing with panics in a row, up to 10 s); the assignment in
+    /// force stayed meanwhile.
+    pub assignment_source_restarts: u64,
     /// Requests routed by their slice key to one of their slice's replicas (on a
     /// connection still open, or closed since).
     pub keyed_requests: u64,
@@ -144,6 +148,7 @@ impl BalanceStats {
             assignments_accepted: c.assignments_accepted.load(Ordering::Relaxed),
             assignments_stale: c.assignments_stale.load(Ordering::Relaxed),
             assignments_rejected: c.assignments_rejected.load(Ordering::Relaxed),
+            assignment_source_restarts: c.assignment_source_restarts.load(Ordering::Relaxed),
             keyed_fallbacks: c.keyed_fallbacks.load(Ordering::Relaxed),
             no_replica: c.no_replica.load(Ordering::Relaxed),
             keyed_requests: c.closed_keyed.load(Ordering::Relaxed)

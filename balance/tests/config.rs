@@ -11,7 +11,7 @@ use futures_util::StreamExt;
 use proptest::prelude::*;
 use steady_balance::{
     Assignment, Backoff, Balance, BalanceConfig, BalanceError, BalanceLayer, JobView, Load, SliceKey,
-    MAX_SUBSET_SIZE,
+    MAX_SUBSET_SIZE, MAX_WAIT,
 };
 use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
@@ -121,6 +121,41 @@ proptest! {
             }
             Ok(())
         })?;
+    }
+}
+
+/// A `Backoff` alone (as `watch_assignments` and `Slicelet::report_to_with_backoff` take
+/// it) is checked with the same ranges as `BalanceConfig::validate` checks its own.
+#[test]
+fn a_backoff_out_of_range_is_a_typed_error_naming_its_field() {
+    let good = Backoff::default();
+    assert_eq!(good.validate(), Ok(()));
+    let ms = Duration::from_millis(1);
+    let cases = [
+        (Backoff { base: Duration::ZERO, ..good }, "backoff.base"),
+        (Backoff { base: ms - Duration::from_nanos(1), ..good }, "backoff.base"),
+        (Backoff { base: MAX_WAIT + Duration::from_nanos(1), max: Duration::MAX, ..good }, "backoff.base"),
+        (Backoff { base: Duration::MAX, max: Duration::MAX, ..good }, "backoff.base"),
+        (Backoff { base: ms * 10, max: ms * 9, ..good }, "backoff.max"),
+        (Backoff { max: MAX_WAIT + Duration::from_nanos(1), ..good }, "backoff.max"),
+        (Backoff { max: Duration::MAX, ..good }, "backoff.max"),
+        (Backoff { jitter: f64::NAN, ..good }, "backoff.jitter"),
+        (Backoff { jitter: -0.1, ..good }, "backoff.jitter"),
+        (Backoff { jitter: 1.0 + f64::EPSILON, ..good }, "backoff.jitter"),
+        (Backoff { jitter: f64::INFINITY, ..good }, "backoff.jitter"),
+    ];
+    for (backoff, field) in cases {
+        let error = backoff.validate().unwrap_err();
+        assert_eq!(error.field(), field, "{backoff:?}: {error}");
+        assert!(error.to_string().contains(field), "{error}");
+        // The same error as a balancer configuration with it.
+        assert_eq!(BalanceConfig::new(0, 1).with_backoff(backoff).validate(), Err(error));
+    }
+    // The bounds themselves are accepted.
+    for backoff in
+        [Backoff { base: ms, max: ms, jitter: 0.0 }, Backoff { base: MAX_WAIT, max: MAX_WAIT, jitter: 1.0 }]
+    {
+        assert_eq!(backoff.validate(), Ok(()), "{backoff:?}");
     }
 }
 
@@ -243,4 +278,73 @@ async fn a_connection_whose_failure_was_half_handled_is_replaced_after_a_restart
     failing.store(false, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_secs(11)).await;
     assert_eq!(balance.clone().oneshot(1).await.expect("served by a new connection"), 0);
+}
+
+/// One assignment per poll from `generations`, except that the polls numbered in
+/// `panics` (from 0) panic instead.
+fn panicking_source(
+    generations: Vec<u64>,
+    panics: impl Fn(usize) -> bool + Send + 'static,
+) -> impl futures_util::Stream<Item = Result<Assignment, BoxError>> + Send + 'static {
+    let mut polls = 0usize;
+    let mut generations = generations.into_iter();
+    futures_util::stream::poll_fn(move |_| {
+        let poll = polls;
+        polls += 1;
+        if panics(poll) {
+            panic!("assignment source bug on poll {poll}");
+        }
+        std::task::Poll::Ready(generations.next().map(|g| Ok(Assignment::single(g, vec![0]).unwrap())))
+    })
+    .chain(futures_util::stream::pending())
+}
+
+/// Polls on tokio's paused clock until `condition` holds (at most `limit` of it).
+async fn wait_until(limit: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !condition() {
+        if tokio::time::Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    true
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_assignment_source_that_panics_is_followed_again_after_a_backoff() {
+    let connect = service_fn(|task: usize| async move {
+        Ok::<_, Infallible>(service_fn(move |_: u32| async move { Ok::<_, Infallible>(task) }))
+    });
+    let balance = Balance::from_addresses(BalanceConfig::new(0, 1), connect, vec![0]).unwrap();
+    // Generation 1, then a panic, then generation 2.
+    balance.follow_assignments(panicking_source(vec![1, 2], |poll| poll == 1));
+    assert!(wait_until(Duration::from_secs(1), || balance.stats().assignment_generation == Some(1)).await);
+    assert!(wait_until(Duration::from_secs(1), || balance.stats().assignment_source_restarts == 1).await);
+    let panicked = tokio::time::Instant::now();
+    // Polled again after the first restart delay (100 ms, less up to half of it).
+    assert!(wait_until(Duration::from_secs(1), || balance.stats().assignment_generation == Some(2)).await);
+    let waited = panicked.elapsed();
+    assert!(waited >= Duration::from_millis(49) && waited <= Duration::from_millis(101), "{waited:?}");
+    let s = balance.stats();
+    assert_eq!((s.assignment_source_restarts, s.assignments_accepted, s.assignments_rejected), (1, 2, 0));
+    assert_eq!(s.control_restarts, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_assignment_source_that_always_panics_is_polled_again_ever_more_slowly() {
+    let connect = service_fn(|task: usize| async move {
+        Ok::<_, Infallible>(service_fn(move |_: u32| async move { Ok::<_, Infallible>(task) }))
+    });
+    let balance = Balance::from_addresses(BalanceConfig::new(0, 1), connect, vec![0]).unwrap();
+    balance.follow_assignments(panicking_source(vec![1], |poll| poll >= 1));
+    assert!(wait_until(Duration::from_secs(1), || balance.stats().assignment_generation == Some(1)).await);
+    // Delays of 100 ms doubling to 10 s, each less up to half: in a minute, 7 doubling
+    // ones (6.35 to 12.7 s in all), then one every 5 to 10 s.
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let restarts = balance.stats().assignment_source_restarts;
+    assert!((12..=18).contains(&restarts), "{restarts} restarts in a minute");
+    // The assignment in force stays, and the balancer serves.
+    assert_eq!(balance.stats().assignment_generation, Some(1));
+    assert_eq!(balance.clone().oneshot(1).await.unwrap(), 0);
 }

@@ -7,7 +7,7 @@ mod support;
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use steady_balance::{Assignment, Slice, SliceKey};
@@ -36,6 +36,8 @@ struct Load {
     stop: Arc<AtomicBool>,
     ok: Arc<AtomicUsize>,
     failed: Arc<AtomicUsize>,
+    /// When each failed request was sent.
+    failures_sent_at: Arc<Mutex<Vec<Instant>>>,
     loops: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -44,37 +46,60 @@ impl Load {
         let stop = Arc::new(AtomicBool::new(false));
         let ok = Arc::new(AtomicUsize::new(0));
         let failed = Arc::new(AtomicUsize::new(0));
+        let failures_sent_at = Arc::new(Mutex::new(Vec::new()));
         let loops = (0..concurrency)
             .map(|_| {
                 let (b, stop, ok, failed) = (balance.clone(), stop.clone(), ok.clone(), failed.clone());
+                let failures_sent_at = failures_sent_at.clone();
                 tokio::spawn(async move {
                     // Bounded: at most 10,000 requests per loop.
                     for _ in 0..10_000 {
                         if stop.load(Ordering::SeqCst) {
                             break;
                         }
+                        let sent_at = Instant::now();
                         let result = match b.clone().oneshot(request(delay_ms)).await {
                             Ok(response) => task_of(response).await.map(|_| ()),
                             Err(e) => Err(e),
                         };
                         match result {
                             Ok(()) => ok.fetch_add(1, Ordering::SeqCst),
-                            Err(_) => failed.fetch_add(1, Ordering::SeqCst),
+                            Err(_) => {
+                                failures_sent_at.lock().unwrap().push(sent_at);
+                                failed.fetch_add(1, Ordering::SeqCst)
+                            }
                         };
                     }
                 })
             })
             .collect();
-        Self { stop, ok, failed, loops }
+        Self { stop, ok, failed, failures_sent_at, loops }
+    }
+
+    fn succeeded(&self) -> usize {
+        self.ok.load(Ordering::SeqCst)
+    }
+
+    /// Waits (bounded) until `n` more requests have succeeded than now: the load ran on.
+    async fn run_on_for(&self, n: usize) {
+        let target = self.succeeded() + n;
+        eventually("the load to run on", || self.succeeded() >= target).await;
     }
 
     /// Stops the loops and returns (succeeded, failed).
     async fn stop(self) -> (usize, usize) {
+        let (ok, failed, _) = self.stop_and_time_failures().await;
+        (ok, failed)
+    }
+
+    /// Stops the loops and returns (succeeded, failed, when each failed request was sent).
+    async fn stop_and_time_failures(self) -> (usize, usize, Vec<Instant>) {
         self.stop.store(true, Ordering::SeqCst);
         for l in self.loops {
             l.await.unwrap();
         }
-        (self.ok.load(Ordering::SeqCst), self.failed.load(Ordering::SeqCst))
+        let sent_at = std::mem::take(&mut *self.failures_sent_at.lock().unwrap());
+        (self.ok.load(Ordering::SeqCst), self.failed.load(Ordering::SeqCst), sent_at)
     }
 }
 
@@ -123,12 +148,12 @@ async fn planned_removal_loses_no_request() {
     let balance = Balance::new(BalanceConfig::new(0, 4), connector(), WatchStream::new(views)).unwrap();
     eventually("all four members", || balance.stats().members.len() == 4).await;
     let load = Load::start(&balance, 32, 20);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(servers[2].in_progress() > 0 || servers[2].requests() > 0);
+    eventually("requests on the member to drain", || servers[2].requests() > 0).await;
     job.send_replace(view(&servers, 4).with_state(2, TaskState::Draining));
     eventually("the drained connection to close", || servers[2].open() == 0).await;
     let after_close = servers[2].requests();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A hundred requests more, none of which may reach it.
+    load.run_on_for(100).await;
     let (ok, failed) = load.stop().await;
     assert_eq!(failed, 0, "draining loses no request");
     assert!(ok > 100);
@@ -147,7 +172,12 @@ async fn killing_a_backend_fails_only_the_requests_on_it() {
     eventually("three members", || balance.stats().members.len() == 3).await;
     let victim = balance.stats().members[0].task;
     let load = Load::start(&balance, 24, 50);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Every loop has its request in flight: from now on a request starts only when another
+    // ends, so the victim's count stays put until the kill.
+    eventually("the load at full concurrency", || {
+        balance.stats().members.iter().map(|m| m.in_flight).sum::<usize>() == 24
+    })
+    .await;
     let in_flight_on_victim =
         balance.stats().members.iter().find(|m| m.task == victim).map_or(0, |m| m.in_flight);
     servers[victim].kill();
@@ -157,11 +187,10 @@ async fn killing_a_backend_fails_only_the_requests_on_it() {
         s.members.len() == 3 && s.members.iter().all(|m| m.task != victim)
     })
     .await;
-    // Requests that failed just before the ejection may still be being counted.
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let failed_at_ejection = load.failed.load(Ordering::SeqCst);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let (ok, failed) = load.stop().await;
+    let ejected = Instant::now();
+    // A hundred requests more, all sent after the ejection.
+    load.run_on_for(100).await;
+    let (ok, failed, failures_sent_at) = load.stop_and_time_failures().await;
     let stats = balance.stats();
     // Every failure was a call on the killed backend: the survivors failed nothing. (The
     // balancer may count more failures than callers saw: a request the dead connection
@@ -169,13 +198,15 @@ async fn killing_a_backend_fails_only_the_requests_on_it() {
     assert!(stats.members.iter().all(|m| m.failures == 0), "{stats:?}");
     assert!(stats.failures as usize >= failed);
     // The requests that failed were those in flight there when it died (give or take one
-    // sent into the dead connection before the client saw it close), and nothing failed
-    // once it was out of rotation.
+    // sent into the dead connection before the client saw it close).
     assert!(
         failed >= 1 && failed <= in_flight_on_victim + 1,
         "{failed} failed, {in_flight_on_victim} in flight"
     );
-    assert_eq!(failed, failed_at_ejection, "no failure after the ejection");
+    // Nothing failed once it was out of rotation.
+    let late: Vec<Duration> =
+        failures_sent_at.iter().filter(|&&t| t > ejected).map(|&t| t - ejected).collect();
+    assert!(late.is_empty(), "requests sent after the ejection failed, sent {late:?} after it");
     assert!(ok > 100);
     assert_eq!(stats.ejections, 1);
 }

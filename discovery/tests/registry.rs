@@ -150,10 +150,28 @@ async fn twenty_frontends_take_0_to_19_and_newcomers_take_exactly_the_indices_of
     let identity = within("a claim", registry.claim_index("web", "web-host-20")).await.unwrap();
     println!("index allocation, one claim alone on a job of 20: {:?}", started.elapsed());
     assert_eq!((identity.index(), identity.origin()), (20, &Origin::Registry));
+    // Its key is in the view before it drops (else a view of 20 could be one from before
+    // the claim, and say nothing of the drop).
+    view_where("the identity's key", &mut view, |v| v.tasks.contains_key(&20)).await;
     drop(identity);
-    view_where("a dropped identity's key goes at once", &mut view, |v| v.size == 20).await;
-    assert_eq!(registry.job_size("web").await.unwrap(), 20);
+    // Dropping it revokes its lease in the background: wait for the size itself, as the
+    // registry reads it, not for a view that may run ahead of or behind it.
+    job_size_becomes(&registry, "web", 20).await;
+    view_where("the dropped identity's key gone from the view", &mut view, |v| v.size == 20).await;
     drop(members);
+}
+
+/// Waits (bounded) until the registry reads `job`'s size as `size`.
+async fn job_size_becomes(registry: &Registry, job: &str, size: usize) {
+    let read = async {
+        loop {
+            if registry.job_size(job).await.unwrap() == size {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    within(&format!("{job}'s size to read {size}"), read).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -317,8 +335,9 @@ async fn a_backend_appears_drains_and_goes_in_every_watchers_view_within_one_wat
     // fails instead of touching it, and dropping the old holder leaves the key alone.
     let replacement = backends.register("api", 0, "10.0.0.9:50051").await.unwrap();
     assert_eq!(first.drain().await, Err(RegistryError::Lost));
-    drop(first); // Revokes its lease, which no longer carries the key.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let old_lease = first.lease_id();
+    drop(first); // Revokes its lease (in the background), which no longer carries the key.
+    lease_gone(&etcd, old_lease).await;
     for (discovery, _, views) in &mut watchers {
         let view = view_where("the replacement", views, |v| {
             v.serving_task(0).is_some_and(|a| a.ends_with(".9:50051"))
@@ -333,6 +352,18 @@ async fn a_backend_appears_drains_and_goes_in_every_watchers_view_within_one_wat
 /// A plain etcd client, to write around the registry as another program could.
 async fn raw_client(etcd: &Etcd) -> etcd_client::Client {
     within("connecting", etcd_client::Client::connect([etcd.endpoint()], None)).await.unwrap()
+}
+
+/// Waits (bounded) until etcd knows `lease` no more (revoked or expired).
+async fn lease_gone(etcd: &Etcd, lease: i64) {
+    let mut raw = raw_client(etcd).await;
+    let gone = async {
+        // etcd answers TTL -1 for a lease it does not know.
+        while raw.lease_time_to_live(lease, None).await.is_ok_and(|r| r.ttl() != -1) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    within("the lease to go", gone).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -390,8 +421,15 @@ async fn a_watch_survives_an_etcd_restart_and_converges_whether_or_not_a_compact
     assert_eq!(views.borrow_and_update().tasks.len(), 2);
 
     etcd.kill();
-    // Long enough for the watch to fail and back off a few times.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The outage lasts 3 s, and at least until the watch has noticed it.
+    let down = Instant::now();
+    let noticed = async {
+        while counters.get().errors == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    within("the watch to notice the outage", noticed).await;
+    tokio::time::sleep(Duration::from_secs(3).saturating_sub(down.elapsed())).await;
     etcd.restart();
     // Changes right after the restart, then a compaction past them: the watch either
     // sees the events or (resuming from a compacted revision) reads the prefix again.

@@ -17,13 +17,18 @@
 //! * `steady-lab figures --out DIR` draws the evaluation figures (SVG).
 //! * `steady-lab report --out FILE.md` measures every scenario family, draws the figures
 //!   next to the report and writes the markdown tables (`docs/` is made this way).
+//!
+//! Arguments clap refuses (an unknown flag, a value that does not parse, a missing
+//! argument) are one line on stderr, naming the argument and pointing at the command's
+//! `--help`, and exit code 2; a command's own refusals are one line and exit code 1.
 
 use std::io::{self, BufWriter, Write};
 use std::process::ExitCode;
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use steady_lab::experiments::{self, LabConfig, LabResults};
 use steady_lab::sharding::{self, Scenario as ShardingScenario};
 use steady_lab::sweep::Sweep;
@@ -132,8 +137,73 @@ impl RunArgs {
     }
 }
 
+/// The command line, or the process ends: help and the version print as usual (so does
+/// the help clap prints when no command is given), and anything clap refuses is one line on
+/// stderr and exit code 2.
+fn parse_args() -> Cli {
+    // A negative number is a value (`--tasks -1` is a bad `--tasks`, not an unknown flag).
+    let command = Cli::command()
+        .mut_args(|arg| arg.allow_negative_numbers(true))
+        .mut_subcommands(|sub| sub.mut_args(|arg| arg.allow_negative_numbers(true)));
+    // The `--help` to point at: the subcommand's, when one was named.
+    let path = match std::env::args_os().nth(1) {
+        Some(sub) if command.find_subcommand(&sub).is_some() => {
+            format!("steady-lab {}", sub.to_string_lossy())
+        }
+        _ => "steady-lab".to_owned(),
+    };
+    let parsed = command.try_get_matches().and_then(|mut matches| Cli::from_arg_matches_mut(&mut matches));
+    match parsed {
+        Ok(cli) => cli,
+        Err(e)
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) =>
+        {
+            e.exit()
+        }
+        Err(e) => {
+            eprintln!("steady-lab: {}", one_line(&e, &path));
+            std::process::exit(e.exit_code());
+        }
+    }
+}
+
+/// clap's refusal in one line: what is wrong and with which argument, the accepted values
+/// or clap's suggestion when it has them, and where to read more. (`steady-slicer`
+/// renders its refusals the same way.)
+fn one_line(error: &clap::Error, command: &str) -> String {
+    let strings = |kind| match error.get(kind) {
+        Some(ContextValue::String(s)) => vec![s.clone()],
+        Some(ContextValue::Strings(v)) => v.clone(),
+        _ => Vec::new(),
+    };
+    let rendered = error.render().to_string();
+    let first = rendered.lines().next().unwrap_or_default().trim_start_matches("error: ");
+    let mut line = first.to_owned();
+    // "the following required arguments were not provided:" lists them on the lines below.
+    if first.ends_with(':') {
+        line.push_str(&format!(" {}", strings(ContextKind::InvalidArg).join(", ")));
+    }
+    let valid = strings(ContextKind::ValidValue);
+    if !valid.is_empty() {
+        line.push_str(&format!("; possible values: {}", valid.join(", ")));
+    }
+    for (kind, what) in
+        [(ContextKind::SuggestedArg, "argument"), (ContextKind::SuggestedSubcommand, "command")]
+    {
+        if let Some(suggested) = strings(kind).first() {
+            line.push_str(&format!("; a similar {what} exists: '{suggested}'"));
+        }
+    }
+    format!("{line} (see '{command} --help')")
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = parse_args();
     let stdout = io::stdout();
     let mut out = BufWriter::new(stdout.lock());
     let result = match cli.command {

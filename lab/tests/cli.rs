@@ -201,3 +201,50 @@ fn assign_refuses_bad_input_with_one_line() {
         let _ = std::fs::remove_file(f);
     }
 }
+
+/// What clap refuses is one line (before: 3 to 6 lines of usage, where the `assign`
+/// contract promises one), naming the argument and pointing at the command's `--help`,
+/// with clap's exit code 2; help and the version still print as usual.
+#[test]
+fn arguments_clap_refuses_are_one_line_naming_the_argument() {
+    let load = temp_file("clap.json", r#"{"keys": [[1, 2.0]]}"#);
+    let load = load.to_str().unwrap();
+    let assign = |more: &[&'static str]| -> Vec<String> {
+        ["assign", "--algorithm", "lpt"].iter().chain(more).map(|s| s.to_string()).collect()
+    };
+    let cases: Vec<(Vec<String>, &str, &str)> = vec![
+        (assign(&["--tasks", "3"]), "--load", "steady-lab assign --help"),
+        (assign(&["--tasks", "-1", "--load", "x"]), "--tasks", "steady-lab assign --help"),
+        (assign(&["--tasks", "abc", "--load", "x"]), "--tasks", "steady-lab assign --help"),
+        (assign(&["--tasks", "3", "--load"]), "--load", "steady-lab assign --help"),
+        (
+            [assign(&["--tasks", "3", "--frob", "--load"]), vec![load.to_string()]].concat(),
+            "--frob",
+            "steady-lab assign --help",
+        ),
+        (
+            ["subsets", "--frontends", "-3", "--backends", "5", "--subset-size", "2"]
+                .map(String::from)
+                .to_vec(),
+            "--frontends",
+            "steady-lab subsets --help",
+        ),
+        (vec!["frob".to_string()], "frob", "steady-lab --help"),
+    ];
+    for (args, named, help) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = lab(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(o.stdout.is_empty(), "{args:?}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("steady-lab: "), "{args:?}: {err}");
+        assert!(err.contains(named), "{args:?} should name {named}: {err}");
+        assert!(err.contains(&format!("'{help}'")), "{args:?}: {err}");
+    }
+    let help = lab(&["assign", "--help"]);
+    assert!(help.status.success() && stdout(&help).contains("--load <LOAD>"));
+    let version = lab(&["--version"]);
+    assert!(stdout(&version).starts_with("steady-lab "));
+    let _ = std::fs::remove_file(load);
+}

@@ -20,7 +20,7 @@ use steady_tonic::echo::echo_server::EchoServer;
 use steady_tonic::echo::EchoRequest;
 use steady_tonic::proto::assignment_distributor_client::AssignmentDistributorClient;
 use steady_tonic::proto::{AssignmentUpdate, Slice as ProtoSlice, WatchRequest};
-use steady_tonic::{watch_assignments, SteadyChannel};
+use steady_tonic::{watch_assignments, SteadyChannel, WatchError};
 use support::{echo, endpoint, endpoints, eventually, serve, start_backends, Backend};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -36,7 +36,7 @@ async fn a_pushed_assignment_reaches_a_hundred_watchers() {
     let mut watchers = Vec::new();
     for _ in 0..100 {
         let latest = latest.clone();
-        let stream = watch_assignments(endpoint(addr), "job", Backoff::default());
+        let stream = watch_assignments(endpoint(addr), "job", Backoff::default()).unwrap();
         watchers.push(tokio::spawn(async move {
             futures_util::pin_mut!(stream);
             while let Some(Ok(a)) = futures_util::StreamExt::next(&mut stream).await {
@@ -76,7 +76,7 @@ async fn clients_keep_the_last_good_assignment_while_the_distributor_restarts() 
     let channel =
         SteadyChannel::builder(BalanceConfig::new(0, 1)).from_endpoints(endpoints(&backends)).unwrap();
     let backoff = Backoff { base: Duration::from_millis(20), max: Duration::from_millis(100), jitter: 0.5 };
-    channel.follow_assignments(watch_assignments(endpoint(addr), "echo", backoff));
+    channel.follow_assignments(watch_assignments(endpoint(addr), "echo", backoff).unwrap());
     eventually("generation 1", || channel.stats().assignment_generation == Some(1)).await;
     let mut client = EchoClient::new(channel.clone());
     // The distributor goes away: keyed routing goes on with generation 1.
@@ -119,7 +119,7 @@ async fn slicelets_count_no_misroutes_when_clients_follow_the_assignment() {
     let mut stops = Vec::new();
     for task in 0..2u32 {
         let slicelet = Slicelet::new(task);
-        slicelet.follow(watch_assignments(endpoint(distributor_addr), "echo", Backoff::default()));
+        slicelet.follow(watch_assignments(endpoint(distributor_addr), "echo", Backoff::default()).unwrap());
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         addrs.push(listener.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
@@ -139,7 +139,9 @@ async fn slicelets_count_no_misroutes_when_clients_follow_the_assignment() {
     let eps: Vec<Endpoint> = addrs.iter().map(|a| endpoint(*a)).collect();
     // A client that follows the assignment: no misroutes.
     let following = SteadyChannel::builder(BalanceConfig::new(0, 2)).from_endpoints(eps.clone()).unwrap();
-    following.follow_assignments(watch_assignments(endpoint(distributor_addr), "echo", Backoff::default()));
+    following.follow_assignments(
+        watch_assignments(endpoint(distributor_addr), "echo", Backoff::default()).unwrap(),
+    );
     eventually("the client's assignment", || following.stats().assignment_generation == Some(1)).await;
     let mut client = EchoClient::new(following);
     for i in 0..100 {
@@ -200,7 +202,7 @@ async fn every_published_assignment_reaches_a_watcher_and_generation_zero_cannot
     let distributor = Distributor::new();
     let (addr, _stop) = serve(distributor.service()).await;
     let (received, mut receive) = tokio::sync::mpsc::unbounded_channel();
-    let stream = watch_assignments(endpoint(addr), "job", Backoff::default());
+    let stream = watch_assignments(endpoint(addr), "job", Backoff::default()).unwrap();
     let watcher = tokio::spawn(async move {
         futures_util::pin_mut!(stream);
         while let Some(item) = futures_util::StreamExt::next(&mut stream).await {
@@ -288,6 +290,57 @@ async fn empty_and_overlong_job_names_are_invalid_arguments() {
     let longest = open_watch(&mut client, &"j".repeat(MAX_JOB_NAME_LEN)).await;
     assert!(longest.is_ok(), "{MAX_JOB_NAME_LEN} bytes is allowed");
     assert!(!distributor.publish("", Assignment::single(1, vec![0]).unwrap()), "nobody could watch it");
+}
+
+/// A job name the Distributor will never accept ends `watch_assignments`' stream with the
+/// refusal, as its one and last item (before, the stream retried forever with backoff,
+/// yielding nothing); a balancer following it counts the error and goes on with what it
+/// has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_refused_as_an_invalid_argument_ends_with_the_refusal() {
+    let distributor = Distributor::new();
+    let (addr, _stop) = serve(distributor.service()).await;
+    let fast = Backoff { base: Duration::from_millis(1), max: Duration::from_millis(10), jitter: 0.0 };
+    for job in [String::new(), "j".repeat(MAX_JOB_NAME_LEN + 1), "j".repeat(300)] {
+        let stream = watch_assignments(endpoint(addr), job.clone(), fast).unwrap();
+        let items =
+            tokio::time::timeout(Duration::from_secs(10), futures_util::StreamExt::collect::<Vec<_>>(stream))
+                .await
+                .unwrap_or_else(|_| panic!("the watch of a {}-byte job name never ended", job.len()));
+        let [Err(WatchError::Refused(status))] = &items[..] else {
+            panic!("a {}-byte job name: {items:?}", job.len());
+        };
+        assert_eq!(status.code(), Code::InvalidArgument, "{status}");
+    }
+    // A channel following such a watch counts the refusal, and stops following.
+    let channel =
+        SteadyChannel::builder(BalanceConfig::new(0, 1)).from_endpoints(vec![endpoint(addr)]).unwrap();
+    channel.follow_assignments(watch_assignments(endpoint(addr), "", fast).unwrap());
+    eventually("the refusal counted", || channel.stats().assignments_rejected == 1).await;
+}
+
+/// A refusal that may pass (`ResourceExhausted`: too many watch streams now) is retried
+/// with backoff: the watch gets through once a place frees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_refused_for_now_is_retried_until_it_gets_through() {
+    let distributor = Distributor::new().with_max_watchers(1);
+    distributor.publish("published", Assignment::single(1, vec![0]).unwrap());
+    let (addr, _stop) = serve(distributor.service()).await;
+    let mut client = AssignmentDistributorClient::new(endpoint(addr).connect().await.unwrap());
+    let held = open_watch(&mut client, "published").await.unwrap();
+    let fast = Backoff { base: Duration::from_millis(1), max: Duration::from_millis(10), jitter: 0.0 };
+    let mut stream = Box::pin(watch_assignments(endpoint(addr), "published", fast).unwrap());
+    let next = futures_util::StreamExt::next(&mut stream);
+    tokio::pin!(next);
+    // Refused while the place is held (the watch is attempted again and again meanwhile).
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), &mut next).await.is_err(),
+        "no item while refused"
+    );
+    drop(held);
+    let first =
+        tokio::time::timeout(Duration::from_secs(10), next).await.expect("through once a place frees");
+    assert_eq!(first.expect("not ended").expect("valid").generation(), 1);
 }
 
 /// Watchers may hold only so many unpublished jobs at once; joining one that exists,

@@ -270,7 +270,8 @@ async fn the_reporter_reconnects_after_the_collector_restarts() {
     let slicelet = Slicelet::new(0);
     slicelet.set_assignment(four_slices(1));
     let backoff = Backoff { base: Duration::from_millis(20), max: Duration::from_millis(100), jitter: 0.5 };
-    let reporter = slicelet.report_to_with_backoff(endpoint(addr), "job", Duration::from_millis(10), backoff);
+    let reporter =
+        slicelet.report_to_with_backoff(endpoint(addr), "job", Duration::from_millis(10), backoff).unwrap();
     eventually("a first report", || book.accepted() >= 1).await;
     assert_eq!(reporter.streams_opened(), 1);
 
@@ -291,4 +292,27 @@ async fn the_reporter_reconnects_after_the_collector_restarts() {
     eventually("reports after the restart", || book.accepted() > before + 2).await;
     assert!(reporter.streams_opened() >= 2, "{} streams", reporter.streams_opened());
     assert_eq!(collector.invalid(), 0);
+}
+
+/// A `Backoff` out of range is refused when reporting is asked for, naming its field:
+/// before, the reporter started, and the first reconnection of one as extreme as
+/// `Duration::MAX` panicked its task (in `Backoff::delay`), so reports stopped silently.
+#[tokio::test]
+async fn a_backoff_out_of_range_is_refused_before_reporting_starts() {
+    let slicelet = Slicelet::new(0);
+    slicelet.set_assignment(four_slices(1));
+    let nowhere = endpoint("127.0.0.1:1".parse().unwrap());
+    let good = Backoff::default();
+    for (backoff, field) in [
+        (Backoff { base: Duration::ZERO, ..good }, "backoff.base"),
+        (Backoff { base: Duration::MAX, max: Duration::MAX, jitter: 0.0 }, "backoff.base"),
+        (Backoff { max: Duration::from_millis(1), ..good }, "backoff.max"),
+        (Backoff { jitter: f64::NAN, ..good }, "backoff.jitter"),
+    ] {
+        let refused =
+            slicelet.report_to_with_backoff(nowhere.clone(), "job", Duration::from_millis(10), backoff);
+        assert_eq!(refused.expect_err("refused").field(), field, "{backoff:?}");
+    }
+    let reporter = slicelet.report_to_with_backoff(nowhere, "job", Duration::from_millis(10), good);
+    assert!(reporter.is_ok(), "the default is accepted");
 }

@@ -9,7 +9,8 @@
 //!   backend's connection could not be made (nothing was sent) moves to another member.
 //! * [`watch_assignments`]: the client of the `AssignmentDistributor.Watch` RPC of
 //!   `proto/assignment.proto` ([`proto`]); it reconnects with backoff, and the channel
-//!   keeps the last good assignment meanwhile. The message converts to and from
+//!   keeps the last good assignment meanwhile; a refusal that retrying cannot change
+//!   (`InvalidArgument`) ends it with a [`WatchError`]. The message converts to and from
 //!   [`steady_slice::Assignment`] with `From`/`TryFrom`.
 //! * [`load_proto`]: the generated code of `proto/load.proto`, the stream on which
 //!   backend tasks report their load (server and conversions in `steady-slicer`).
@@ -46,7 +47,7 @@ pub use classify::{GrpcClassifier, DEFAULT_FAULTS};
 #[allow(deprecated)]
 pub use convert::{from_proto, to_proto};
 pub use replay::MAX_REPLAY_BYTES;
-pub use watch::watch_assignments;
+pub use watch::{watch_assignments, WatchError};
 
 /// Generated code of `proto/assignment.proto`.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]

@@ -1,16 +1,69 @@
 //! The client side of assignment distribution over gRPC: a stream that watches a
-//! distributor, reconnects and never ends. (The server, the `Distributor`, is in
-//! `steady-slicer`.)
+//! distributor and reconnects, ending only when the distributor refuses the watch for
+//! good. (The server, the `Distributor`, is in `steady-slicer`.)
+
+use std::fmt;
 
 use futures_util::Stream;
-use steady_balance::Backoff;
+use steady_balance::{Backoff, ConfigError};
 use steady_slice::{Assignment, AssignmentError};
 use steady_subset::prng::SplitMix64;
 use tonic::transport::Endpoint;
-use tonic::{Response, Streaming};
+use tonic::{Code, Response, Status, Streaming};
 
 use crate::proto::assignment_distributor_client::AssignmentDistributorClient;
 use crate::proto::{AssignmentUpdate, WatchRequest};
+
+/// An error item of [`watch_assignments`]'s stream.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum WatchError {
+    /// A received assignment failed validation. The stream goes on: a balancer counts
+    /// and rejects it and keeps the last good one.
+    Invalid(AssignmentError),
+    /// The distributor refused the watch with a status that will not change by asking
+    /// again (see [`watch_assignments`] for which). This is the stream's last item.
+    Refused(Status),
+}
+
+impl fmt::Display for WatchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Invalid(error) => write!(f, "invalid assignment received: {error}"),
+            Self::Refused(status) => write!(
+                f,
+                "the distributor refused the watch for good ({:?}): {}",
+                status.code(),
+                status.message()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for WatchError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Invalid(error) => Some(error),
+            Self::Refused(status) => Some(status),
+        }
+    }
+}
+
+impl From<AssignmentError> for WatchError {
+    fn from(error: AssignmentError) -> Self {
+        Self::Invalid(error)
+    }
+}
+
+/// Whether a status refusing a watch will be the answer to every retry of the same
+/// request: the request itself is wrong (`InvalidArgument`: a job name the server does
+/// not accept), or the server has no such RPC (`Unimplemented`: the endpoint is not a
+/// distributor). Every other code may pass (`Unavailable`, `ResourceExhausted`: too many
+/// watchers for now, `PermissionDenied` and `Unauthenticated`: the server's policy may
+/// be changed while the client runs, ...), and is retried.
+fn refused_for_good(code: Code) -> bool {
+    matches!(code, Code::InvalidArgument | Code::Unimplemented)
+}
 
 /// The assignments of `job` from the distributor at `endpoint` (a `steady_slicer::Distributor`,
 /// or any server of `AssignmentDistributor.Watch`), as a
@@ -19,27 +72,43 @@ use crate::proto::{AssignmentUpdate, WatchRequest};
 ///
 /// It connects, watches, and when the connection or the stream fails, reconnects after
 /// `backoff` (with jitter), asking only for generations newer than the last it
-/// received. It never ends on its own. Invalid assignments come through as errors, so
-/// that the balancer counts and rejects them and keeps the last good one.
+/// received. Invalid assignments come through as [`WatchError::Invalid`], so that the
+/// balancer counts and rejects them and keeps the last good one.
+///
+/// It ends only when the distributor refuses the watch with a status that retrying
+/// cannot change: `InvalidArgument` (e.g. a job name the `Distributor` does not
+/// accept: empty, or over `steady_slicer::MAX_JOB_NAME_LEN` bytes) or `Unimplemented`
+/// (the endpoint serves no `AssignmentDistributor.Watch`). That status comes as a last
+/// [`WatchError::Refused`] item, then the stream ends (a balancer following it logs
+/// and counts the error, and keeps the last good assignment). Any other status, and
+/// every transport failure, is retried with backoff, forever.
+///
+/// # Errors
+///
+/// A [`ConfigError`] naming the `backoff` field out of its range (see
+/// [`Backoff::validate`]); nothing is started.
 pub fn watch_assignments(
     endpoint: Endpoint,
     job: impl Into<String>,
     backoff: Backoff,
-) -> impl Stream<Item = Result<Assignment, AssignmentError>> + Send + 'static {
-    struct State {
-        endpoint: Endpoint,
-        job: String,
-        known: u64,
-        stream: Option<Streaming<AssignmentUpdate>>,
-        failures: u32,
-        rng: SplitMix64,
-        backoff: Backoff,
-    }
+) -> Result<impl Stream<Item = Result<Assignment, WatchError>> + Send + 'static, ConfigError> {
+    backoff.validate()?;
     let job = job.into();
     let seed = steady_subset::hash::mix64(job.len() as u64 ^ std::process::id() as u64);
-    let state =
-        State { endpoint, job, known: 0, stream: None, failures: 0, rng: SplitMix64::new(seed), backoff };
-    futures_util::stream::unfold(state, |mut s| async move {
+    let state = State {
+        endpoint,
+        job,
+        known: 0,
+        stream: None,
+        failures: 0,
+        rng: SplitMix64::new(seed),
+        backoff,
+        done: false,
+    };
+    Ok(futures_util::stream::unfold(state, |mut s| async move {
+        if s.done {
+            return None;
+        }
         loop {
             if s.failures > 0 && s.stream.is_none() {
                 tokio::time::sleep(s.backoff.delay(s.failures, &mut s.rng)).await;
@@ -50,17 +119,20 @@ pub fn watch_assignments(
                     let request = WatchRequest { job: s.job.clone(), known_generation: s.known };
                     let opened = match AssignmentDistributorClient::connect(s.endpoint.clone()).await {
                         Ok(mut client) => {
-                            client.watch(request).await.map(Response::into_inner).map_err(|e| e.to_string())
+                            client.watch(request).await.map(Response::into_inner).map_err(Failure::Status)
                         }
-                        Err(e) => Err(e.to_string()),
+                        Err(e) => Err(Failure::Transport(e)),
                     };
                     match opened {
                         Ok(stream) => {
                             tracing::debug!(job = %s.job, known = s.known, "watching assignments");
                             s.stream.insert(stream)
                         }
+                        Err(Failure::Status(status)) if refused_for_good(status.code()) => {
+                            return Some(s.refused(status));
+                        }
                         Err(error) => {
-                            s.failures += 1;
+                            s.failures = s.failures.saturating_add(1);
                             tracing::warn!(job = %s.job, %error, failures = s.failures, "cannot watch assignments");
                             continue;
                         }
@@ -70,18 +142,114 @@ pub fn watch_assignments(
             match stream.message().await {
                 Ok(Some(update)) => {
                     s.failures = 0;
-                    let result = Assignment::try_from(update);
+                    let result = Assignment::try_from(update).map_err(WatchError::Invalid);
                     if let Ok(a) = &result {
                         s.known = s.known.max(a.generation());
                     }
                     return Some((result, s));
                 }
+                Err(status) if refused_for_good(status.code()) => return Some(s.refused(status)),
                 Ok(None) | Err(_) => {
                     tracing::warn!(job = %s.job, "assignment stream ended: reconnecting");
                     s.stream = None;
-                    s.failures += 1;
+                    s.failures = s.failures.saturating_add(1);
                 }
             }
         }
-    })
+    }))
+}
+
+/// The watch between two items of the stream.
+struct State {
+    endpoint: Endpoint,
+    job: String,
+    known: u64,
+    stream: Option<Streaming<AssignmentUpdate>>,
+    failures: u32,
+    rng: SplitMix64,
+    backoff: Backoff,
+    /// Set once the watch was refused for good: the stream has ended.
+    done: bool,
+}
+
+impl State {
+    /// The last item, for a watch refused for good.
+    fn refused(mut self, status: Status) -> (Result<Assignment, WatchError>, Self) {
+        tracing::error!(
+            job = %self.job,
+            code = ?status.code(),
+            message = status.message(),
+            "the distributor refused the watch for good: watching no more"
+        );
+        self.stream = None;
+        self.done = true;
+        (Err(WatchError::Refused(status)), self)
+    }
+}
+
+/// Why a watch could not be opened.
+enum Failure {
+    Transport(tonic::transport::Error),
+    Status(Status),
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Transport(error) => write!(f, "{error}"),
+            Self::Status(status) => write!(f, "{status}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A `Backoff` out of range is refused when the watch is asked for, naming its field:
+    /// before, the stream was built, and the first reconnection of one as extreme as
+    /// `Duration::MAX` panicked inside it (in `Backoff::delay`), which a balancer
+    /// following it took for the source's end.
+    #[tokio::test]
+    async fn a_backoff_out_of_range_is_refused_before_watching() {
+        let nowhere = Endpoint::from_static("http://127.0.0.1:1");
+        let good = Backoff::default();
+        for (backoff, field) in [
+            (Backoff { base: Duration::ZERO, ..good }, "backoff.base"),
+            (Backoff { base: Duration::MAX, max: Duration::MAX, jitter: 0.0 }, "backoff.base"),
+            (Backoff { max: Duration::from_millis(1), ..good }, "backoff.max"),
+            (Backoff { jitter: f64::NAN, ..good }, "backoff.jitter"),
+            (Backoff { jitter: -0.5, ..good }, "backoff.jitter"),
+        ] {
+            let Err(error) = watch_assignments(nowhere.clone(), "job", backoff) else {
+                panic!("{backoff:?} accepted");
+            };
+            assert_eq!(error.field(), field, "{backoff:?}: {error}");
+        }
+        assert!(watch_assignments(nowhere, "job", good).is_ok());
+    }
+
+    #[test]
+    fn only_refusals_that_retrying_cannot_change_end_the_watch() {
+        for code in [Code::InvalidArgument, Code::Unimplemented] {
+            assert!(refused_for_good(code), "{code:?}");
+        }
+        for code in [
+            Code::Unavailable,
+            Code::ResourceExhausted,
+            Code::Internal,
+            Code::Unknown,
+            Code::DeadlineExceeded,
+            Code::Cancelled,
+            Code::Aborted,
+            Code::PermissionDenied,
+            Code::Unauthenticated,
+            Code::NotFound,
+            Code::FailedPrecondition,
+        ] {
+            assert!(!refused_for_good(code), "{code:?}");
+        }
+    }
 }

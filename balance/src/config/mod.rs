@@ -193,12 +193,7 @@ impl BalanceConfig {
         check("no_backend_wait", self.no_backend_wait, Duration::ZERO, MAX_WAIT, "0..=1 h")?;
         check("affinity_wait", self.affinity_wait, Duration::ZERO, MAX_WAIT, "0..=1 h")?;
         check("affinity_idle", self.affinity_idle, MS, MAX_IDLE, "1 ms..=24 h")?;
-        let b = &self.backoff;
-        check("backoff.base", b.base, MS, MAX_WAIT, "1 ms..=1 h")?;
-        check("backoff.max", b.max, b.base, MAX_WAIT, "backoff.base..=1 h")?;
-        if !(0.0..=1.0).contains(&b.jitter) {
-            return Err(ConfigError::new("backoff.jitter", b.jitter, "0.0..=1.0"));
-        }
+        self.backoff.validate()?;
         if let Load::PeakEwma { decay, default_rtt } = self.load {
             check("load.decay", decay, MS, MAX_WAIT, "1 ms..=1 h")?;
             check("load.default_rtt", default_rtt, Duration::ZERO, MAX_WAIT, "0..=1 h")?;
@@ -273,6 +268,34 @@ impl BalanceConfig {
     pub fn with_no_backend_wait(mut self, wait: Duration) -> Self {
         self.no_backend_wait = wait;
         self
+    }
+}
+
+// Here, not in `backoff.rs`: the accepted ranges are configuration's (`MAX_WAIT`), and
+// `backoff` does not depend on `config`.
+impl Backoff {
+    /// Checks every field; the first out of its range is the error.
+    ///
+    /// | field | accepted |
+    /// |---|---|
+    /// | `backoff.base` | `1 ms..=MAX_WAIT` (an hour) |
+    /// | `backoff.max` | `backoff.base..=MAX_WAIT` |
+    /// | `backoff.jitter` | a number in `0.0..=1.0` |
+    ///
+    /// [`crate::BalanceConfig::validate`] runs this same check on its `backoff`.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the field (`backoff.base`, `backoff.max` or
+    /// `backoff.jitter`), its value and the accepted range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        const MS: Duration = Duration::from_millis(1);
+        check("backoff.base", self.base, MS, MAX_WAIT, "1 ms..=1 h")?;
+        check("backoff.max", self.max, self.base, MAX_WAIT, "backoff.base..=1 h")?;
+        if !(0.0..=1.0).contains(&self.jitter) {
+            return Err(ConfigError::new("backoff.jitter", self.jitter, "0.0..=1.0"));
+        }
+        Ok(())
     }
 }
 

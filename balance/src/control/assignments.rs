@@ -1,18 +1,31 @@
 //! Following the assignment source: newer generations replace, older or equal ones
 //! are ignored, invalid ones are rejected, and the last good one outlives the source.
+//! A source that panics is polled again after a backoff, not dropped.
 
-use std::pin::Pin;
-
+use std::fmt;
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::time::Duration;
 
 use futures_util::{FutureExt, Stream, StreamExt};
 use steady_slice::Assignment;
+use steady_subset::prng::SplitMix64;
+use tokio::time::Instant;
 
+use crate::backoff::Backoff;
 use crate::error::BoxError;
+use crate::route::pick::fresh_rng;
 use crate::route::table::Counters;
 
 /// A stream of assignments (or of the errors reading them), newest last.
 pub(crate) type AssignmentSource = Pin<Box<dyn Stream<Item = Result<Assignment, BoxError>> + Send>>;
+
+/// The wait before polling a source again after it panicked: the balancer's default
+/// reconnection backoff (100 ms doubling to 10 s, half of it random), counted in panics
+/// in a row. A source that panics on every poll (as a panicked `async` block does) is
+/// thus polled about every 5 to 10 s, and never spins.
+const RESTART_BACKOFF: Backoff =
+    Backoff { base: Duration::from_millis(100), max: Duration::from_secs(10), jitter: 0.5 };
 
 /// The source followed, and the assignment in force.
 pub(super) struct Assignments {
@@ -20,11 +33,42 @@ pub(super) struct Assignments {
     current: Option<Assignment>,
     /// Every task the assignment in force names, sorted.
     replica_tasks: Vec<u32>,
+    /// Panics of the source since it last yielded an item.
+    panics_in_a_row: u32,
+    /// When the source that panicked is polled again (`None`: at once).
+    resume_at: Option<Instant>,
+    /// The restart delays' jitter.
+    rng: SplitMix64,
 }
+
+/// What [`Assignments::next`] yields when the source panicked: [`Assignments::accept`]
+/// counts it as a restart, not as a rejected assignment.
+#[derive(Debug)]
+struct SourcePanicked {
+    message: String,
+    /// The wait before the source is polled again.
+    restart_in: Duration,
+}
+
+impl fmt::Display for SourcePanicked {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "the assignment source panicked ({}): polled again in {:?}", self.message, self.restart_in)
+    }
+}
+
+impl std::error::Error for SourcePanicked {}
 
 impl Assignments {
     pub(super) fn new() -> Self {
-        Self { source: None, current: None, replica_tasks: Vec::new() }
+        Self {
+            source: None,
+            current: None,
+            replica_tasks: Vec::new(),
+            panics_in_a_row: 0,
+            resume_at: None,
+            // Seeded per process, as the slots' backoff is: frontends do not restart in step.
+            rng: fresh_rng(),
+        }
     }
 
     /// The assignment in force; `None` before the first.
@@ -41,6 +85,8 @@ impl Assignments {
     /// stays until the new source sends a newer one).
     pub(super) fn follow(&mut self, source: AssignmentSource) {
         self.source = Some(source);
+        self.panics_in_a_row = 0;
+        self.resume_at = None;
     }
 
     /// Whether a source is followed.
@@ -48,17 +94,34 @@ impl Assignments {
         self.source.is_some()
     }
 
-    /// The next item of the source (pending forever when there is none). A source that
-    /// panics counts as ended (`None`): it is dropped, since a stream that panicked may
-    /// panic on every poll, and the assignment in force stays.
+    /// The next item of the source (pending forever when there is none).
+    ///
+    /// A source that panics is kept: the panic comes out as an error item that
+    /// [`Assignments::accept`] counts as a restart, and the source is polled again after
+    /// a backoff that grows with its panics in a row ([`RESTART_BACKOFF`]). The
+    /// assignment in force stays meanwhile. Cancel-safe: dropped during that wait, the
+    /// next call waits for the rest of it.
     pub(super) async fn next(&mut self) -> Option<Result<Assignment, BoxError>> {
         let Some(source) = &mut self.source else { return std::future::pending().await };
+        if let Some(at) = self.resume_at {
+            tokio::time::sleep_until(at).await;
+            self.resume_at = None;
+        }
         match AssertUnwindSafe(source.next()).catch_unwind().await {
-            Ok(item) => item,
-            Err(_) => {
-                tracing::error!("the assignment source panicked: following it no more");
-                self.source = None;
-                None
+            Ok(item) => {
+                self.panics_in_a_row = 0;
+                item
+            }
+            Err(panic) => {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a non-string panic".to_owned());
+                self.panics_in_a_row = self.panics_in_a_row.saturating_add(1);
+                let restart_in = RESTART_BACKOFF.delay(self.panics_in_a_row, &mut self.rng);
+                self.resume_at = Some(Instant::now() + restart_in);
+                Some(Err(Box::new(SourcePanicked { message, restart_in })))
             }
         }
     }
@@ -71,6 +134,11 @@ impl Assignments {
             None => {
                 tracing::info!(generation = ?current, "assignment source ended: the last good assignment stays");
                 self.source = None;
+                false
+            }
+            Some(Err(error)) if error.is::<SourcePanicked>() => {
+                Counters::add(&counters.assignment_source_restarts, 1);
+                tracing::error!(%error, panics_in_a_row = self.panics_in_a_row, generation = ?current, "assignment source restarted: the assignment in force stays");
                 false
             }
             Some(Err(error)) => {

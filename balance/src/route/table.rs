@@ -75,6 +75,8 @@ pub(crate) struct Counters {
     pub(crate) assignments_accepted: AtomicU64,
     pub(crate) assignments_stale: AtomicU64,
     pub(crate) assignments_rejected: AtomicU64,
+    /// Panics of the assignment source, each followed by polling it again.
+    pub(crate) assignment_source_restarts: AtomicU64,
     pub(crate) keyed_fallbacks: AtomicU64,
     pub(crate) no_replica: AtomicU64,
     pub(crate) affinity_opened: AtomicU64,

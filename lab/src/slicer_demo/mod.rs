@@ -151,7 +151,7 @@ async fn demo(out: &mut impl Write, args: &SlicerArgs) -> LabResult {
         let slicelet =
             Slicelet::with_meter(task, MeterConfig { half_life: step * 2, ..MeterConfig::default() })?;
         let (address, stop) = control::serve(task, &slicelet).await?;
-        slicelet.follow(steady_tonic::watch_assignments(control.endpoint(), JOB, Default::default()));
+        slicelet.follow(steady_tonic::watch_assignments(control.endpoint(), JOB, Default::default())?);
         let reporter = slicelet.report_to(control.endpoint(), JOB, step / 4);
         backends.push(Backend { slicelet, address, stop: Some(stop), _reporter: reporter });
     }
@@ -199,7 +199,7 @@ async fn demo(out: &mut impl Write, args: &SlicerArgs) -> LabResult {
             control.endpoint(),
             JOB,
             Default::default(),
-        ));
+        )?);
         for l in 0..loops_per_frontend {
             let (channel, log, stop, popularity) =
                 (channel.clone(), log.clone(), stop.clone(), popularity.clone());

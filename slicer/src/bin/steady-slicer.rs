@@ -13,17 +13,28 @@
 //! A standby's Distributor follows the store, so every instance serves the assignment in
 //! force. Prints a status line per cadence (at most one a second) on stdout; on Ctrl-C it
 //! resigns, so that a standby leads at once.
+//!
+//! Every argument is checked before anything starts: a value that would be refused for as
+//! long as the process runs (a name no store holds, a task count past `MAX_TASK`, a job
+//! whose first assignment is too large to store, an option of the other store) is one line
+//! on stderr, `steady-slicer: ...`, and a non-zero exit (2 for what clap refuses, naming
+//! the argument and pointing at `--help`; 1 for the rest).
 
 use std::net::SocketAddr;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use futures_util::StreamExt;
-use steady_assigner::{by_name, ReplicaLimits, Tasks, NAMES};
-use steady_slicer::assigner::{AssignerConfig, AssignerService};
+use steady_assigner::{by_name, Assigner, ReplicaLimits, RunInput, Tasks, NAMES};
+use steady_slice::MAX_TASK;
+use steady_slicer::assigner::{estimate, AssignerConfig, AssignerService};
 use steady_slicer::load::{LoadBook, LoadCollector};
-use steady_slicer::store::{AssignmentStore, EtcdConfig, EtcdStore, MemoryStore};
+use steady_slicer::store::{
+    check_name, AssignmentStore, EtcdConfig, EtcdStore, MemoryStore, MAX_ASSIGNMENT_BYTES,
+};
 use steady_slicer::Distributor;
 use tokio::sync::watch;
 
@@ -67,48 +78,143 @@ struct Cli {
     /// Most replicas per slice.
     #[arg(long, default_value_t = 1)]
     max_replicas: usize,
-    /// The etcd lease of the election, seconds.
-    #[arg(long, default_value_t = 5)]
-    lease_ttl_secs: u64,
+    /// The etcd lease of the election, seconds (with `--store etcd`; default 5).
+    #[arg(long)]
+    lease_ttl_secs: Option<u64>,
 }
 
 type Failure = Box<dyn std::error::Error + Send + Sync>;
 
 #[tokio::main]
-async fn main() -> std::process::ExitCode {
-    match run(Cli::parse()).await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+async fn main() -> ExitCode {
+    let cli = parse_args();
+    let checked = match check(&cli) {
+        Ok(checked) => checked,
+        Err(e) => return fail(&e),
+    };
+    match run(cli, checked).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&e),
+    }
+}
+
+fn fail(error: &Failure) -> ExitCode {
+    eprintln!("steady-slicer: {error}");
+    ExitCode::FAILURE
+}
+
+/// The command line, or the process ends: `--help` and `--version` print as usual, and
+/// anything clap refuses (an unknown flag, a value that does not parse, a missing
+/// argument) is one line on stderr and exit code 2.
+fn parse_args() -> Cli {
+    // A negative number is a value (`--tasks -1` is a bad `--tasks`, not an unknown flag).
+    let command = Cli::command().mut_args(|arg| arg.allow_negative_numbers(true));
+    let parsed = command.try_get_matches().and_then(|mut matches| Cli::from_arg_matches_mut(&mut matches));
+    match parsed {
+        Ok(cli) => cli,
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => e.exit(),
         Err(e) => {
-            eprintln!("steady-slicer: {e}");
-            std::process::ExitCode::FAILURE
+            eprintln!("steady-slicer: {}", one_line(&e, "steady-slicer"));
+            std::process::exit(e.exit_code());
         }
     }
 }
 
-async fn run(cli: Cli) -> Result<(), Failure> {
-    let assigner = by_name(&cli.algorithm)
-        .ok_or_else(|| format!("unknown algorithm {:?}: one of {}", cli.algorithm, NAMES.join(", ")))?;
-    if cli.tasks == 0 {
-        return Err("--tasks must be at least 1".into());
+/// clap's refusal in one line: what is wrong and with which argument, the accepted values
+/// or clap's suggestion when it has them, and where to read more. (`steady-lab` renders
+/// its refusals the same way.)
+fn one_line(error: &clap::Error, command: &str) -> String {
+    let strings = |kind| match error.get(kind) {
+        Some(ContextValue::String(s)) => vec![s.clone()],
+        Some(ContextValue::Strings(v)) => v.clone(),
+        _ => Vec::new(),
+    };
+    let rendered = error.render().to_string();
+    let first = rendered.lines().next().unwrap_or_default().trim_start_matches("error: ");
+    // "the following required arguments were not provided:" lists them on the lines below.
+    let mut line = first.to_owned();
+    if first.ends_with(':') {
+        line.push_str(&format!(" {}", strings(ContextKind::InvalidArg).join(", ")));
+    }
+    let valid = strings(ContextKind::ValidValue);
+    if !valid.is_empty() {
+        line.push_str(&format!("; possible values: {}", valid.join(", ")));
+    }
+    if let Some(suggested) = strings(ContextKind::SuggestedArg).first() {
+        line.push_str(&format!("; a similar argument exists: '{suggested}'"));
+    }
+    format!("{line} (see '{command} --help')")
+}
+
+/// What the checked command line asks for.
+struct Checked {
+    assigner: Box<dyn Assigner + Send + Sync>,
+    tasks: Tasks,
+    config: AssignerConfig,
+}
+
+/// Checks every argument before anything starts (the etcd options are checked by
+/// `EtcdStore::connect`, before it connects): each refusal here would otherwise repeat for
+/// as long as the process runs, serving nothing while an error counter moves.
+fn check(cli: &Cli) -> Result<Checked, Failure> {
+    check_name("job", &cli.job).map_err(|e| format!("--job: {e}"))?;
+    check_name("candidate", &cli.candidate).map_err(|e| format!("--candidate: {e}"))?;
+    let assigner = by_name(&cli.algorithm).ok_or_else(|| {
+        format!("--algorithm: unknown algorithm {:?}: one of {}", cli.algorithm, NAMES.join(", "))
+    })?;
+    // Checked before the task set is built: `Tasks` would list every task first.
+    if cli.tasks == 0 || cli.tasks > MAX_TASK + 1 {
+        return Err(
+            format!("--tasks {}: it must be 1 to {} (tasks 0..TASKS)", cli.tasks, MAX_TASK + 1).into()
+        );
     }
     let tasks = Tasks::serving(0..cli.tasks)?;
+    match cli.store {
+        StoreKind::Memory if !cli.endpoints.is_empty() => {
+            return Err("--endpoints is for --store etcd".into())
+        }
+        StoreKind::Memory if cli.lease_ttl_secs.is_some() => {
+            return Err("--lease-ttl-secs is for --store etcd".into())
+        }
+        StoreKind::Etcd if cli.endpoints.is_empty() => return Err("--store etcd needs --endpoints".into()),
+        _ => {}
+    }
+    let replicas = ReplicaLimits::new(1, cli.max_replicas).map_err(|e| format!("--max-replicas: {e}"))?;
+    let config = AssignerConfig {
+        cadence: Duration::from_millis(cli.cadence_ms),
+        replicas,
+        ..AssignerConfig::default()
+    };
+    config.validate().map_err(|e| format!("--cadence-ms: {e}"))?;
+    // The first run's assignment (every task serving, no load reported yet) must fit in the
+    // store, or every write would be refused: the slices grow with the tasks.
+    let load = estimate(&[], None, &tasks.serving_ids());
+    let first = assigner
+        .assign(&RunInput { previous: None, tasks: &tasks, load: &load, replicas })
+        .map_err(|e| format!("--algorithm {}: its first run failed: {e}", cli.algorithm))?;
+    let bytes = first.assignment.encode().len();
+    if bytes > MAX_ASSIGNMENT_BYTES {
+        return Err(format!(
+            "--tasks {} with --algorithm {}: the first assignment has {} slices, {bytes} bytes encoded, above the \
+             store's limit of {MAX_ASSIGNMENT_BYTES}; use fewer tasks or another algorithm",
+            cli.tasks,
+            cli.algorithm,
+            first.assignment.slices().len()
+        )
+        .into());
+    }
+    Ok(Checked { assigner, tasks, config })
+}
+
+async fn run(cli: Cli, checked: Checked) -> Result<(), Failure> {
+    let Checked { assigner, tasks, config } = checked;
     let store: Arc<dyn AssignmentStore> = match cli.store {
         StoreKind::Memory => Arc::new(MemoryStore::new()),
         StoreKind::Etcd => {
-            if cli.endpoints.is_empty() {
-                return Err("--store etcd needs --endpoints".into());
-            }
-            let config =
-                EtcdConfig::new(cli.endpoints.clone()).lease_ttl(Duration::from_secs(cli.lease_ttl_secs));
-            Arc::new(EtcdStore::connect(config).await?)
+            let ttl = Duration::from_secs(cli.lease_ttl_secs.unwrap_or(5));
+            Arc::new(EtcdStore::connect(EtcdConfig::new(cli.endpoints.clone()).lease_ttl(ttl)).await?)
         }
     };
-    let config = AssignerConfig {
-        cadence: Duration::from_millis(cli.cadence_ms),
-        replicas: ReplicaLimits::new(1, cli.max_replicas)?,
-        ..AssignerConfig::default()
-    };
-    config.validate()?;
     // Bind first: a process that cannot serve must not campaign (and then lead).
     let listener = tokio::net::TcpListener::bind(cli.listen).await?;
     let distributor = Distributor::new();

@@ -215,18 +215,24 @@ impl Slicelet {
     ///
     /// The reporting stops when the returned [`LoadReporter`] is dropped or stopped.
     pub fn report_to(&self, endpoint: Endpoint, job: impl Into<String>, interval: Duration) -> LoadReporter {
-        self.report_to_with_backoff(endpoint, job, interval, steady_balance::Backoff::default())
+        LoadReporter::spawn(self.clone(), endpoint, job.into(), interval, steady_balance::Backoff::default())
     }
 
     /// As [`Slicelet::report_to`], reconnecting after `backoff`.
+    ///
+    /// # Errors
+    ///
+    /// A [`steady_balance::ConfigError`] naming the `backoff` field out of its range
+    /// (see [`steady_balance::Backoff::validate`]); nothing is started.
     pub fn report_to_with_backoff(
         &self,
         endpoint: Endpoint,
         job: impl Into<String>,
         interval: Duration,
         backoff: steady_balance::Backoff,
-    ) -> LoadReporter {
-        LoadReporter::spawn(self.clone(), endpoint, job.into(), interval, backoff)
+    ) -> Result<LoadReporter, steady_balance::ConfigError> {
+        backoff.validate()?;
+        Ok(LoadReporter::spawn(self.clone(), endpoint, job.into(), interval, backoff))
     }
 
     /// A tower layer for the server that records every request's slice key (metadata

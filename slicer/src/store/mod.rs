@@ -247,8 +247,14 @@ pub trait AssignmentStore: fmt::Debug + Send + Sync + 'static {
     fn campaign<'a>(&'a self, job: &'a str, candidate: &'a str) -> StoreFuture<'a, Leadership>;
 }
 
-/// Refuses names no store may hold (see [`StoreError::InvalidName`]).
-pub(crate) fn check_name(what: &'static str, name: &str) -> Result<(), StoreError> {
+/// Refuses names no store may hold: a job or candidate name must have 1 to
+/// [`MAX_JOB_NAME_LEN`] bytes. Every store checks this on every call; a caller that takes
+/// names from a user (the `steady-slicer` binary) checks them up front with this.
+///
+/// # Errors
+///
+/// [`StoreError::InvalidName`] with `what` (`"job"` or `"candidate"`) and the length.
+pub fn check_name(what: &'static str, name: &str) -> Result<(), StoreError> {
     if valid_job_name(name) {
         Ok(())
     } else {
