@@ -15,7 +15,7 @@ use std::time::Duration;
 use bytes::{BufMut, Bytes, BytesMut};
 use http_body_util::StreamBody;
 use prost::Message;
-use steady_balance::BalanceConfig;
+use steady_balance::{BalanceConfig, Load};
 use steady_tonic::echo::echo_client::EchoClient;
 use steady_tonic::echo::echo_server::{Echo, EchoServer};
 use steady_tonic::echo::{EchoReply, EchoRequest};
@@ -64,7 +64,16 @@ struct Fleet {
 }
 
 impl Fleet {
+    /// `n` backends, all fine, and a channel keeping `k` of them. The load is requests in
+    /// flight unless `load` says otherwise: with Peak EWMA, calls one after another mostly
+    /// go to whichever backend answers fastest, and a failing one is avoided (its failures
+    /// raise its estimate) before it can be ejected; these tests are about ejection.
     async fn start(n: u32, k: usize) -> Fleet {
+        Fleet::start_with(n, BalanceConfig::new(0, k).with_load(Load::InFlight)).await
+    }
+
+    async fn start_with(n: u32, config: BalanceConfig) -> Fleet {
+        let k = config.subset_size;
         let (mut backends, mut stops, mut endpoints) = (Vec::new(), Vec::new(), Vec::new());
         for task in 0..n {
             let backend = Backend { task, mode: Arc::new(Mutex::new(Mode::Fine)), calls: Arc::default() };
@@ -73,7 +82,7 @@ impl Fleet {
             stops.push(stop);
             endpoints.push(endpoint(addr));
         }
-        let channel = SteadyChannel::builder(BalanceConfig::new(0, k)).from_endpoints(endpoints).unwrap();
+        let channel = SteadyChannel::builder(config).from_endpoints(endpoints).unwrap();
         assert!(channel.balance().wait_for_members(k, Duration::from_secs(10)).await);
         Fleet { backends, _stops: stops, channel }
     }
@@ -123,6 +132,19 @@ async fn a_backend_answering_unavailable_is_ejected_and_a_stand_in_serves() {
     let before = fleet.calls(bad);
     assert!(fleet.send(100, None).await.is_empty());
     assert_eq!(fleet.calls(bad), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_default_load_a_backend_failing_at_once_is_avoided_not_favoured() {
+    // Requests in flight alone would favour it (its calls end at once, so it is never
+    // busy); Peak EWMA doubles its estimate with every failure.
+    let fleet = Fleet::start_with(2, BalanceConfig::new(0, 2)).await;
+    fleet.set(0, Mode::Status(Code::Unavailable));
+    let failed = fleet.send(400, None).await;
+    // Half would fail if calls were spread evenly; the penalty keeps it to a few per
+    // second of aging.
+    assert!(failed.len() <= 40, "{} of 400 failed", failed.len());
+    assert!(fleet.calls(1) >= 360, "{}", fleet.calls(1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -209,7 +231,10 @@ async fn a_status_in_the_trailers_is_classified_when_the_body_ends() {
         let (addr, stop) = serve(EchoServer::new(good)).await;
         stops.push(stop);
         endpoints.push(endpoint(addr));
-        let channel = SteadyChannel::builder(BalanceConfig::new(0, 2)).from_endpoints(endpoints).unwrap();
+        // Requests in flight as the load, so that task 0 gets its share of calls one
+        // after another (see `Fleet::start`).
+        let config = BalanceConfig::new(0, 2).with_load(Load::InFlight);
+        let channel = SteadyChannel::builder(config).from_endpoints(endpoints).unwrap();
         assert!(channel.balance().wait_for_members(2, Duration::from_secs(10)).await);
         let mut client = EchoClient::new(channel.clone());
         for _ in 0..100 {

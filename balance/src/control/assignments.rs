@@ -20,13 +20,6 @@ use crate::route::table::Counters;
 /// A stream of assignments (or of the errors reading them), newest last.
 pub(crate) type AssignmentSource = Pin<Box<dyn Stream<Item = Result<Assignment, BoxError>> + Send>>;
 
-/// The wait before polling a source again after it panicked: the balancer's default
-/// reconnection backoff (100 ms doubling to 10 s, half of it random), counted in panics
-/// in a row. A source that panics on every poll (as a panicked `async` block does) is
-/// thus polled about every 5 to 10 s, and never spins.
-const RESTART_BACKOFF: Backoff =
-    Backoff { base: Duration::from_millis(100), max: Duration::from_secs(10), jitter: 0.5 };
-
 /// The source followed, and the assignment in force.
 pub(super) struct Assignments {
     source: Option<AssignmentSource>,
@@ -35,6 +28,11 @@ pub(super) struct Assignments {
     replica_tasks: Vec<u32>,
     /// Panics of the source since it last yielded an item.
     panics_in_a_row: u32,
+    /// The wait before polling a source again after it panicked (the balancer's
+    /// reconnection backoff), counted in panics in a row: a source that panics on every
+    /// poll (as a panicked `async` block does) is polled about once per `backoff.max`,
+    /// and never spins.
+    restart: Backoff,
     /// When the source that panicked is polled again (`None`: at once).
     resume_at: Option<Instant>,
     /// The restart delays' jitter.
@@ -59,8 +57,9 @@ impl fmt::Display for SourcePanicked {
 impl std::error::Error for SourcePanicked {}
 
 impl Assignments {
-    pub(super) fn new() -> Self {
+    pub(super) fn new(restart: Backoff) -> Self {
         Self {
+            restart,
             source: None,
             current: None,
             replica_tasks: Vec::new(),
@@ -98,7 +97,7 @@ impl Assignments {
     ///
     /// A source that panics is kept: the panic comes out as an error item that
     /// [`Assignments::accept`] counts as a restart, and the source is polled again after
-    /// a backoff that grows with its panics in a row ([`RESTART_BACKOFF`]). The
+    /// a backoff that grows with its panics in a row (the balancer's backoff). The
     /// assignment in force stays meanwhile. Cancel-safe: dropped during that wait, the
     /// next call waits for the rest of it.
     pub(super) async fn next(&mut self) -> Option<Result<Assignment, BoxError>> {
@@ -113,13 +112,9 @@ impl Assignments {
                 item
             }
             Err(panic) => {
-                let message = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "a non-string panic".to_owned());
+                let message = super::panic_message(&*panic);
                 self.panics_in_a_row = self.panics_in_a_row.saturating_add(1);
-                let restart_in = RESTART_BACKOFF.delay(self.panics_in_a_row, &mut self.rng);
+                let restart_in = self.restart.delay(self.panics_in_a_row, &mut self.rng);
                 self.resume_at = Some(Instant::now() + restart_in);
                 Some(Err(Box::new(SourcePanicked { message, restart_in })))
             }

@@ -38,7 +38,7 @@ use steady_slice::Assignment;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::config::BalanceConfig;
+use crate::config::{BalanceConfig, Load};
 use crate::connector::{Address, Connector};
 use crate::error::BoxError;
 use crate::job::JobView;
@@ -114,7 +114,14 @@ pub(crate) struct Control<T, C, S, J> {
     ramp: Ramp<S>,
     /// The subset's health at the last reconcile, for the panic threshold.
     health: SubsetHealth,
+    /// With Peak EWMA: when the latency estimates of members with no timed response
+    /// lately are next aged (see `Endpoint::age_latency`).
+    next_aging: Option<Instant>,
 }
+
+/// How often, and after how long without a timed response, a member's latency
+/// estimate is aged.
+const LATENCY_AGING: Duration = Duration::from_secs(1);
 
 /// How many of the subset's first `k` members are out of rotation (ejected, or failed
 /// and backing off), as of the last reconcile.
@@ -150,6 +157,8 @@ where
         let (feedback_tx, feedback) = mpsc::unbounded_channel();
         let outliers = Outliers::new(config.outliers, Instant::now());
         let ramp = Ramp::new(config.slow_start);
+        let assignments = Assignments::new(config.backoff);
+        let next_aging = matches!(config.load, Load::PeakEwma { .. }).then(|| Instant::now() + LATENCY_AGING);
         Self {
             attempts: Attempts::new(connector, config.connect_timeout),
             // Jitter seeded per process (not by the frontend index, which frontends of other
@@ -163,7 +172,7 @@ where
             feedback,
             feedback_tx,
             draining: Draining::new(),
-            assignments: Assignments::new(),
+            assignments,
             publisher: Publisher::new(shared),
             last_attempt: 0,
             stale: false,
@@ -171,6 +180,7 @@ where
             outliers,
             ramp,
             health: SubsetHealth::default(),
+            next_aging,
         }
     }
 
@@ -189,11 +199,7 @@ where
             match AssertUnwindSafe(self.run()).catch_unwind().await {
                 Ok(()) => break,
                 Err(panic) => {
-                    let message = panic
-                        .downcast_ref::<&str>()
-                        .map(|s| (*s).to_owned())
-                        .or_else(|| panic.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "a non-string panic".to_owned());
+                    let message = panic_message(&*panic);
                     let now = Instant::now();
                     consecutive =
                         if last_restart.is_some_and(|t| now.duration_since(t) < RESTARTS_FORGOTTEN_AFTER) {
@@ -241,6 +247,7 @@ where
                 self.affinity.next_sweep(),
                 self.outliers.next_deadline(),
                 self.ramp.next_deadline(),
+                self.next_aging,
             ]
             .into_iter()
             .flatten()
@@ -320,6 +327,14 @@ where
         changed |= self.detect_outliers(now);
         let slots = &self.slots;
         self.ramp.advance(now, |id| slots.iter().any(|(_, s)| s.endpoint().is_some_and(|e| e.id == id)));
+        if self.next_aging.is_some_and(|t| t <= now) {
+            self.next_aging = Some(now + LATENCY_AGING);
+            for (_, slot) in self.slots.iter() {
+                if let Some(endpoint) = slot.endpoint() {
+                    endpoint.age_latency(now, LATENCY_AGING);
+                }
+            }
+        }
         if changed {
             self.reconcile();
         }
@@ -542,6 +557,15 @@ async fn next_view<T, J: Stream<Item = JobView<T>> + Unpin>(job: &mut Option<J>)
             None
         }
     }
+}
+
+/// What a caught panic says (its message when it is a string).
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string panic".to_owned())
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

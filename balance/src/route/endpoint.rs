@@ -242,6 +242,9 @@ impl<S> Endpoint<S> {
     #[cold]
     fn faulted(&self) {
         self.count_failure();
+        if let Some(ewma) = &self.ewma {
+            ewma.penalize();
+        }
         // A failed probe: the next pick that draws the endpoint probes again.
         let _ = self.gate.compare_exchange(PROBE_SENT, PROBE_WAITING, Ordering::Relaxed, Ordering::Relaxed);
         let run = self.consecutive.fetch_add(1, Ordering::Relaxed).saturating_add(1);
@@ -274,6 +277,17 @@ impl<S> Endpoint<S> {
     pub(crate) fn eject(&self) {
         self.broken.store(true, Ordering::Relaxed);
         let _ = self.feedback.send(Feedback::Failed { task: self.task, id: self.id });
+    }
+
+    /// Ages the latency estimate (Peak EWMA) if no timed response came for `idle`: it
+    /// decays as if one with no latency had arrived now. Without this a member that gets
+    /// no requests (its estimate once looked high) would keep its estimate, and so get
+    /// no requests, for ever; tower's `PeakEwma` decays on every read, which needs a
+    /// clock read per pick. The control task calls this once per `idle`.
+    pub(crate) fn age_latency(&self, now: Instant, idle: Duration) {
+        if let Some(ewma) = &self.ewma {
+            ewma.age(now, idle);
+        }
     }
 
     /// Takes the endpoint out of rotation; true when nothing is in flight (close now).
@@ -373,11 +387,16 @@ impl<S: Send + Sync> OutcomeSink for Endpoint<S> {
     }
 }
 
+/// The highest latency estimate failures raise a member's to (see `PeakEwma::penalize`).
+const MAX_PENALTY: Duration = Duration::from_secs(10);
+
 /// Peak-EWMA latency, updated without locks (last writer wins under contention,
 /// which only blurs an estimate).
 #[derive(Debug)]
 struct PeakEwma {
     decay_ns: f64,
+    /// The estimate before the first response, in nanoseconds.
+    default_ns: f64,
     base: Instant,
     /// The estimate in nanoseconds, as f64 bits.
     rtt_ns: AtomicU64,
@@ -389,6 +408,7 @@ impl PeakEwma {
     fn new(decay: Duration, default_rtt: Duration) -> Self {
         Self {
             decay_ns: decay.as_nanos().max(1) as f64,
+            default_ns: default_rtt.as_nanos() as f64,
             base: Instant::now(),
             rtt_ns: AtomicU64::new((default_rtt.as_nanos() as f64).to_bits()),
             stamp_ns: AtomicU64::new(0),
@@ -397,6 +417,30 @@ impl PeakEwma {
 
     fn rtt_ns(&self) -> f64 {
         f64::from_bits(self.rtt_ns.load(Ordering::Relaxed))
+    }
+
+    /// A call failed: the estimate doubles (from at least the default), up to
+    /// [`MAX_PENALTY`]. A backend that fails at once would otherwise look like the fastest
+    /// (its failures are never timed) and draw more requests, the more it fails; doubled
+    /// per failure, it is avoided after a few, and its estimate decays back as any does.
+    fn penalize(&self) {
+        let estimate = (self.rtt_ns().max(self.default_ns) * 2.0).min(MAX_PENALTY.as_nanos() as f64);
+        self.rtt_ns.store(estimate.to_bits(), Ordering::Relaxed);
+    }
+
+    /// Decays the estimate toward zero for the time since its last update, if that is
+    /// at least `idle` (see `Endpoint::age_latency`).
+    fn age(&self, now: Instant, idle: Duration) {
+        let now = now.saturating_duration_since(self.base).as_nanos() as u64;
+        let stamp = self.stamp_ns.load(Ordering::Relaxed);
+        let elapsed = now.saturating_sub(stamp);
+        if elapsed < idle.as_nanos() as u64 {
+            return;
+        }
+        // Last writer wins against a response arriving now: either keeps the estimate sane.
+        self.stamp_ns.store(now, Ordering::Relaxed);
+        let decayed = self.rtt_ns() * (-(elapsed as f64) / self.decay_ns).exp();
+        self.rtt_ns.store(decayed.to_bits(), Ordering::Relaxed);
     }
 
     /// A response to a request sent at `sent` arrived at `now`.
@@ -466,6 +510,33 @@ mod tests {
         let later: Vec<usize> = (16..64).filter(|&n| ewma[n]).collect();
         assert_eq!(later, vec![16, 32, 48]);
         assert!(timed(Load::InFlight).iter().all(|t| !t), "in-flight counting reads no clock");
+    }
+
+    #[test]
+    fn each_failure_doubles_the_estimate_up_to_the_cap() {
+        let e = PeakEwma::new(Duration::from_secs(1), Duration::from_millis(1));
+        e.penalize();
+        assert_eq!(e.rtt_ns(), 2e6, "from the default");
+        e.penalize();
+        assert_eq!(e.rtt_ns(), 4e6);
+        for _ in 0..30 {
+            e.penalize();
+        }
+        assert_eq!(e.rtt_ns(), MAX_PENALTY.as_nanos() as f64);
+    }
+
+    #[test]
+    fn an_idle_estimate_is_aged_toward_zero_and_a_fresh_one_is_left() {
+        let e = PeakEwma::new(Duration::from_secs(1), Duration::from_millis(1));
+        let t = Instant::now();
+        e.observe(t, t + Duration::from_millis(20));
+        let idle = Duration::from_secs(1);
+        e.age(t + Duration::from_millis(500), idle);
+        assert_eq!(e.rtt_ns(), 20e6, "updated half a second ago: left as it is");
+        e.age(t + Duration::from_millis(2020), idle);
+        let aged = e.rtt_ns();
+        // Two seconds at a 1 s decay: e^-2 of it.
+        assert!((aged - 20e6 * (-2.0f64).exp()).abs() < 1e3, "{aged}");
     }
 
     #[test]
