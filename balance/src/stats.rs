@@ -2,11 +2,11 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::route::endpoint::{OPEN, PROBE_WAITING};
+use crate::route::endpoint::{OPEN, PROBE_SENT, PROBE_WAITING};
 use crate::route::table::Shared;
 
 /// How freely a member of the routing table takes requests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MemberState {
     /// A full share of the picks that draw it.
     Serving,
@@ -20,6 +20,8 @@ pub enum MemberState {
         /// Whether the probe is in flight.
         probe_sent: bool,
     },
+    /// Its connection just failed: it leaves the table at the control task's next turn.
+    Failed,
 }
 
 /// One member of the routing table.
@@ -121,7 +123,9 @@ impl BalanceStats {
                     share if share < OPEN => {
                         MemberState::SlowStart { percent: (u64::from(share) * 100 / u64::from(OPEN)) as u8 }
                     }
-                    gate => MemberState::Probation { probe_sent: gate != PROBE_WAITING },
+                    PROBE_WAITING => MemberState::Probation { probe_sent: false },
+                    PROBE_SENT => MemberState::Probation { probe_sent: true },
+                    _ => MemberState::Failed,
                 },
             })
             .collect();

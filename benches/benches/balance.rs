@@ -5,13 +5,16 @@
 //! over N in {10, 100, 1000} ready endpoints that answer at once (`service_fn`):
 //! * `bare` — one `service_fn`, no balancing: the floor;
 //! * `tower_p2c` — `tower::balance::p2c::Balance` over the endpoints, each wrapped in
-//!   `tower::load::PendingRequests` (the baseline);
+//!   `tower::load::PendingRequests` (the baseline for requests in flight);
+//! * `tower_p2c_ewma` — the same with `tower::load::PeakEwma` (1 ms default, 1 s decay:
+//!   the baseline for Peak EWMA);
 //! * `steady` — `steady_balance::Balance` with k = N (every endpoint a member), default
 //!   configuration; `steady_inflight` and `steady_ewma` the same with the load signal
 //!   pinned to requests in flight and to Peak EWMA (`Load::peak_ewma()`).
 //!
-//! Target (DESIGN §5): steady at least 3x faster than tower_p2c at every N. Ratios:
-//! `cargo run --release -p steady-benches --bin bench-ratios -- pick tower_p2c`.
+//! Target (DESIGN §5): steady at least 3x faster than tower's p2c over the same load
+//! signal at every N. Ratios: `cargo run --release -p steady-benches --bin bench-ratios --
+//! pick tower_p2c` (requests in flight) and `... -- pick tower_p2c_ewma` (Peak EWMA).
 //!
 //! Group `resize`: sending a job view that changes one member of the subset (k = 20)
 //! until the new member is connected and in the published routing table.
@@ -28,7 +31,7 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
 use tower::balance::p2c;
 use tower::discover::ServiceList;
-use tower::load::{CompleteOnResponse, PendingRequests};
+use tower::load::{CompleteOnResponse, PeakEwma, PendingRequests};
 use tower::{service_fn, Service, ServiceExt};
 
 fn runtime() -> Runtime {
@@ -71,6 +74,16 @@ fn pick(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::new("tower_p2c", n), &n, |b, &n| {
             let services: Vec<_> =
                 (0..n).map(|_| PendingRequests::new(endpoint(), CompleteOnResponse::default())).collect();
+            let mut balance = rt.block_on(async { p2c::Balance::new(ServiceList::new(services)) });
+            b.iter_custom(|iters| rt.block_on(drive(&mut balance, iters)));
+        });
+        group.bench_with_input(BenchmarkId::new("tower_p2c_ewma", n), &n, |b, &n| {
+            let services: Vec<_> = (0..n)
+                .map(|_| {
+                    let (rtt, decay) = (Duration::from_millis(1), Duration::from_secs(1));
+                    PeakEwma::new(endpoint(), rtt, decay.as_nanos() as f64, CompleteOnResponse::default())
+                })
+                .collect();
             let mut balance = rt.block_on(async { p2c::Balance::new(ServiceList::new(services)) });
             b.iter_custom(|iters| rt.block_on(drive(&mut balance, iters)));
         });

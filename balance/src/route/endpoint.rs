@@ -64,6 +64,9 @@ pub(crate) const OPEN: u32 = 1 << 16;
 pub(crate) const PROBE_WAITING: u32 = OPEN + 1;
 /// The gate of an endpoint on probation whose one request is in flight.
 pub(crate) const PROBE_SENT: u32 = OPEN + 2;
+/// The gate of an endpoint whose connection failed: no pick takes it, unless nothing else
+/// is there.
+pub(crate) const BROKEN: u32 = OPEN + 3;
 
 /// How an endpoint reacts to the outcomes of its calls (from the configuration).
 #[derive(Debug, Clone, Copy)]
@@ -98,13 +101,13 @@ pub(crate) struct Endpoint<S> {
     consecutive: AtomicU32,
     /// Set when the endpoint leaves rotation; the last request out reports `Drained`.
     pub(crate) draining: AtomicBool,
-    /// Set by the first transport failure, so that requests avoid the endpoint at once,
-    /// before the control task has published a table without it.
-    broken: AtomicBool,
     /// Which picks may choose the endpoint: [`OPEN`] (all), a share of [`OPEN`] (slow
-    /// start: picks that draw it take it with that chance), or probation
-    /// ([`PROBE_WAITING`], [`PROBE_SENT`]). Written by the control task (the ramp) and
-    /// by the probe's outcome.
+    /// start: picks that draw it take it with that chance), probation
+    /// ([`PROBE_WAITING`], [`PROBE_SENT`]), or none ([`BROKEN`], set by the first
+    /// transport failure so that requests avoid the endpoint at once, before the control
+    /// task has published a table without it). Written by the control task (the ramp) and
+    /// by calls' outcomes. One word, so that the pick's fast path reads one value per
+    /// member to know it may take it.
     gate: AtomicU32,
     reactions: Reactions,
     ewma: Option<PeakEwma>,
@@ -139,7 +142,6 @@ impl<S> Endpoint<S> {
             failures: AtomicU64::new(0),
             consecutive: AtomicU32::new(0),
             draining: AtomicBool::new(false),
-            broken: AtomicBool::new(false),
             gate: AtomicU32::new(gate),
             reactions,
             ewma,
@@ -155,12 +157,10 @@ impl<S> Endpoint<S> {
         Self::new(task, id, service, Load::InFlight, Reactions::NONE, OPEN, feedback, nowhere())
     }
 
-    /// The load estimate: lower is better; infinite once a call has failed.
+    /// The load estimate: lower is better. Whether the endpoint may be picked at all
+    /// (broken, held back) is its gate's to say, read first.
     #[inline]
     pub(crate) fn load(&self) -> f64 {
-        if self.broken.load(Ordering::Relaxed) {
-            return f64::INFINITY;
-        }
         let pending = self.in_flight.load(Ordering::Relaxed) as f64;
         match &self.ewma {
             None => pending,
@@ -168,10 +168,10 @@ impl<S> Endpoint<S> {
         }
     }
 
-    /// Whether a call on this connection has failed.
+    /// Whether its connection failed.
     #[inline]
     pub(crate) fn is_broken(&self) -> bool {
-        self.broken.load(Ordering::Relaxed)
+        self.gate() == BROKEN
     }
 
     /// Whether latency is measured (Peak EWMA).
@@ -275,7 +275,7 @@ impl<S> Endpoint<S> {
     /// did): requests avoid it from now on, and the control task retires it and backs
     /// off.
     pub(crate) fn eject(&self) {
-        self.broken.store(true, Ordering::Relaxed);
+        self.gate.store(BROKEN, Ordering::Relaxed);
         let _ = self.feedback.send(Feedback::Failed { task: self.task, id: self.id });
     }
 

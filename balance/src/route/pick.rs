@@ -42,20 +42,16 @@ pub(crate) fn p2c<'a, S>(
                 j += 1;
             }
             let (a, b) = (&members[i], &members[j]);
+            // One read per member says it may take the request (not broken, not held back).
             if a.gate() != OPEN || b.gate() != OPEN {
                 return gated(members, a, b, rng);
             }
-            // A broken endpoint's load is infinite: it loses to any healthy one.
-            let best = if b.load() <= a.load() * TIE_RATIO { b } else { a };
-            if best.is_broken() {
-                return any_healthy(members);
-            }
-            Some(best)
+            Some(if b.load() <= a.load() * TIE_RATIO { b } else { a })
         }
     }
 }
 
-/// Both draws failed a call already (the control task has not yet published a table
+/// Both draws are held back or broken (the control task has not yet published a table
 /// without them): any healthy member will do, preferably one not held back.
 #[cold]
 fn any_healthy<S>(members: &[Arc<Endpoint<S>>]) -> Option<&Arc<Endpoint<S>>> {
@@ -83,8 +79,9 @@ fn gated<'a, S>(
     let mut admitted_load = |e: &Endpoint<S>| -> f64 {
         match e.gate() {
             OPEN => e.load(),
-            PROBE_WAITING if !e.is_broken() => 0.0,
+            PROBE_WAITING => 0.0,
             share if share < OPEN && rng.below(u64::from(OPEN)) < u64::from(share) => e.load(),
+            // Probe in flight, or broken.
             _ => f64::INFINITY,
         }
     };
