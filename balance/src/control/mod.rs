@@ -388,10 +388,11 @@ where
     }
 
     /// The backends to keep connections to, in preference order: the first `k` serving
-    /// tasks of the frontend's order, then as many stand-ins as there are failed members
-    /// among those `k` (at most `max_stand_ins`). Stand-ins already connected are kept
-    /// (so a recovering candidate never displaces a healthy one); the rest come next in
-    /// order, skipping failed tasks.
+    /// tasks of the frontend's order, then as many stand-ins as there are failed or
+    /// ejected members among those `k` (at most `max_stand_ins`). Stand-ins already
+    /// connected are kept (so a recovering candidate never displaces a healthy one); the
+    /// rest come next in order, skipping failed and ejected tasks. Also records how much
+    /// of the subset is out, and whether that puts it in panic (see [`SubsetHealth`]).
     fn wanted(&mut self, now: Instant) -> Vec<usize> {
         if self.view.size > steady_subset::MAX_BACKENDS {
             // No subset can be computed for such a view: keep the one in force.
