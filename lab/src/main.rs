@@ -27,7 +27,7 @@ use std::process::ExitCode;
 
 use std::path::PathBuf;
 
-use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::error::ErrorKind;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use steady_lab::experiments::{self, LabConfig, LabResults};
 use steady_lab::sharding::{self, Scenario as ShardingScenario};
@@ -166,40 +166,10 @@ fn parse_args() -> Cli {
             e.exit()
         }
         Err(e) => {
-            eprintln!("steady-lab: {}", one_line(&e, &path));
+            eprintln!("steady-lab: {}", steady_slicer::cli::one_line(&e, &path));
             std::process::exit(e.exit_code());
         }
     }
-}
-
-/// clap's refusal in one line: what is wrong and with which argument, the accepted values
-/// or clap's suggestion when it has them, and where to read more. (`steady-slicer`
-/// renders its refusals the same way.)
-fn one_line(error: &clap::Error, command: &str) -> String {
-    let strings = |kind| match error.get(kind) {
-        Some(ContextValue::String(s)) => vec![s.clone()],
-        Some(ContextValue::Strings(v)) => v.clone(),
-        _ => Vec::new(),
-    };
-    let rendered = error.render().to_string();
-    let first = rendered.lines().next().unwrap_or_default().trim_start_matches("error: ");
-    let mut line = first.to_owned();
-    // "the following required arguments were not provided:" lists them on the lines below.
-    if first.ends_with(':') {
-        line.push_str(&format!(" {}", strings(ContextKind::InvalidArg).join(", ")));
-    }
-    let valid = strings(ContextKind::ValidValue);
-    if !valid.is_empty() {
-        line.push_str(&format!("; possible values: {}", valid.join(", ")));
-    }
-    for (kind, what) in
-        [(ContextKind::SuggestedArg, "argument"), (ContextKind::SuggestedSubcommand, "command")]
-    {
-        if let Some(suggested) = strings(kind).first() {
-            line.push_str(&format!("; a similar {what} exists: '{suggested}'"));
-        }
-    }
-    format!("{line} (see '{command} --help')")
 }
 
 fn main() -> ExitCode {

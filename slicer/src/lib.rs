@@ -58,6 +58,8 @@
 
 #[cfg(feature = "assigner")]
 pub mod assigner;
+#[cfg(feature = "cli")]
+pub mod cli;
 mod distributor;
 pub mod load;
 mod slicelet;

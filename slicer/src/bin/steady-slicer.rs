@@ -25,7 +25,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::error::ErrorKind;
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use futures_util::StreamExt;
 use steady_assigner::{by_name, Assigner, ReplicaLimits, RunInput, Tasks, NAMES};
@@ -114,36 +114,10 @@ fn parse_args() -> Cli {
         Ok(cli) => cli,
         Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => e.exit(),
         Err(e) => {
-            eprintln!("steady-slicer: {}", one_line(&e, "steady-slicer"));
+            eprintln!("steady-slicer: {}", steady_slicer::cli::one_line(&e, "steady-slicer"));
             std::process::exit(e.exit_code());
         }
     }
-}
-
-/// clap's refusal in one line: what is wrong and with which argument, the accepted values
-/// or clap's suggestion when it has them, and where to read more. (`steady-lab` renders
-/// its refusals the same way.)
-fn one_line(error: &clap::Error, command: &str) -> String {
-    let strings = |kind| match error.get(kind) {
-        Some(ContextValue::String(s)) => vec![s.clone()],
-        Some(ContextValue::Strings(v)) => v.clone(),
-        _ => Vec::new(),
-    };
-    let rendered = error.render().to_string();
-    let first = rendered.lines().next().unwrap_or_default().trim_start_matches("error: ");
-    // "the following required arguments were not provided:" lists them on the lines below.
-    let mut line = first.to_owned();
-    if first.ends_with(':') {
-        line.push_str(&format!(" {}", strings(ContextKind::InvalidArg).join(", ")));
-    }
-    let valid = strings(ContextKind::ValidValue);
-    if !valid.is_empty() {
-        line.push_str(&format!("; possible values: {}", valid.join(", ")));
-    }
-    if let Some(suggested) = strings(ContextKind::SuggestedArg).first() {
-        line.push_str(&format!("; a similar argument exists: '{suggested}'"));
-    }
-    format!("{line} (see '{command} --help')")
 }
 
 /// What the checked command line asks for.
