@@ -188,7 +188,8 @@ impl OutlierDetection {
 ///   first for only `min_share` (default 10%) of the picks that draw it, rising evenly
 ///   to all of them over the window, so that a cold backend (empty caches, a JIT
 ///   warming up) is not handed a full share at once. The members of a balancer that
-///   has not sent a request yet start at full share.
+///   has not sent a request yet start at full share, and so do affinity connections (a
+///   replica that keyed requests are waiting for).
 /// * **Probation** (`probation`, on by default): a member reconnected after its
 ///   connection broke gets one request, and the rest only once that one succeeded
 ///   (then slow start). A listener that accepts connections and resets them then

@@ -40,11 +40,14 @@ pub enum Load {
     InFlight,
     /// Peak EWMA of response latency times (in flight + 1), as tower's `PeakEwma`:
     /// a slow response raises the estimate at once, fast ones lower it gradually
-    /// with the given decay time.
+    /// with the given decay time. A member with no timed response yet counts as idle
+    /// (slow start, not its estimate, limits a newcomer's share; its first sixteen
+    /// responses are timed); each failed call doubles the estimate, from at least
+    /// `default_rtt`.
     PeakEwma {
         /// The time constant of the decay.
         decay: Duration,
-        /// The estimate of an endpoint with no response yet.
+        /// The estimate a first failure doubles from.
         default_rtt: Duration,
     },
 }

@@ -350,10 +350,13 @@ where
         let state = match result {
             Ok(service) => {
                 let rotation = Arc::downgrade(self.publisher.shared());
-                // Back after a broken connection: probation. Joining while requests flow:
-                // slow start. The first members of a fresh balancer open fully.
+                // Back after a broken connection: probation. Joining the subset while
+                // requests flow: slow start. The first members of a fresh balancer, and
+                // affinity connections (replicas keyed requests are waiting for, already
+                // serving other frontends), open fully.
                 let returning = self.slots.has_failed(task, &address);
-                let gate = self.ramp.initial_gate(returning, self.requests_flow());
+                let joining = self.requests_flow() && !self.affinity.contains(task);
+                let gate = self.ramp.initial_gate(returning, joining);
                 let reactions = Reactions {
                     consecutive: self.config.outliers.consecutive_failures.unwrap_or(0),
                     after_probe: self.ramp.after_probe(),

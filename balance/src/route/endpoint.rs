@@ -410,7 +410,8 @@ impl PeakEwma {
             decay_ns: decay.as_nanos().max(1) as f64,
             default_ns: default_rtt.as_nanos() as f64,
             base: Instant::now(),
-            rtt_ns: AtomicU64::new((default_rtt.as_nanos() as f64).to_bits()),
+            // Untimed: as good as idle (see `Load::PeakEwma`).
+            rtt_ns: AtomicU64::new(0f64.to_bits()),
             stamp_ns: AtomicU64::new(0),
         }
     }
@@ -515,6 +516,7 @@ mod tests {
     #[test]
     fn each_failure_doubles_the_estimate_up_to_the_cap() {
         let e = PeakEwma::new(Duration::from_secs(1), Duration::from_millis(1));
+        assert_eq!(e.rtt_ns(), 0.0, "untimed: as good as idle");
         e.penalize();
         assert_eq!(e.rtt_ns(), 2e6, "from the default");
         e.penalize();
