@@ -6,9 +6,9 @@ use tower::{Layer, Service};
 
 use crate::config::BalanceConfig;
 use crate::connector::{Address, Connector};
-use crate::error::ConfigError;
-use crate::job::JobView;
 use crate::service::Balance;
+use steady_core::ConfigError;
+use steady_core::JobView;
 
 /// Wraps a connector (a `Service` from a task address to a connection) into a
 /// [`Balance`] over the backend job that `views` describes.

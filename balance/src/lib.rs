@@ -34,7 +34,7 @@
 //!
 //! # Dependencies
 //!
-//! `steady-subset` and `steady-slice` (whose types it re-exports), tower, tokio and
+//! `steady-subset`, `steady-slice` and `steady-core` (whose types it re-exports), tower, tokio and
 //! arc-swap. It must never depend on tonic (that is `steady-tonic`'s job), on the server
 //! side (`steady-slicer`), an assigner or an etcd client: every RPC client links this crate.
 //!
@@ -68,13 +68,11 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
 
-mod backoff;
 mod classify;
 mod config;
 mod connector;
 mod control;
 mod error;
-mod job;
 mod key;
 mod layer;
 mod route;
@@ -91,17 +89,19 @@ pub use steady_slice::{
 // An assignment may name any backend index the subsetting handles, and no more.
 const _: () = assert!(MAX_TASK as usize == steady_subset::MAX_BACKENDS - 1);
 
-pub use backoff::Backoff;
+// Shared with discovery, the Slicelet and the control plane, so they live in
+// `steady-core`; re-exported here so `steady_balance::{Backoff, JobView, ...}` keep working
+// (these paths stay for one release; prefer `steady_core`).
 pub use classify::{Classify, Outcome, Report, TransportErrors};
 pub use config::{
     BalanceConfig, FailureRate, Load, NoReplicaPolicy, OutlierDetection, SlowStart, MAX_IDLE,
     MAX_SUBSET_SIZE, MAX_WAIT,
 };
 pub use connector::{Address, Connector};
-pub use error::{BalanceError, BoxError, ConfigError};
-pub use job::{JobView, Task, TaskState};
+pub use error::{BalanceError, BoxError};
 pub use key::{KeyExtractor, NoKey};
 pub use layer::BalanceLayer;
 pub use route::future::ResponseFuture;
 pub use service::Balance;
 pub use stats::{BalanceStats, MemberState, MemberStats};
+pub use steady_core::{Backoff, ConfigError, JobView, Task, TaskState};

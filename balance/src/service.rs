@@ -16,8 +16,7 @@ use crate::classify::{Classify, TransportErrors};
 use crate::config::{validate_subset_size, BalanceConfig};
 use crate::connector::{Address, Connector};
 use crate::control::{Command, Control};
-use crate::error::{BoxError, ConfigError};
-use crate::job::JobView;
+use crate::error::BoxError;
 use crate::key::{KeyExtractor, NoKey};
 use crate::route::endpoint::InFlight;
 use crate::route::future::ResponseFuture;
@@ -25,6 +24,8 @@ use crate::route::pick::fresh_rng;
 use crate::route::table::Shared;
 use crate::route::wait::{no_replica, wait_for_endpoint, wait_for_replica, Wait, WaitBudget};
 use crate::stats::BalanceStats;
+use steady_core::ConfigError;
+use steady_core::JobView;
 
 /// Balances requests over a frontend's subset of a backend job.
 ///

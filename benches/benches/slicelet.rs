@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use steady_slice::{Assignment, Slice, SliceKey};
-use steady_slicer::{MeterConfig, Slicelet};
+use steady_slicelet::{MeterConfig, Slicelet};
 use steady_subset::prng::SplitMix64;
 
 const SLICES: usize = 15_000;

@@ -14,14 +14,13 @@
 //!
 //! With none of them [`resolve`] falls back to a **random** index and logs a warning:
 //! the frontend should then use random subsetting (gRFC A68), which
-//! [`Identity::balance_config`] selects. Random subsetting balances worse: on the
+//! [`Identity::algorithm`] selects. Random subsetting balances worse: on the
 //! article's grid (`steady-lab grid --step 1`, 59,148 scenarios) its mean normalised
 //! utilisation is 0.650 (worst 0.25) against 0.946 (worst 0.667) for Rocksteadier,
 //! because nothing coordinates the frontends' choices.
 
 use std::fmt;
 
-use steady_balance::BalanceConfig;
 use steady_subset::prng::SplitMix64;
 use steady_subset::{Algorithm, Random};
 
@@ -91,14 +90,16 @@ impl Identity {
         &self.origin
     }
 
-    /// The balancer configuration for a frontend with this identity and subset size
-    /// `k`: the default algorithm (Rocksteadier) at this index, or random subsetting
-    /// when the index is random.
-    pub fn balance_config(&self, subset_size: usize) -> BalanceConfig {
-        let config = BalanceConfig::new(self.index, subset_size);
+    /// The subsetting algorithm a frontend with this identity should use: the default
+    /// one when its index is coordinated, random subsetting (gRFC A68) when the index is
+    /// random. With the balancer:
+    /// `BalanceConfig::new(id.index(), k).with_algorithm(id.algorithm())`.
+    ///
+    /// (This replaces `balance_config`, which made discovery depend on the balancer.)
+    pub fn algorithm(&self) -> Algorithm {
         match self.origin {
-            Origin::Random => config.with_algorithm(Algorithm::Random(Random::default())),
-            _ => config,
+            Origin::Random => Algorithm::Random(Random::default()),
+            _ => Algorithm::default(),
         }
     }
 }
@@ -216,7 +217,7 @@ mod tests {
         std::env::remove_var(&var);
         let random = resolve(&[unset]).unwrap();
         assert_eq!(random.origin(), &Origin::Random);
-        assert!(matches!(random.balance_config(10).algorithm, Algorithm::Random(_)));
-        assert_eq!(Identity::new(3, Origin::Explicit).balance_config(10).algorithm, Algorithm::default());
+        assert!(matches!(random.algorithm(), Algorithm::Random(_)));
+        assert_eq!(Identity::new(3, Origin::Explicit).algorithm(), Algorithm::default());
     }
 }

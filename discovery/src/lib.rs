@@ -23,23 +23,24 @@
 //! # async fn setups() -> Result<(), Box<dyn std::error::Error>> {
 //! use steady_discovery::identity::{self, IdentitySource};
 //! use steady_discovery::{dns, registry, Discovery};
+//! use steady_balance::BalanceConfig;
 //! use steady_tonic::SteadyChannel;
 //!
 //! // A static list; the index from the environment or a StatefulSet hostname (`web-3`).
 //! let me = identity::resolve(&[IdentitySource::Env("TASK_INDEX".into()), IdentitySource::HostnameOrdinal])?;
 //! let backends = Discovery::fixed(["10.0.0.1:50051", "10.0.0.2:50051"]);
-//! let channel = SteadyChannel::builder(me.balance_config(10)).from_addresses(backends.views())?;
+//! let channel = SteadyChannel::builder(BalanceConfig::new(me.index(), 10).with_algorithm(me.algorithm())).from_addresses(backends.views())?;
 //!
 //! // DNS: a Kubernetes headless service of a StatefulSet, indices from pod ordinals.
 //! let backends = dns::discover(dns::DnsConfig::new("web.prod.svc.cluster.local.", 50051)).await?;
-//! let channel = SteadyChannel::builder(me.balance_config(10)).from_addresses(backends.views())?;
+//! let channel = SteadyChannel::builder(BalanceConfig::new(me.index(), 10).with_algorithm(me.algorithm())).from_addresses(backends.views())?;
 //!
 //! // etcd: backends registered under /steady/jobs/web/tasks/<i>; this frontend takes the
 //! // lowest free index of its own job under a lease.
 //! let etcd = registry::Registry::connect(registry::RegistryConfig::new(["http://etcd:2379"])).await?;
 //! let me = etcd.claim_index("web-frontends", "frontend-pod-a").await?;
 //! let backends = registry::watch_job(&etcd, "web").await?;
-//! let channel = SteadyChannel::builder(me.balance_config(10)).from_addresses(backends.views())?;
+//! let channel = SteadyChannel::builder(BalanceConfig::new(me.index(), 10).with_algorithm(me.algorithm())).from_addresses(backends.views())?;
 //! # drop(channel);
 //! # Ok(())
 //! # }
@@ -47,8 +48,9 @@
 //!
 //! # Dependencies
 //!
-//! `steady-balance` (for [`JobView`]), tokio, and optionally an etcd client and a DNS
-//! resolver. The balancer and the channel never depend on this crate: they take the
+//! `steady-core` (for [`JobView`]), `steady-subset` (for [`identity`]'s algorithm
+//! choice), tokio, and optionally an etcd client and a DNS resolver. It never depends on
+//! the balancer, and the balancer and the channel never depend on it: they take the
 //! views it produces.
 
 #![forbid(unsafe_code)]
@@ -62,4 +64,4 @@ pub mod registry;
 mod source;
 
 pub use source::Discovery;
-pub use steady_balance::{JobView, Task, TaskState};
+pub use steady_core::{JobView, Task, TaskState};

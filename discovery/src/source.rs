@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use steady_balance::{JobView, Task, TaskState};
+use steady_core::{JobView, Task, TaskState};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use steady_balance::BalanceConfig;
 use steady_discovery::identity::Origin;
 use steady_discovery::registry::{self, Registry, RegistryConfig};
 use steady_discovery::TaskState;
@@ -40,7 +41,9 @@ async fn a_draining_backend_gets_no_new_requests_and_none_fail() {
     assert_eq!((identity.index(), identity.origin()), (0, &Origin::Registry));
     let backends = registry::watch_job(&frontends, "web").await.unwrap();
     let channel =
-        SteadyChannel::builder(identity.balance_config(3)).from_addresses(backends.views()).unwrap();
+        SteadyChannel::builder(BalanceConfig::new(identity.index(), 3).with_algorithm(identity.algorithm()))
+            .from_addresses(backends.views())
+            .unwrap();
 
     // Steady load through the drain.
     let (stop, failed, served_by_2) =

@@ -1,22 +1,24 @@
 //! [`Distributor`]: the server of `AssignmentDistributor.Watch`, fanning one publisher
-//! out to many watchers. The client is `steady_tonic::watch_assignments`.
+//! out to many watchers. The client is `steady_proto::watch_assignments`.
 
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures_util::Stream;
-use steady_slice::Assignment;
-use steady_tonic::proto::assignment_distributor_server::{
+use steady_core::valid_job_name;
+use steady_proto::assignment::assignment_distributor_server::{
     AssignmentDistributor, AssignmentDistributorServer,
 };
-use steady_tonic::proto::{AssignmentUpdate, WatchRequest};
+use steady_proto::assignment::{AssignmentUpdate, WatchRequest};
+use steady_slice::Assignment;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
-/// The longest job name, in bytes, that a watcher may name or a publisher may publish.
-/// A Watch request naming a longer (or an empty) job fails with `INVALID_ARGUMENT`.
-pub const MAX_JOB_NAME_LEN: usize = 256;
+/// The longest job name, in bytes, that a watcher may name or a publisher may publish
+/// (`steady_core`'s, re-exported here where it was first defined). A Watch request
+/// naming a longer (or an empty) job fails with `INVALID_ARGUMENT`.
+pub use steady_core::MAX_JOB_NAME_LEN;
 
 /// How many jobs that nothing was published for may have watchers at once, unless
 /// [`Distributor::with_max_unpublished_jobs`] says otherwise. A Watch request that would
@@ -73,11 +75,6 @@ impl Default for Distributor {
             max_watchers: MAX_WATCHERS,
         }
     }
-}
-
-/// Whether `job` is a name watchers may use: 1 to [`MAX_JOB_NAME_LEN`] bytes.
-pub(crate) fn valid_job_name(job: &str) -> bool {
-    (1..=MAX_JOB_NAME_LEN).contains(&job.len())
 }
 
 impl Distributor {

@@ -1,52 +1,52 @@
-//! The server side of steady's keyed routing (Slicer's, in our words): what runs beside
-//! the backend tasks and the assigner, as opposed to the client's channel.
+//! steady's control plane for keyed routing (Slicer's, in our words): what the operator
+//! runs beside the backend jobs, as opposed to the client's channel (`steady-tonic`) and
+//! the Slicelet every backend links (`steady-slicelet`).
 //!
 //! * [`Distributor`]: the server of `AssignmentDistributor.Watch` (the `.proto` is in
-//!   `steady-tonic`): holds the current assignment of each job and streams every newer
-//!   one to every watcher, clients (`steady_tonic::watch_assignments`) and slicelets
-//!   alike. What remote watchers can make it hold is bounded ([`MAX_JOB_NAME_LEN`],
-//!   [`MAX_UNPUBLISHED_JOBS`]).
-//! * [`Slicelet`]: a backend task's view of the assignment: which slices it holds, and
-//!   a server layer that counts requests for keys it does not hold (misroutes) and
-//!   measures the task's keyed load (per slice, decayed, and its hot keys), which
-//!   [`Slicelet::report_to`] streams to the Assigner.
-//! * [`load`]: load reports, and the Assigner's side of them: the [`load::LoadCollector`]
-//!   gRPC server and the [`load::LoadBook`] it feeds.
+//!   `steady-proto`): holds the current assignment of each job and streams every newer
+//!   one to every watcher, clients and Slicelets alike (`steady_proto::watch_assignments`).
+//!   What remote watchers can make it hold is bounded ([`MAX_JOB_NAME_LEN`],
+//!   [`MAX_UNPUBLISHED_JOBS`], [`MAX_WATCHERS`]).
+//! * [`load`]: the Assigner's side of load reports: the [`load::LoadCollector`] gRPC
+//!   server the Slicelets stream to, and the bounded [`load::LoadBook`] it feeds.
 //! * [`store`]: where each job's assignment lives and who may write it: the
 //!   [`AssignmentStore`] trait (read with a revision, write conditioned on it and fenced
 //!   by a [`Leadership`], watch, campaign), the embedded [`MemoryStore`], and
 //!   [`EtcdStore`] (feature `etcd`) for Assigners on several machines.
-//! * [`load`]: the load reports Slicelets send ([`load::LoadReport`]) and the Assigner's
-//!   bounded book of them ([`load::LoadBook`]).
-//! * [`assigner`] (feature `assigner`, on by default): the Assigner service: one job's
-//!   loop that campaigns in a store, runs a `steady-assigner` algorithm on the estimated
-//!   load on a cadence and at once on a task-set change, and writes and distributes each
-//!   new generation, rate-limited.
+//! * [`assigner`] (feature `assigner`): the Assigner service: one job's loop that
+//!   campaigns in a store, runs a `steady-assigner` algorithm on the estimated load on a
+//!   cadence and at once on a task-set change, and writes and distributes each new
+//!   generation, rate-limited.
+//! * The `steady-slicer` binary (feature `cli`): all of the above for one job, from the
+//!   command line.
 //!
-//! # Dependencies
+//! The Slicelet moved to `steady-slicelet`; `steady_slicer::{Slicelet, SliceletLayer, ...}`
+//! re-export it for one release.
 //!
-//! `steady-slice` (the model), `steady-tonic` (the proto and its conversions), tonic and
-//! tokio. A client that only wants the channel does not compile this crate; this crate
-//! never depends on the balancer's internals. The etcd-backed store is behind the `etcd`
-//! feature (on by default; `default-features = false` leaves out `etcd-client`), and the
-//! channel never pulls any of this in. Building `etcd-client` runs protoc: the workspace's
-//! `.cargo/config.toml` points it at the protoc cargo fetched for `steady-tonic`.
+//! # Dependencies and features
+//!
+//! `steady-slicelet` (the load report), `steady-proto`, `steady-core`, `steady-slice`,
+//! tonic and tokio; never the client balancer (`steady-balance`), which
+//! `tests/tests/layout.rs` checks. Default features `etcd`, `assigner` and `cli`: an
+//! operator gets everything. `etcd` brings `etcd-client` (whose build runs protoc: the
+//! workspace's `.cargo/config.toml` points it at the protoc cargo fetched for
+//! `steady-proto`), `assigner` brings `steady-assigner`, `cli` brings clap.
 //!
 //! # Example
 //!
 //! ```no_run
 //! use steady_slice::Assignment;
-//! use steady_slicer::{Distributor, Slicelet};
+//! use steady_slicer::load::{LoadBook, LoadCollector};
+//! use steady_slicer::Distributor;
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! // The Distributor serves job "users"' assignments; the collector takes its load reports.
 //! let distributor = Distributor::new();
 //! distributor.publish("users", Assignment::single(1, vec![0, 1])?);
-//! // Backend task 0 follows the same job and counts misrouted requests.
-//! let slicelet = Slicelet::new(0);
-//! slicelet.set_assignment(distributor.current("users").expect("published"));
+//! let book = LoadBook::new();
 //! tonic::transport::Server::builder()
-//!     .layer(slicelet.layer())
 //!     .add_service(distributor.service())
+//!     .add_service(LoadCollector::new(book).service())
 //!     .serve("127.0.0.1:50051".parse()?)
 //!     .await?;
 //! # Ok(())
@@ -62,11 +62,11 @@ pub mod assigner;
 pub mod cli;
 mod distributor;
 pub mod load;
-mod slicelet;
 pub mod store;
 
 pub use distributor::{Distributor, WatchStream, MAX_JOB_NAME_LEN, MAX_UNPUBLISHED_JOBS, MAX_WATCHERS};
-pub use slicelet::{
+// The Slicelet is `steady-slicelet`'s; these paths stay for one release.
+pub use steady_slicelet::{
     LoadReporter, MeterConfig, MeterConfigError, Slicelet, SliceletLayer, SliceletService,
     MIN_REPORT_INTERVAL,
 };

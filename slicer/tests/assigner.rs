@@ -266,7 +266,7 @@ async fn a_stopped_assigner_resigns_and_its_standby_leads_at_once() {
 
 #[tokio::test]
 async fn a_backend_that_drains_in_its_job_view_loses_its_slices() {
-    use steady_balance::{JobView, TaskState as Seen};
+    use steady_core::{JobView, TaskState as Seen};
     let job = Job::new(Arc::new(MemoryStore::new()), 4);
     let (views, view_rx) = watch::channel(JobView::serving((0..4).map(|i| format!("10.0.0.{i}:80"))));
     let assigner = job.service("a", config()).unwrap().spawn(steady_slicer::assigner::follow_job(view_rx));

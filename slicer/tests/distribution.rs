@@ -13,13 +13,14 @@ use std::time::Duration;
 use http::HeaderName;
 
 use steady_balance::{Assignment, Backoff, BalanceConfig, Slice, SliceKey};
+use steady_proto::assignment::assignment_distributor_client::AssignmentDistributorClient;
+use steady_proto::assignment::{AssignmentUpdate, Slice as ProtoSlice, WatchRequest};
 use steady_slice::AssignmentError;
-use steady_slicer::{Distributor, Slicelet, MAX_JOB_NAME_LEN, MAX_UNPUBLISHED_JOBS};
+use steady_slicelet::Slicelet;
+use steady_slicer::{Distributor, MAX_JOB_NAME_LEN, MAX_UNPUBLISHED_JOBS};
 use steady_tonic::echo::echo_client::EchoClient;
 use steady_tonic::echo::echo_server::EchoServer;
 use steady_tonic::echo::EchoRequest;
-use steady_tonic::proto::assignment_distributor_client::AssignmentDistributorClient;
-use steady_tonic::proto::{AssignmentUpdate, Slice as ProtoSlice, WatchRequest};
 use steady_tonic::{watch_assignments, SteadyChannel, WatchError};
 use support::{echo, endpoint, endpoints, eventually, serve, start_backends, Backend};
 use tokio::net::TcpListener;

@@ -1,20 +1,19 @@
-//! Load reports end to end: a Slicelet measures the keyed requests its server layer
-//! sees, and streams reports over real loopback gRPC to a `LoadCollector`, which
-//! validates them into a `LoadBook`. Decay is checked on tokio's paused clock; the
-//! servers bind 127.0.0.1:0 and every wait is bounded.
+//! Load reports end to end: a Slicelet streams reports over real loopback gRPC to a
+//! `LoadCollector`, which validates them into a `LoadBook`. (The meter itself is tested
+//! in `steady-slicelet`.) The servers bind 127.0.0.1:0 and every wait is bounded.
 
 #[path = "../../tonic-integration/tests/support/mod.rs"]
 mod support;
 
-use std::convert::Infallible;
 use std::time::Duration;
 
-use steady_balance::Backoff;
+use std::convert::Infallible;
+use steady_core::Backoff;
+use steady_proto::load::load_collector_client::LoadCollectorClient;
+use steady_proto::load::{self as load_proto, KeyLoad, ReportSummary, SliceLoad};
 use steady_slice::{Assignment, Slice, SliceKey};
+use steady_slicelet::Slicelet;
 use steady_slicer::load::{LoadBook, LoadCollector, MAX_INVALID_IN_A_ROW, MAX_REPORT_MESSAGE_BYTES};
-use steady_slicer::{MeterConfig, Slicelet};
-use steady_tonic::load_proto::load_collector_client::LoadCollectorClient;
-use steady_tonic::load_proto::{self, KeyLoad, ReportSummary, SliceLoad};
 use support::{endpoint, eventually, serve};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -32,11 +31,6 @@ fn four_slices(generation: u64) -> Assignment {
     .unwrap()
 }
 
-/// The slice of `four_slices` that holds `key`.
-fn slice_of(key: &str) -> usize {
-    (SliceKey::of(key).get() >> 62) as usize
-}
-
 /// A server stack as a backend runs it: the slicelet's layer over a service that answers.
 fn server(slicelet: &Slicelet) -> impl Service<http::Request<()>, Response = (), Error = Infallible> + Clone {
     slicelet.layer().layer(service_fn(|_: http::Request<()>| async { Ok::<_, Infallible>(()) }))
@@ -48,91 +42,6 @@ async fn send(
 ) {
     let request = http::Request::builder().header("x-slice-key", key).body(()).unwrap();
     stack.ready().await.unwrap().call(request).await.unwrap();
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_slicelet_counts_per_slice_and_its_decayed_rates_converge_to_the_offered_rate() {
-    let config = MeterConfig { half_life: Duration::from_secs(10), sample_one_in: 1 };
-    let slicelet = Slicelet::with_meter(0, config).unwrap();
-    assert!(slicelet.load_report("users").is_none(), "no assignment, no report");
-    slicelet.set_assignment(four_slices(1));
-    let mut stack = server(&slicelet);
-    // 400 keys, each asked once per second: the offered rate of a slice is the number of
-    // its keys per second.
-    let keys: Vec<String> = (0..400).map(|i| format!("user-{i}")).collect();
-    let mut offered = [0f64; 4];
-    for k in &keys {
-        offered[slice_of(k)] += 1.0;
-    }
-    let mut last = None;
-    for _second in 0..30 {
-        for k in &keys {
-            send(&mut stack, k).await;
-        }
-        tokio::time::advance(Duration::from_secs(1)).await;
-        last = slicelet.load_report("users");
-    }
-    let report = last.take().expect("an assignment is held");
-    assert_eq!((report.job(), report.task(), report.generation()), ("users", 0, 1));
-    // Task 0 holds slices 0 and 2; their rates are what was offered to them.
-    assert_eq!(report.slices().iter().map(|s| s.0).collect::<Vec<_>>(), [SliceKey(0), SliceKey(2 << 62)]);
-    for (&(start, rate), want) in report.slices().iter().zip([offered[0], offered[2]]) {
-        assert!((rate - want).abs() < 1e-6 * want, "slice {start:?}: {rate}/s, offered {want}/s");
-    }
-    // The other half were misroutes: counted as such, and not reported.
-    assert_eq!(slicelet.misrouted() as f64, 30.0 * (offered[1] + offered[3]));
-
-    // The offered rate triples: the estimate follows, within 2% after four half-lives.
-    for _second in 0..40 {
-        for k in &keys {
-            for _ in 0..3 {
-                send(&mut stack, k).await;
-            }
-        }
-        tokio::time::advance(Duration::from_secs(1)).await;
-        last = slicelet.load_report("users");
-    }
-    let report = last.unwrap();
-    let rate = report.slices()[0].1;
-    assert!((rate / (3.0 * offered[0]) - 1.0).abs() < 0.07, "{rate}/s after 40 s at {}/s", 3.0 * offered[0]);
-    let rate_after_8_half_lives = {
-        for _second in 0..40 {
-            for k in &keys {
-                for _ in 0..3 {
-                    send(&mut stack, k).await;
-                }
-            }
-            tokio::time::advance(Duration::from_secs(1)).await;
-        }
-        slicelet.load_report("users").unwrap().slices()[0].1
-    };
-    assert!((rate_after_8_half_lives / (3.0 * offered[0]) - 1.0).abs() < 0.005, "{rate_after_8_half_lives}");
-}
-
-#[tokio::test(start_paused = true)]
-async fn the_heavy_hitters_find_a_key_with_a_fifth_of_the_traffic() {
-    // Default sampling (one request in 8 feeds the sketch).
-    let slicelet = Slicelet::new(0);
-    slicelet.set_assignment(Assignment::single(1, vec![0]).unwrap());
-    let mut stack = server(&slicelet);
-    // 1,000 requests a second for 30 s: one key in five is "hot", the rest spread over
-    // 5,000 keys (each well under 1/64 of the traffic).
-    let mut rng = steady_subset::prng::SplitMix64::new(3);
-    for _second in 0..30 {
-        for i in 0..1000 {
-            let key = if i % 5 == 0 { "hot".to_owned() } else { format!("cold-{}", rng.next() % 5000) };
-            send(&mut stack, &key).await;
-        }
-        tokio::time::advance(Duration::from_secs(1)).await;
-        slicelet.load_report("job");
-    }
-    let report = slicelet.load_report("job").unwrap();
-    let (key, rate) = report.hot_keys()[0];
-    assert_eq!(key, SliceKey::of("hot"), "the heaviest key reported: {:?}", &report.hot_keys()[..3]);
-    assert!((rate / 200.0 - 1.0).abs() < 0.15, "the hot key's rate: {rate}/s, offered 200/s");
-    assert!(report.hot_keys().len() <= steady_slicer::load::MAX_REPORTED_KEYS);
-    assert!(report.hot_keys()[1].1 < rate / 4.0, "the next key is far colder: {:?}", report.hot_keys()[1]);
-    assert!((report.total() / 1000.0 - 1.0).abs() < 1e-6, "the one slice carries it all: {}", report.total());
 }
 
 /// Sends `messages` on one stream and returns how it ended.

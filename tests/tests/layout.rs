@@ -1,9 +1,11 @@
 //! The workspace's shape, as DESIGN §1 states it: dependencies point one way, the std-only
-//! crates stay std-only, a channel user compiles no server side, and the balancer's
-//! modules import one another without a circle.
+//! crates stay std-only, each kind of user compiles only their part (a channel user no
+//! server side, a backend's Slicelet no etcd client, CLI or assigner), the shared types
+//! sit below the balancer, and no crate's modules import one another in a circle.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
@@ -53,13 +55,75 @@ fn the_test_support_crate_is_std_only_and_the_etcd_client_is_an_optional_feature
 
 #[test]
 fn the_client_crates_never_depend_on_the_server_side() {
-    for krate in ["balance", "tonic-integration", "slice"] {
+    for krate in ["balance", "tonic-integration", "slice", "core", "proto"] {
         let deps = dependencies(krate);
-        for server in ["steady-slicer", "steady-assigner", "steady-discovery", "etcd-client"] {
+        for server in
+            ["steady-slicer", "steady-slicelet", "steady-assigner", "steady-discovery", "etcd-client"]
+        {
             assert!(!deps.contains(server), "{krate} depends on {server}");
         }
     }
     assert!(!dependencies("balance").contains("tonic"), "the tower balancer must not need tonic");
+}
+
+#[test]
+fn the_shared_types_sit_below_the_balancer_and_no_server_side_or_discovery_crate_depends_on_it() {
+    // Membership views, backoff and configuration errors: std and the frozen PRNG only.
+    let core = dependencies("core");
+    let allowed: BTreeSet<String> = ["steady-subset"].map(String::from).into();
+    assert!(core.is_subset(&allowed), "steady-core depends on {core:?}");
+    // The protocol, the Slicelet, the control plane and discovery share what they need
+    // through steady-core and steady-proto, never through the client balancer or channel.
+    for krate in ["core", "proto", "slicelet", "slicer", "discovery"] {
+        let deps = dependencies(krate);
+        for client in ["steady-balance", "steady-tonic"] {
+            assert!(!deps.contains(client), "{krate} depends on {client}");
+        }
+    }
+}
+
+/// The packages in `package`'s normal dependency tree with its default features, as
+/// cargo resolves it (`cargo tree -e normal`), so transitive dependencies count too.
+fn normal_tree(package: &str) -> BTreeSet<String> {
+    let output = Command::new(env!("CARGO"))
+        .current_dir(workspace())
+        .args(["tree", "--offline", "-e", "normal", "--prefix", "none", "--format", "{p}", "-p", package])
+        .output()
+        .expect("cargo runs");
+    assert!(output.status.success(), "cargo tree -p {package}: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .map(String::from)
+        .collect()
+}
+
+#[test]
+fn a_backend_that_adds_the_slicelet_compiles_no_etcd_client_cli_assigner_or_client_balancer() {
+    let tree = normal_tree("steady-slicelet");
+    assert!(tree.contains("tonic") && tree.contains("steady-proto"), "{tree:?}");
+    for unwanted in [
+        "etcd-client",
+        "steady-etcd",
+        "clap",
+        "steady-assigner",
+        "steady-slicer",
+        "steady-balance",
+        "steady-tonic",
+        "steady-discovery",
+    ] {
+        assert!(!tree.contains(unwanted), "steady-slicelet's dependency tree holds {unwanted}");
+    }
+}
+
+#[test]
+fn a_client_that_adds_the_channel_compiles_no_server_side_etcd_client_or_cli() {
+    let tree = normal_tree("steady-tonic");
+    assert!(tree.contains("steady-balance"), "{tree:?}");
+    for unwanted in ["etcd-client", "clap", "steady-assigner", "steady-slicer", "steady-slicelet"] {
+        assert!(!tree.contains(unwanted), "steady-tonic's dependency tree holds {unwanted}");
+    }
 }
 
 /// Every `crate::a::b` or `super::x` path in a module, resolved to the longest module
@@ -90,59 +154,116 @@ fn imports(module: &str, source: &str, modules: &BTreeSet<String>) -> BTreeSet<S
     out
 }
 
-#[test]
-fn the_balancer_modules_import_one_another_without_a_circle() {
-    let root = workspace().join("balance/src");
+/// The workspace's members, from the root manifest's `members` list.
+fn members() -> Vec<String> {
+    let manifest = std::fs::read_to_string(workspace().join("Cargo.toml")).unwrap();
+    let list = manifest.split("members = [").nth(1).unwrap().split(']').next().unwrap();
+    list.split(',').map(|m| m.trim().trim_matches('"').to_owned()).filter(|m| !m.is_empty()).collect()
+}
+
+/// Each module of the crate whose sources are under `root` (binaries' own crates under
+/// `src/bin` left out), by path (`""` the crate root), with its source.
+fn modules_of(root: &Path) -> BTreeMap<String, String> {
     let mut sources = BTreeMap::new();
-    let mut stack = vec![root.clone()];
+    let mut stack = vec![root.to_path_buf()];
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(dir).unwrap() {
             let path = entry.unwrap().path();
             if path.is_dir() {
-                stack.push(path);
+                if path != root.join("bin") {
+                    stack.push(path);
+                }
                 continue;
             }
-            let relative = path.strip_prefix(&root).unwrap().with_extension("");
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let relative = path.strip_prefix(root).unwrap().with_extension("");
             let mut segments: Vec<String> =
                 relative.iter().map(|s| s.to_string_lossy().into_owned()).collect();
-            if matches!(segments.last().map(String::as_str), Some("mod" | "lib")) {
+            if matches!(segments.last().map(String::as_str), Some("mod" | "lib" | "main")) {
                 segments.pop();
             }
             sources.insert(segments.join("::"), std::fs::read_to_string(&path).unwrap());
         }
     }
-    assert!(sources.contains_key("route::table") && sources.contains_key("control"), "{:?}", sources.keys());
+    sources
+}
+
+/// The import graph of a crate's modules, and the first circle in it if there is one.
+fn import_graph(root: &Path) -> (BTreeMap<String, BTreeSet<String>>, Option<String>) {
+    let sources = modules_of(root);
     let modules: BTreeSet<String> = sources.keys().cloned().collect();
-    let graph: BTreeMap<&str, BTreeSet<String>> =
-        sources.iter().map(|(m, s)| (m.as_str(), imports(m, s, &modules))).collect();
+    let graph: BTreeMap<String, BTreeSet<String>> =
+        sources.iter().map(|(m, s)| (m.clone(), imports(m, s, &modules))).collect();
     // Depth-first search for a back edge; a parent declaring its children is not an import.
     fn visit<'a>(
         m: &'a str,
-        graph: &'a BTreeMap<&str, BTreeSet<String>>,
+        graph: &'a BTreeMap<String, BTreeSet<String>>,
         path: &mut Vec<&'a str>,
         done: &mut BTreeSet<&'a str>,
-    ) {
+    ) -> Option<String> {
         if done.contains(m) {
-            return;
+            return None;
         }
         if let Some(at) = path.iter().position(|p| *p == m) {
-            panic!("import circle: {}", path[at..].join(" -> ") + " -> " + m);
+            return Some(path[at..].join(" -> ") + " -> " + m);
         }
         path.push(m);
         for next in &graph[m] {
             let nested = next.starts_with(&format!("{m}::")) || m.is_empty();
             if !nested {
-                visit(next, graph, path, done);
+                if let Some(circle) = visit(next, graph, path, done) {
+                    return Some(circle);
+                }
             }
         }
         path.pop();
         done.insert(m);
+        None
     }
     let mut done = BTreeSet::new();
-    for m in graph.keys() {
-        visit(m, &graph, &mut Vec::new(), &mut done);
+    let circle = graph.keys().find_map(|m| visit(m, &graph, &mut Vec::new(), &mut done));
+    (graph, circle)
+}
+
+#[test]
+fn no_crate_s_modules_import_one_another_in_a_circle() {
+    let members = members();
+    assert!(members.len() >= 12 && members.contains(&"slicer".to_owned()), "{members:?}");
+    let mut checked = 0;
+    let mut circles = Vec::new();
+    for member in &members {
+        let root = workspace().join(member).join("src");
+        if root.is_dir() {
+            if let (_, Some(circle)) = import_graph(&root) {
+                circles.push(format!("{member}: {circle}"));
+            }
+            checked += 1;
+        }
     }
-    // The two halves: the request side never reaches into the control task.
+    assert!(checked >= 12, "only {checked} crates checked");
+    assert!(circles.is_empty(), "import circles:\n{}", circles.join("\n"));
+}
+
+#[test]
+fn the_circle_check_finds_a_circle_between_two_modules() {
+    let dir = std::env::temp_dir().join(format!("steady-layout-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("store")).unwrap();
+    std::fs::write(dir.join("lib.rs"), "mod store;\n").unwrap();
+    std::fs::write(dir.join("store/mod.rs"), "mod a;\nmod b;\n").unwrap();
+    std::fs::write(dir.join("store/a.rs"), "use super::b::B;\npub struct A;\n").unwrap();
+    std::fs::write(dir.join("store/b.rs"), "use crate::store::a::A;\npub struct B;\n").unwrap();
+    let (_, circle) = import_graph(&dir);
+    std::fs::remove_dir_all(&dir).unwrap();
+    let circle = circle.expect("a imports b and b imports a");
+    assert!(circle.contains("store::a") && circle.contains("store::b"), "{circle}");
+}
+
+#[test]
+fn the_balancer_s_request_side_never_reaches_into_the_control_task() {
+    let (graph, _) = import_graph(&workspace().join("balance/src"));
+    assert!(graph.contains_key("route::table") && graph.contains_key("control"), "{:?}", graph.keys());
     for (m, targets) in &graph {
         if m.starts_with("route") {
             assert!(targets.iter().all(|t| !t.starts_with("control")), "{m} imports {targets:?}");
@@ -153,9 +274,12 @@ fn the_balancer_modules_import_one_another_without_a_circle() {
 #[test]
 fn discovery_feeds_the_balancer_and_needs_neither_tonic_nor_the_server_side() {
     // Job views and identities are plain data for the balancer: a discovery source must
-    // not pull in the channel, the RPC stack or the slicer; its clients are optional.
+    // not pull in the balancer, the channel, the RPC stack or the slicer; its clients are
+    // optional.
     let discovery = dependencies("discovery");
-    for forbidden in ["tonic", "steady-tonic", "steady-slicer", "steady-assigner"] {
+    for forbidden in
+        ["tonic", "steady-balance", "steady-tonic", "steady-slicer", "steady-slicelet", "steady-assigner"]
+    {
         assert!(!discovery.contains(forbidden), "steady-discovery depends on {forbidden}");
     }
     let manifest = std::fs::read_to_string(workspace().join("discovery/Cargo.toml")).unwrap();

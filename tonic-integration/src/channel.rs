@@ -19,23 +19,12 @@ use tonic::body::Body;
 use tonic::transport::{Channel, Endpoint};
 use tower::{BoxError, Service};
 
+use steady_proto::DEFAULT_KEY_HEADER;
+
 use crate::classify::GrpcClassifier;
+use crate::endpoint::TaskEndpoint;
 use crate::health::{with_health, HealthBoard, WatchGuard};
 use crate::replay::{never_sent, replayable};
-
-/// The metadata key a request's slice key is read from by default.
-pub const DEFAULT_KEY_HEADER: &str = "x-slice-key";
-
-/// A backend task's tonic `Endpoint`, compared by URI (so a task that moves to another
-/// address is noticed and reconnected).
-#[derive(Clone, Debug)]
-pub struct TaskEndpoint(pub Endpoint);
-
-impl PartialEq for TaskEndpoint {
-    fn eq(&self, other: &Self) -> bool {
-        self.0.uri() == other.0.uri()
-    }
-}
 
 /// The connection to one member of the subset: a tonic `Channel`, and the member's
 /// health watcher when active health checks are on

@@ -34,7 +34,7 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
-use crate::channel::TaskEndpoint;
+use crate::endpoint::TaskEndpoint;
 
 /// The health of every member, by URI, and who follows it.
 #[derive(Debug)]

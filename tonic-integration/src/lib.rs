@@ -13,16 +13,17 @@
 //!   (`InvalidArgument`) ends it with a [`WatchError`]. The message converts to and from
 //!   [`steady_slice::Assignment`] with `From`/`TryFrom`.
 //! * [`load_proto`]: the generated code of `proto/load.proto`, the stream on which
-//!   backend tasks report their load (server and conversions in `steady-slicer`).
+//!   backend tasks report their load.
 //!
-//! The server side (the `Distributor`, the `Slicelet`) is in `steady-slicer`.
+//! The protocol and the Watch client are `steady-proto`'s, re-exported here. The server
+//! side is apart: the `Slicelet` a backend links in `steady-slicelet`, the `Distributor`
+//! and the rest of the control plane in `steady-slicer`.
 //!
 //! # Dependencies
 //!
-//! `steady-balance`, `steady-slice`, tonic, prost and tokio. What a client links must
-//! stay small: this crate never depends on the server side (`steady-slicer`), the
-//! assigner, or an etcd client. The protobuf code is generated at build time with a
-//! protoc that cargo installs (`protoc-bin-vendored`): a fresh machine needs nothing else.
+//! `steady-balance`, `steady-proto`, `steady-slice`, tonic and tokio. What a client
+//! links must stay small: this crate never depends on the server side (`steady-slicelet`,
+//! `steady-slicer`), the assigner, or an etcd client.
 //!
 //! The `demo` feature (off by default, not a stable API) adds `demo`: the echo
 //! backend and latency percentile that the lab and the benchmarks share.
@@ -32,41 +33,26 @@
 
 mod channel;
 mod classify;
-mod convert;
 #[cfg(feature = "demo")]
 pub mod demo;
+mod endpoint;
 mod health;
 mod replay;
-mod watch;
 
-pub use channel::{
-    MemberChannel, MetadataKey, ResponseFuture, SteadyChannel, SteadyChannelBuilder, TaskEndpoint,
-    DEFAULT_KEY_HEADER,
-};
+pub use channel::{MemberChannel, MetadataKey, ResponseFuture, SteadyChannel, SteadyChannelBuilder};
 pub use classify::{GrpcClassifier, DEFAULT_FAULTS};
-#[allow(deprecated)]
-pub use convert::{from_proto, to_proto};
+pub use endpoint::TaskEndpoint;
 pub use replay::MAX_REPLAY_BYTES;
-pub use watch::{watch_assignments, WatchError};
 
-/// Generated code of `proto/assignment.proto`.
-#[allow(missing_docs, clippy::all, clippy::pedantic)]
-pub mod proto {
-    tonic::include_proto!("steady.assignment.v1");
-}
+// The protocol is `steady-proto`'s, shared with the Slicelet and the control plane;
+// re-exported under the names it had here.
+#[allow(deprecated)]
+pub use steady_proto::{from_proto, to_proto};
+pub use steady_proto::{watch_assignments, WatchError, DEFAULT_KEY_HEADER};
 
-/// Generated code of `proto/load.proto` (package `steady.load.v1`): the
-/// `LoadCollector.Report` stream on which backend tasks report their keyed load to the
-/// Assigner. The server and the conversions to and from validated reports are in
-/// `steady-slicer` (`steady_slicer::load`).
-#[allow(missing_docs, clippy::all, clippy::pedantic)]
-pub mod load_proto {
-    tonic::include_proto!("steady.load.v1");
-}
-
-/// Generated code of `proto/echo.proto`: a tiny service for tests, benchmarks and the
-/// demo, whose reply names the backend task that served it. Not a stable API.
-#[allow(missing_docs, clippy::all, clippy::pedantic)]
-pub mod echo {
-    tonic::include_proto!("steady.echo.v1");
-}
+/// Generated code of `proto/assignment.proto` (`steady_proto::assignment`).
+pub use steady_proto::assignment as proto;
+/// Generated code of `proto/echo.proto` (`steady_proto::echo`): not a stable API.
+pub use steady_proto::echo;
+/// Generated code of `proto/load.proto` (`steady_proto::load`).
+pub use steady_proto::load as load_proto;

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::{check, MAX_WAIT};
-use crate::error::ConfigError;
+use steady_core::ConfigError;
 
 /// Outlier ejection: a member that fails markedly more calls than the rest of the
 /// subset leaves rotation for a while, and the next backends in the frontend's order

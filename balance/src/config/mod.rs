@@ -5,8 +5,7 @@ use std::time::Duration;
 
 use steady_subset::Algorithm;
 
-use crate::backoff::Backoff;
-use crate::error::ConfigError;
+use steady_core::{Backoff, ConfigError};
 
 mod health;
 
@@ -19,7 +18,7 @@ pub const MAX_SUBSET_SIZE: usize = steady_subset::MAX_BACKENDS;
 /// The longest wait, timeout or backoff delay accepted: an hour. Longer ones are almost
 /// certainly mistakes (a request that waits an hour for a backend has long been given
 /// up on), and bounding them keeps every deadline computable.
-pub const MAX_WAIT: Duration = Duration::from_secs(3600);
+pub const MAX_WAIT: Duration = steady_core::MAX_BACKOFF;
 
 /// The longest idle timeout accepted for affinity connections: a day.
 pub const MAX_IDLE: Duration = Duration::from_secs(86_400);
@@ -281,34 +280,6 @@ impl BalanceConfig {
     pub fn with_no_backend_wait(mut self, wait: Duration) -> Self {
         self.no_backend_wait = wait;
         self
-    }
-}
-
-// Here, not in `backoff.rs`: the accepted ranges are configuration's (`MAX_WAIT`), and
-// `backoff` does not depend on `config`.
-impl Backoff {
-    /// Checks every field; the first out of its range is the error.
-    ///
-    /// | field | accepted |
-    /// |---|---|
-    /// | `backoff.base` | `1 ms..=MAX_WAIT` (an hour) |
-    /// | `backoff.max` | `backoff.base..=MAX_WAIT` |
-    /// | `backoff.jitter` | a number in `0.0..=1.0` |
-    ///
-    /// [`crate::BalanceConfig::validate`] runs this same check on its `backoff`.
-    ///
-    /// # Errors
-    ///
-    /// A [`ConfigError`] naming the field (`backoff.base`, `backoff.max` or
-    /// `backoff.jitter`), its value and the accepted range.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        const MS: Duration = Duration::from_millis(1);
-        check("backoff.base", self.base, MS, MAX_WAIT, "1 ms..=1 h")?;
-        check("backoff.max", self.max, self.base, MAX_WAIT, "backoff.base..=1 h")?;
-        if !(0.0..=1.0).contains(&self.jitter) {
-            return Err(ConfigError::new("backoff.jitter", self.jitter, "0.0..=1.0"));
-        }
-        Ok(())
     }
 }
 

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::slots::Slots;
 use crate::connector::Address;
-use crate::job::JobView;
+use steady_core::JobView;
 
 /// When an affinity connection was last seen busy.
 struct AffinityUse {

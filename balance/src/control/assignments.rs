@@ -12,10 +12,10 @@ use steady_slice::Assignment;
 use steady_subset::prng::SplitMix64;
 use tokio::time::Instant;
 
-use crate::backoff::Backoff;
 use crate::error::BoxError;
 use crate::route::pick::fresh_rng;
 use crate::route::table::Counters;
+use steady_core::Backoff;
 
 /// A stream of assignments (or of the errors reading them), newest last.
 pub(crate) type AssignmentSource = Pin<Box<dyn Stream<Item = Result<Assignment, BoxError>> + Send>>;

@@ -12,9 +12,9 @@ use super::outliers::{Candidate, Cause};
 use super::slots::SlotState;
 use super::{Control, SubsetHealth};
 use crate::connector::{Address, Connector};
-use crate::job::JobView;
 use crate::route::endpoint::{Endpoint, Feedback};
 use crate::route::table::Counters;
+use steady_core::JobView;
 
 impl<T, C, S, J> Control<T, C, S, J>
 where

@@ -41,10 +41,10 @@ use tokio::time::Instant;
 use crate::config::{BalanceConfig, Load};
 use crate::connector::{Address, Connector};
 use crate::error::BoxError;
-use crate::job::JobView;
 use crate::route::endpoint::{Endpoint, Feedback, Reactions, OPEN};
 use crate::route::pick::fresh_rng;
 use crate::route::table::{Counters, Shared};
+use steady_core::JobView;
 
 mod affinity;
 mod assignments;

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use steady_subset::prng::SplitMix64;
 use tokio::time::Instant;
 
-use crate::backoff::Backoff;
 use crate::connector::Address;
 use crate::route::endpoint::Endpoint;
+use steady_core::Backoff;
 
 /// The connection to one wanted backend task.
 pub(super) enum SlotState<S> {

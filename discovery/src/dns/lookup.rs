@@ -7,7 +7,7 @@ use hickory_resolver::config::{NameServerConfig, ResolverConfig};
 use hickory_resolver::name_server::TokioConnectionProvider;
 use hickory_resolver::proto::xfer::Protocol;
 use hickory_resolver::{Name, ResolveError, TokioResolver};
-use steady_balance::JobView;
+use steady_core::JobView;
 
 use super::view::{self, Tally, Target};
 use super::{DnsConfig, DnsError, IndexRule};

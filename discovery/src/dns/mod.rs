@@ -41,7 +41,7 @@ mod view;
 
 use std::time::Duration;
 
-use steady_balance::JobView;
+use steady_core::JobView;
 use tokio::sync::watch;
 use tokio::time::{interval_at, Instant, MissedTickBehavior};
 

@@ -4,7 +4,7 @@ use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
-use steady_balance::{JobView, TaskState};
+use steady_core::{JobView, TaskState};
 
 use crate::identity::ordinal_of;
 use crate::source::view_of;

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use steady_balance::TaskState;
+use steady_core::TaskState;
 
 /// The longest value a reader accepts, in bytes; longer values are rejected.
 pub const MAX_VALUE_BYTES: usize = 1024;

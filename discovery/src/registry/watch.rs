@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, EventType, GetOptions, KeyValue, WatchOptions, WatchStream};
-use steady_balance::{JobView, Task};
+use steady_core::{JobView, Task};
 use tokio::sync::watch;
 
 use super::record::{index_of, TaskRecord};

@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use steady_assigner::{by_name, Tasks};
+use steady_slicelet::Slicelet;
 use steady_slicer::assigner::{AssignerConfig, AssignerHandle, AssignerService};
 use steady_slicer::load::{LoadBook, LoadCollector};
 use steady_slicer::store::{AssignmentStore, EtcdConfig, EtcdStore, MemoryStore};
-use steady_slicer::{Distributor, Slicelet};
+use steady_slicer::Distributor;
 use steady_tonic::echo::echo_server::EchoServer;
 use tokio::sync::{oneshot, watch};
 use tonic::transport::{Endpoint, Server};

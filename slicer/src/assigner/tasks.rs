@@ -9,9 +9,9 @@ use super::AssignerService;
 /// The assigner's task set for a backend job view: every task of the view inside the
 /// job, in its state (serving, draining, gone). Feed [`AssignerService::spawn`] from a
 /// discovery source with [`follow_job`].
-pub fn tasks_of<T>(view: &steady_balance::JobView<T>) -> Tasks {
+pub fn tasks_of<T>(view: &steady_core::JobView<T>) -> Tasks {
     use steady_assigner::TaskState as Assigned;
-    use steady_balance::TaskState as Seen;
+    use steady_core::TaskState as Seen;
     let tasks =
         view.tasks.iter().filter(|(&i, _)| i < view.size && i <= steady_slice::MAX_TASK as usize).map(
             |(&i, t)| {
@@ -30,7 +30,7 @@ pub fn tasks_of<T>(view: &steady_balance::JobView<T>) -> Tasks {
 /// a task that drains in the view loses its slices at the next run, which the task-set
 /// change triggers at once. The mapping task ends when `views` closes.
 pub fn follow_job<T: Send + Sync + 'static>(
-    mut views: watch::Receiver<steady_balance::JobView<T>>,
+    mut views: watch::Receiver<steady_core::JobView<T>>,
 ) -> watch::Receiver<Tasks> {
     let (tx, rx) = watch::channel(tasks_of(&views.borrow_and_update()));
     tokio::spawn(async move {

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use steady_slice::Assignment;
 
-use super::report::LoadReport;
+use steady_slicelet::LoadReport;
 
 /// How many of a job's latest generations reports may refer to. A report for an older
 /// generation is dropped: its slices are too stale to say where load is now.

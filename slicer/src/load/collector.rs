@@ -4,15 +4,16 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use steady_tonic::load_proto::load_collector_server::{self, LoadCollectorServer};
-use steady_tonic::load_proto::{self, ReportSummary};
+use steady_proto::load as load_proto;
+use steady_proto::load::load_collector_server::{self, LoadCollectorServer};
+use steady_proto::load::ReportSummary;
 use tokio::sync::watch;
 use tonic::{Code, Request, Response, Status, Streaming};
 
 use super::book::LoadBook;
-use super::report::{LoadReport, MAX_REPORTED_KEYS, MAX_REPORTED_SLICES};
 #[cfg(doc)]
-use crate::MAX_JOB_NAME_LEN;
+use steady_core::MAX_JOB_NAME_LEN;
+use steady_slicelet::report::{LoadReport, MAX_REPORTED_KEYS, MAX_REPORTED_SLICES};
 
 /// The largest report message the collector decodes, in bytes: a message with
 /// [`MAX_REPORTED_SLICES`] slices, [`MAX_REPORTED_KEYS`] keys and a job name of

@@ -6,16 +6,18 @@
 //!   only for the job's recent generations and known tasks (the rest is dropped and
 //!   counted), read back fresh for each run.
 //! * [`LoadCollector`]: the gRPC server of `LoadCollector.Report` (`steady.load.v1`,
-//!   in `steady_tonic::load_proto`): validates each streamed message (version
+//!   in `steady_proto::load`): validates each streamed message (version
 //!   [`REPORT_VERSION`], then the report; [`MessageError`]) and feeds the book. Its
 //!   client is `Slicelet::report_to`.
 
 mod book;
 mod collector;
-mod convert;
-mod report;
 
 pub use book::{Dropped, LoadBook, Received, KEPT_GENERATIONS};
 pub use collector::{LoadCollector, MAX_INVALID_IN_A_ROW, MAX_REPORT_MESSAGE_BYTES, MAX_REPORT_STREAMS};
-pub use convert::{MessageError, REPORT_VERSION};
-pub use report::{LoadReport, ReportError, MAX_REPORTED_KEYS, MAX_REPORTED_RATE, MAX_REPORTED_SLICES};
+// The report is the Slicelet's (it builds and sends it); re-exported for the collector's
+// users under the paths it had here.
+pub use steady_slicelet::report::{
+    LoadReport, MessageError, ReportError, MAX_REPORTED_KEYS, MAX_REPORTED_RATE, MAX_REPORTED_SLICES,
+    REPORT_VERSION,
+};

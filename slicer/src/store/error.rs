@@ -6,7 +6,7 @@ use std::fmt;
 use steady_slice::DecodeError;
 
 use super::MAX_ASSIGNMENT_BYTES;
-use crate::MAX_JOB_NAME_LEN;
+use steady_core::MAX_JOB_NAME_LEN;
 
 /// Why a store operation did nothing. Which operation returns which is documented on
 /// [`super::AssignmentStore`]'s methods.

@@ -1,13 +1,11 @@
 //! [`Leadership`]: a candidate's term as a job's one writer.
 
+use std::any::Any;
 use std::fmt;
 
 use tokio::sync::watch;
 
-#[cfg(feature = "etcd")]
-use super::etcd::EtcdTerm;
-use super::memory::MemoryTerm;
-use super::StoreError;
+use super::{StoreError, StoreFuture};
 
 /// A candidate's term as the one writer of a job, from [`super::AssignmentStore::campaign`].
 ///
@@ -25,17 +23,22 @@ pub struct Leadership {
     job: String,
     candidate: String,
     held: watch::Receiver<bool>,
-    term: Term,
+    term: Box<dyn Term>,
 }
 
-/// The store's side of a term. Dropping it releases the term unless it was left to
-/// lapse ([`Leadership::stop_renewing`]).
-#[derive(Debug)]
-pub(crate) enum Term {
-    Memory(MemoryTerm),
-    /// Boxed: an etcd client is a few KiB.
-    #[cfg(feature = "etcd")]
-    Etcd(Box<EtcdTerm>),
+/// A store's side of a term (each store has its own). Dropping it releases the term
+/// unless it was left to lapse ([`Leadership::stop_renewing`]).
+///
+/// A trait, so that this module names no store: each store implements it and, when a
+/// write names a [`Leadership`], finds its own kind of term with [`Leadership::term`]
+/// (a term of another store is not a term there: `NotLeader`).
+pub(crate) trait Term: fmt::Debug + Send + Sync + 'static {
+    /// Ends the term now.
+    fn resign(&self) -> StoreFuture<'_, ()>;
+    /// Stops keeping the term alive without ending it (see [`Leadership::stop_renewing`]).
+    fn stop_renewing(&self);
+    /// For [`Leadership::term`]'s downcast.
+    fn as_any(&self) -> &dyn Any;
 }
 
 impl fmt::Debug for Leadership {
@@ -50,8 +53,8 @@ impl fmt::Debug for Leadership {
 }
 
 impl Leadership {
-    pub(crate) fn new(job: &str, candidate: &str, held: watch::Receiver<bool>, term: Term) -> Self {
-        Self { job: job.to_owned(), candidate: candidate.to_owned(), held, term }
+    pub(crate) fn new(job: &str, candidate: &str, held: watch::Receiver<bool>, term: impl Term) -> Self {
+        Self { job: job.to_owned(), candidate: candidate.to_owned(), held, term: Box::new(term) }
     }
 
     /// The job led.
@@ -84,14 +87,7 @@ impl Leadership {
     /// [`StoreError::Unavailable`] when etcd could not be told: the term then ends when
     /// its lease lapses, within a TTL.
     pub async fn resign(self) -> Result<(), StoreError> {
-        match &self.term {
-            Term::Memory(term) => {
-                term.release();
-                Ok(())
-            }
-            #[cfg(feature = "etcd")]
-            Term::Etcd(term) => term.resign().await,
-        }
+        self.term.resign().await
     }
 
     /// Stops renewing the term without releasing it, as a process that hangs or is cut
@@ -100,14 +96,11 @@ impl Leadership {
     /// no lease, so there it ends at once. The handle stays usable, so that a test can
     /// check that a deposed writer's write is refused; dropping it releases nothing more.
     pub fn stop_renewing(&self) {
-        match &self.term {
-            Term::Memory(term) => term.release(),
-            #[cfg(feature = "etcd")]
-            Term::Etcd(term) => term.stop_renewing(),
-        }
+        self.term.stop_renewing();
     }
 
-    pub(crate) fn term(&self) -> &Term {
-        &self.term
+    /// The term, if it is a `T` (a term of the store asking).
+    pub(crate) fn term<T: Term>(&self) -> Option<&T> {
+        self.term.as_any().downcast_ref::<T>()
     }
 }

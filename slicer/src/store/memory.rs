@@ -146,6 +146,22 @@ impl MemoryTerm {
     }
 }
 
+impl Term for MemoryTerm {
+    fn resign(&self) -> StoreFuture<'_, ()> {
+        self.release();
+        Box::pin(async { Ok(()) })
+    }
+
+    /// The in-memory store has no lease to let lapse: the term ends at once.
+    fn stop_renewing(&self) {
+        self.release();
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
 impl Drop for MemoryTerm {
     fn drop(&mut self) {
         self.release();
@@ -173,9 +189,7 @@ impl AssignmentStore for MemoryStore {
     ) -> StoreFuture<'a, Snapshot> {
         Box::pin(async move {
             check_write(leadership, previous, next)?;
-            // Without the etcd feature the pattern cannot fail.
-            #[allow(irrefutable_let_patterns)]
-            let Term::Memory(term) = leadership.term() else {
+            let Some(term) = leadership.term::<MemoryTerm>() else {
                 return Err(StoreError::NotLeader);
             };
             if term.store.id != self.inner.id {
@@ -238,7 +252,7 @@ impl AssignmentStore for MemoryStore {
                     if won {
                         let (held, watching) = watch::channel(true);
                         let term = MemoryTerm { store: self.inner.clone(), job: job.to_owned(), term, held };
-                        return Ok(Leadership::new(job, candidate, watching, Term::Memory(term)));
+                        return Ok(Leadership::new(job, candidate, watching, term));
                     }
                     entry.leader.subscribe()
                 };

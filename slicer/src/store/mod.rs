@@ -43,9 +43,9 @@ use std::pin::Pin;
 
 use steady_slice::Assignment;
 
-use crate::distributor::valid_job_name;
+use steady_core::valid_job_name;
 #[cfg(doc)]
-use crate::MAX_JOB_NAME_LEN;
+use steady_core::MAX_JOB_NAME_LEN;
 
 mod error;
 #[cfg(feature = "etcd")]

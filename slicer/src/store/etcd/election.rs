@@ -12,7 +12,7 @@ use tokio::sync::watch;
 
 use super::{bounded, EtcdStore};
 use crate::store::leadership::Term;
-use crate::store::{Leadership, StoreError};
+use crate::store::{Leadership, StoreError, StoreFuture};
 
 /// How many campaign steps in a row may fail to reach etcd before the campaign gives up.
 const MAX_CAMPAIGN_FAILURES: u32 = 5;
@@ -47,13 +47,21 @@ impl EtcdTerm {
     pub(crate) fn leader_key(&self) -> &[u8] {
         &self.leader_key
     }
+}
 
-    pub(crate) fn stop_renewing(&self) {
+impl Term for EtcdTerm {
+    /// Revokes the lease, which deletes the leader key with it.
+    fn resign(&self) -> StoreFuture<'_, ()> {
+        Box::pin(async move { self.lease.revoke().await.map_err(StoreError::unavailable) })
+    }
+
+    /// Lets the lease lapse: the term ends within a TTL.
+    fn stop_renewing(&self) {
         self.lease.stop_renewing();
     }
 
-    pub(crate) async fn resign(&self) -> Result<(), StoreError> {
-        self.lease.revoke().await.map_err(StoreError::unavailable)
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 
@@ -121,7 +129,7 @@ pub(super) async fn campaign(
             let held = lease.held();
             tracing::info!(job, candidate, lease = id, fence = revision, "campaign: leading");
             let term = EtcdTerm { lease, leader_key: leader_key.into_bytes(), fence: revision };
-            return Ok(Leadership::new(job, candidate, held, Term::Etcd(Box::new(term))));
+            return Ok(Leadership::new(job, candidate, held, term));
         }
         let leader = response.op_responses().into_iter().find_map(|op| match op {
             TxnOpResponse::Get(get) => {

@@ -7,7 +7,6 @@ use std::time::Duration;
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
 use steady_slice::Assignment;
 
-use super::leadership::Term;
 use super::{
     check_name, check_write, AssignmentStore, AssignmentWatch, Leadership, Revision, Snapshot, StoreError,
     StoreFuture,
@@ -202,7 +201,7 @@ impl AssignmentStore for EtcdStore {
     ) -> StoreFuture<'a, Snapshot> {
         Box::pin(async move {
             let bytes = check_write(leadership, previous, next)?;
-            let Term::Etcd(term) = leadership.term() else { return Err(StoreError::NotLeader) };
+            let Some(term) = leadership.term::<EtcdTerm>() else { return Err(StoreError::NotLeader) };
             let leader_key = self.leader_key(leadership.job());
             if term.leader_key() != leader_key.as_bytes() {
                 return Err(StoreError::NotLeader);

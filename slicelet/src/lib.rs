@@ -1,15 +1,60 @@
-//! [`Slicelet`]: the backend task's side of keyed routing (Slicer's Slicelet idea): which
-//! slices this backend task holds, how many requests arrived for keys it does not hold
-//! (misroutes), and its keyed load, measured and reported to the Assigner.
+//! The backend's side of steady's keyed routing (Slicer's Slicelet, in our words): what
+//! every backend task links to know which slices it holds, count the requests that
+//! reached it for keys it does not hold (misroutes), and measure and report its keyed
+//! load to the Assigner.
 //!
-//! * `meter`: per-slice request counters tied to the assignment in force, a sampled
-//!   heavy-hitters sketch, and the reader-side decay that turns them into rates.
-//! * `sketch`: Space-Saving, the bounded heavy-hitters sketch.
-//! * `layer`: [`SliceletLayer`] / [`SliceletService`], which count every keyed request.
-//! * `reporter`: [`LoadReporter`], the task that streams reports to a `LoadCollector`.
+//! * [`Slicelet`]: one task's view of the assignment in force, its counters and its
+//!   load meter. Feed it assignments ([`Slicelet::follow`] a
+//!   [`steady_proto::watch_assignments`] stream, or [`Slicelet::set_assignment`]).
+//! * [`SliceletLayer`] / [`SliceletService`]: the tower layer for the tonic server that
+//!   records every keyed request (metadata `x-slice-key` by default).
+//! * [`LoadReporter`]: the task [`Slicelet::report_to`] starts, streaming load reports
+//!   to the Assigner's `LoadCollector` and reconnecting with backoff.
+//! * [`report`]: the [`LoadReport`] itself, validated and bounded, and its wire message.
+//!
+//! Inside: `meter` keeps per-slice request counters tied to the assignment in force, a
+//! sampled heavy-hitters sketch (`sketch`: Space-Saving), and the reader-side decay that
+//! turns them into rates.
+//!
+//! # Dependencies
+//!
+//! What every backend binary links must stay small: `steady-slice`, `steady-core`,
+//! `steady-proto`, tonic, tower and tokio. No etcd client, no command-line parser, no
+//! assigner and no client balancer: `tests/tests/layout.rs` checks it. The control plane
+//! (the `Distributor`, the `LoadCollector`, the Assigner service, the stores) is in
+//! `steady-slicer`.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use steady_slicelet::Slicelet;
+//! use tonic::transport::Endpoint;
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! // Backend task 3 of job "users" follows the Distributor's assignments...
+//! let slicelet = Slicelet::new(3);
+//! let distributor = Endpoint::from_static("http://distributor:50051");
+//! slicelet.follow(steady_proto::watch_assignments(distributor, "users", Default::default())?);
+//! // ...reports its keyed load to the Assigner every second...
+//! let _reporter = slicelet.report_to(Endpoint::from_static("http://assigner:50052"), "users", Duration::from_secs(1));
+//! // ...and counts every keyed request its tonic server receives.
+//! # let your_services = tonic::service::Routes::default();
+//! tonic::transport::Server::builder()
+//!     .layer(slicelet.layer())
+//!     .add_routes(your_services)
+//!     .serve("0.0.0.0:50051".parse()?)
+//!     .await?;
+//! # Ok(())
+//! # }
+//! ```
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
 
 mod layer;
 mod meter;
+pub mod report;
 mod reporter;
 mod sketch;
 
@@ -20,15 +65,16 @@ use std::time::Duration;
 use arc_swap::{ArcSwapOption, RefCnt};
 use futures_util::{Stream, StreamExt};
 use http::HeaderName;
+use steady_core::{Backoff, ConfigError};
+use steady_proto::DEFAULT_KEY_HEADER;
 use steady_slice::{Assignment, SliceKey};
-use steady_tonic::DEFAULT_KEY_HEADER;
 use tonic::transport::Endpoint;
 
 pub use layer::{SliceletLayer, SliceletService};
 pub use meter::{MeterConfig, MeterConfigError};
+pub use report::LoadReport;
 pub use reporter::{LoadReporter, MIN_REPORT_INTERVAL};
 
-use crate::load::LoadReport;
 use meter::{LoadMeter, MeteredAssignment};
 
 #[derive(Debug)]
@@ -44,7 +90,7 @@ struct State {
 /// meter.
 ///
 /// Clone it freely; clones share state. Feed it assignments with
-/// [`Slicelet::follow`] (e.g. from `steady_tonic::watch_assignments`) or
+/// [`Slicelet::follow`] (e.g. from [`steady_proto::watch_assignments`]) or
 /// [`Slicelet::set_assignment`]; put [`Slicelet::layer`] on the tonic server to count
 /// every keyed request it receives; read its load with [`Slicelet::load_report`], or
 /// stream it to the Assigner's `LoadCollector` with [`Slicelet::report_to`].
@@ -121,7 +167,7 @@ impl Slicelet {
     }
 
     /// Follows an assignment source on a task of its own (invalid items are logged and
-    /// skipped; e.g. `steady_tonic::watch_assignments`).
+    /// skipped; e.g. [`steady_proto::watch_assignments`]).
     pub fn follow<A, E>(&self, source: A) -> tokio::task::JoinHandle<()>
     where
         A: Stream<Item = Result<Assignment, E>> + Send + 'static,
@@ -192,7 +238,7 @@ impl Slicelet {
 
     /// This task's load report for `job` now: the decayed rate of every slice it holds in
     /// the generation in force (ascending by start; the heaviest
-    /// [`MAX_REPORTED_SLICES`](crate::load::MAX_REPORTED_SLICES) if it holds more), and
+    /// [`MAX_REPORTED_SLICES`](crate::report::MAX_REPORTED_SLICES) if it holds more), and
     /// the heaviest keys it served.
     ///
     /// Each call is a tick of the decay: it reads the counters and brings the rates up to
@@ -210,27 +256,27 @@ impl Slicelet {
 
     /// Streams this task's [`Slicelet::load_report`] for `job` to the `LoadCollector` at
     /// `endpoint` every `interval`, on a task of its own, reconnecting with
-    /// `steady_balance::Backoff::default()` when the stream breaks (see
+    /// [`Backoff::default()`] when the stream breaks (see
     /// [`LoadReporter`]). Must be called within a tokio runtime.
     ///
     /// The reporting stops when the returned [`LoadReporter`] is dropped or stopped.
     pub fn report_to(&self, endpoint: Endpoint, job: impl Into<String>, interval: Duration) -> LoadReporter {
-        LoadReporter::spawn(self.clone(), endpoint, job.into(), interval, steady_balance::Backoff::default())
+        LoadReporter::spawn(self.clone(), endpoint, job.into(), interval, Backoff::default())
     }
 
     /// As [`Slicelet::report_to`], reconnecting after `backoff`.
     ///
     /// # Errors
     ///
-    /// A [`steady_balance::ConfigError`] naming the `backoff` field out of its range
-    /// (see [`steady_balance::Backoff::validate`]); nothing is started.
+    /// A [`ConfigError`] naming the `backoff` field out of its range (see
+    /// [`Backoff::validate`]); nothing is started.
     pub fn report_to_with_backoff(
         &self,
         endpoint: Endpoint,
         job: impl Into<String>,
         interval: Duration,
-        backoff: steady_balance::Backoff,
-    ) -> Result<LoadReporter, steady_balance::ConfigError> {
+        backoff: Backoff,
+    ) -> Result<LoadReporter, ConfigError> {
         backoff.validate()?;
         Ok(LoadReporter::spawn(self.clone(), endpoint, job.into(), interval, backoff))
     }

@@ -2,7 +2,7 @@
 
 use steady_slice::{Assignment, AssignmentError, Slice, SliceKey};
 
-use crate::proto;
+use crate::assignment as proto;
 
 impl From<&Assignment> for proto::AssignmentUpdate {
     fn from(a: &Assignment) -> Self {

@@ -13,7 +13,7 @@ use steady_slice::{Assignment, SliceKey};
 use tokio::time::Instant;
 
 use super::sketch::HeavyHitters;
-use crate::load::{LoadReport, MAX_REPORTED_KEYS, MAX_REPORTED_SLICES};
+use crate::report::{LoadReport, MAX_REPORTED_KEYS, MAX_REPORTED_SLICES};
 
 /// How a Slicelet measures its load (see [`crate::Slicelet::with_meter`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,15 +1,23 @@
-//! Exponential backoff with jitter for reconnecting to failed backends.
+//! Exponential backoff with jitter, for whatever reconnects: a channel to a failed
+//! backend, a watcher to its Distributor, a load reporter to its collector.
 
 use std::time::Duration;
 
 use steady_subset::prng::SplitMix64;
+
+use crate::ConfigError;
+
+/// The longest `base` or `max` a [`Backoff`] may have: an hour (the balancer's
+/// `MAX_WAIT`). Longer delays are almost certainly mistakes, and bounding them keeps
+/// every deadline computable.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(3600);
 
 /// Reconnection delays: `base × 2^(failures - 1)`, capped at `max`, then scaled by a
 /// random factor in `[1 - jitter, 1]` so that many frontends do not retry in lockstep.
 ///
 /// The fields are public, so any values can be built; every API that takes a `Backoff`
 /// checks it with [`Backoff::validate`] and refuses one out of range with a
-/// [`crate::ConfigError`]. [`Backoff::delay`] itself is total: it never panics, whatever
+/// [`ConfigError`]. [`Backoff::delay`] itself is total: it never panics, whatever
 /// the fields hold.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Backoff {
@@ -28,6 +36,34 @@ impl Default for Backoff {
 }
 
 impl Backoff {
+    /// Checks every field; the first out of its range is the error.
+    ///
+    /// | field | accepted |
+    /// |---|---|
+    /// | `backoff.base` | `1 ms..=`[`MAX_BACKOFF`] (an hour) |
+    /// | `backoff.max` | `backoff.base..=MAX_BACKOFF` |
+    /// | `backoff.jitter` | a number in `0.0..=1.0` |
+    ///
+    /// `steady_balance::BalanceConfig::validate` runs this same check on its `backoff`.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the field (`backoff.base`, `backoff.max` or
+    /// `backoff.jitter`), its value and the accepted range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        const MS: Duration = Duration::from_millis(1);
+        if self.base < MS || self.base > MAX_BACKOFF {
+            return Err(ConfigError::new("backoff.base", self.base, "1 ms..=1 h"));
+        }
+        if self.max < self.base || self.max > MAX_BACKOFF {
+            return Err(ConfigError::new("backoff.max", self.max, "backoff.base..=1 h"));
+        }
+        if !(0.0..=1.0).contains(&self.jitter) {
+            return Err(ConfigError::new("backoff.jitter", self.jitter, "0.0..=1.0"));
+        }
+        Ok(())
+    }
+
     /// The delay after `failures` consecutive failures (`failures >= 1`; `0` counts as
     /// `1`): at most `max`, at least `(1 - jitter)` of it.
     ///
@@ -52,6 +88,28 @@ impl Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn validate_refuses_each_field_out_of_range_by_name() {
+        let good = Backoff::default();
+        assert_eq!(good.validate(), Ok(()));
+        for (bad, field) in [
+            (Backoff { base: Duration::ZERO, ..good }, "backoff.base"),
+            (
+                Backoff { base: MAX_BACKOFF + Duration::from_nanos(1), max: Duration::MAX, ..good },
+                "backoff.base",
+            ),
+            (Backoff { max: Duration::from_millis(1), ..good }, "backoff.max"),
+            (Backoff { max: MAX_BACKOFF * 2, ..good }, "backoff.max"),
+            (Backoff { jitter: f64::NAN, ..good }, "backoff.jitter"),
+            (Backoff { jitter: -0.5, ..good }, "backoff.jitter"),
+            (Backoff { jitter: 1.5, ..good }, "backoff.jitter"),
+        ] {
+            assert_eq!(bad.validate().map_err(|e| e.field()), Err(field), "{bad:?}");
+        }
+        let edges = Backoff { base: Duration::from_millis(1), max: MAX_BACKOFF, jitter: 1.0 };
+        assert_eq!(edges.validate(), Ok(()));
+    }
 
     #[test]
     fn delays_double_up_to_the_cap_within_the_jitter() {

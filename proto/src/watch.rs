@@ -5,14 +5,14 @@
 use std::fmt;
 
 use futures_util::Stream;
-use steady_balance::{Backoff, ConfigError};
+use steady_core::{Backoff, ConfigError};
 use steady_slice::{Assignment, AssignmentError};
 use steady_subset::prng::SplitMix64;
 use tonic::transport::Endpoint;
 use tonic::{Code, Response, Status, Streaming};
 
-use crate::proto::assignment_distributor_client::AssignmentDistributorClient;
-use crate::proto::{AssignmentUpdate, WatchRequest};
+use crate::assignment::assignment_distributor_client::AssignmentDistributorClient;
+use crate::assignment::{AssignmentUpdate, WatchRequest};
 
 /// An error item of [`watch_assignments`]'s stream.
 #[derive(Debug)]
@@ -67,7 +67,7 @@ fn refused_for_good(code: Code) -> bool {
 
 /// The assignments of `job` from the distributor at `endpoint` (a `steady_slicer::Distributor`,
 /// or any server of `AssignmentDistributor.Watch`), as a
-/// stream for [`crate::SteadyChannel::follow_assignments`] (or any
+/// stream for `steady_tonic::SteadyChannel::follow_assignments` (or any
 /// `steady_balance::Balance`).
 ///
 /// It connects, watches, and when the connection or the stream fails, reconnects after
@@ -77,7 +77,7 @@ fn refused_for_good(code: Code) -> bool {
 ///
 /// It ends only when the distributor refuses the watch with a status that retrying
 /// cannot change: `InvalidArgument` (e.g. a job name the `Distributor` does not
-/// accept: empty, or over `steady_slicer::MAX_JOB_NAME_LEN` bytes) or `Unimplemented`
+/// accept: empty, or over `steady_core::MAX_JOB_NAME_LEN` bytes) or `Unimplemented`
 /// (the endpoint serves no `AssignmentDistributor.Watch`). That status comes as a last
 /// [`WatchError::Refused`] item, then the stream ends (a balancer following it logs
 /// and counts the error, and keeps the last good assignment). Any other status, and

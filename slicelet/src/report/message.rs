@@ -1,12 +1,12 @@
-//! Between [`LoadReport`] and its protobuf message (`steady_tonic::load_proto`), as
+//! Between [`LoadReport`] and its protobuf message (`steady_proto::load`), as
 //! `From`/`TryFrom` impls.
 
 use std::fmt;
 
+use steady_proto::load as load_proto;
 use steady_slice::SliceKey;
-use steady_tonic::load_proto;
 
-use super::report::{LoadReport, ReportError};
+use super::{LoadReport, ReportError};
 
 /// The version of the load report messages this crate sends and accepts.
 pub const REPORT_VERSION: u32 = 1;

@@ -1,7 +1,18 @@
-//! The backend job as the balancer sees it: its size and each task's address and state.
+//! The backend job as its followers see it (the balancer, the Assigner service): its
+//! size and each task's address and state; and the bound on a job's name.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+
+/// The longest job name any interface of steady accepts, in bytes: the Watch RPC, load
+/// reports and the stores refuse longer (or empty) names, so a peer cannot make them
+/// hold arbitrarily large keys.
+pub const MAX_JOB_NAME_LEN: usize = 256;
+
+/// Whether `job` is a name steady accepts: 1 to [`MAX_JOB_NAME_LEN`] bytes.
+pub fn valid_job_name(job: &str) -> bool {
+    (1..=MAX_JOB_NAME_LEN).contains(&job.len())
+}
 
 /// Whether a backend task should get new requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

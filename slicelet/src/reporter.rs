@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::Stream;
-use steady_balance::Backoff;
+use steady_core::Backoff;
+use steady_proto::load as load_proto;
+use steady_proto::load::load_collector_client::LoadCollectorClient;
 use steady_subset::prng::SplitMix64;
-use steady_tonic::load_proto;
-use steady_tonic::load_proto::load_collector_client::LoadCollectorClient;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 use tonic::transport::Endpoint;
@@ -58,7 +58,7 @@ impl LoadReporter {
         backoff: Backoff,
     ) -> Self {
         let counters = Arc::new(Counters::default());
-        if !crate::distributor::valid_job_name(&job) {
+        if !steady_core::valid_job_name(&job) {
             tracing::warn!(
                 job_len = job.len(),
                 "load reporter: no report can name this job; nothing will be sent"

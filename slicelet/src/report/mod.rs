@@ -1,12 +1,20 @@
-//! [`LoadReport`]: what one backend task measured of its keyed load, validated.
+//! Load reports: what one backend task measured of its keyed load ([`LoadReport`],
+//! validated and bounded when built), and between it and its wire message
+//! (`steady_proto::load::LoadReport`, version [`REPORT_VERSION`]; [`MessageError`]).
+//!
+//! The Slicelet builds and sends them; the Assigner's `LoadCollector` (in
+//! `steady-slicer`) receives, validates and books them.
+
+mod message;
 
 use std::fmt;
 
+use steady_core::valid_job_name;
+#[cfg(doc)]
+use steady_core::MAX_JOB_NAME_LEN;
 use steady_slice::{SliceKey, MAX_TASK};
 
-use crate::distributor::valid_job_name;
-#[cfg(doc)]
-use crate::MAX_JOB_NAME_LEN;
+pub use message::{MessageError, REPORT_VERSION};
 
 /// The most slices one report may list: a task holds at most this many slices at once
 /// in any assignment an assigner of `steady-assigner` makes (150 per task on average;

@@ -1,0 +1,80 @@
+//! The operator's program: the control plane of one backend job on etcd. It follows the
+//! job's tasks in the etcd registry, campaigns to be the job's one Assigner, turns the
+//! Slicelets' load reports into assignments, stores each in etcd and serves it to every
+//! watcher (frontends and backends).
+//!
+//! ```sh
+//! cargo run -p steady-examples --example operator -- http://127.0.0.1:2379 127.0.0.1:50070 assigner-a
+//! ```
+//!
+//! Arguments: etcd's endpoint, where to serve the Distributor and the load collector, and
+//! this instance's name in the election. Run two with different names: one leads, the
+//! other stands by and serves the stored assignment, and leads within a lease's time when
+//! the first stops. Stops (and resigns) on Ctrl-C. The `steady-slicer` binary is this
+//! program with its options on the command line.
+
+use std::error::Error;
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use steady_assigner::WeightedMove;
+use steady_discovery::registry::{self, Registry, RegistryConfig};
+use steady_slicer::assigner::{follow_job, AssignerService};
+use steady_slicer::load::{LoadBook, LoadCollector};
+use steady_slicer::store::{AssignmentStore, EtcdConfig, EtcdStore};
+use steady_slicer::Distributor;
+use tonic::transport::Server;
+
+/// The backend job's name: its tasks register under it in etcd.
+const JOB: &str = "users";
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
+    let mut args = std::env::args().skip(1);
+    let etcd = args.next().unwrap_or_else(|| "http://127.0.0.1:2379".to_owned());
+    let listen = args.next().unwrap_or_else(|| "127.0.0.1:50070".to_owned()).parse()?;
+    let candidate = args.next().unwrap_or_else(|| "assigner-a".to_owned());
+
+    // Where assignments live, and where the backend job's tasks register.
+    let store: Arc<dyn AssignmentStore> =
+        Arc::new(EtcdStore::connect(EtcdConfig::new([etcd.clone()])).await?);
+    let registry = Registry::connect(RegistryConfig::new([etcd])).await?;
+    let backends = registry::watch_job(&registry, JOB).await?;
+
+    // Serve whatever the store holds, whoever wrote it (the backup path while another
+    // instance leads).
+    let distributor = Distributor::new();
+    let mut stored = store.watch(JOB, 0)?;
+    let follower = distributor.clone();
+    tokio::spawn(async move {
+        while let Some(item) = stored.next().await {
+            if let Ok(assignment) = item {
+                follower.publish(JOB, assignment);
+            }
+        }
+    });
+
+    // The Assigner: weighted-move on the reported load, at once when a task drains or joins.
+    let book = LoadBook::new();
+    let service = AssignerService::new(
+        JOB,
+        candidate.as_str(),
+        Arc::new(WeightedMove::default()),
+        store,
+        distributor.clone(),
+        book.clone(),
+    )
+    .spawn(follow_job(backends.views()));
+
+    println!("operator {candidate}: job {JOB}, serving on {listen}");
+    Server::builder()
+        .add_service(distributor.service())
+        .add_service(LoadCollector::new(book).service())
+        .serve_with_shutdown(listen, async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    // Resign, so that a standby leads at once.
+    service.stop().await;
+    Ok(())
+}

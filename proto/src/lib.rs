@@ -1,0 +1,60 @@
+//! steady's gRPC protocol, shared by the client channel, the backends' Slicelets and the
+//! control plane, so that none of them has to depend on another for it.
+//!
+//! * [`assignment`]: `AssignmentDistributor.Watch` (`proto/assignment.proto`, package
+//!   `steady.assignment.v1`): a watcher names a job and the newest generation it holds,
+//!   and receives every newer assignment. The message converts to and from
+//!   [`steady_slice::Assignment`] with `From`/`TryFrom` (the `TryFrom` validates).
+//! * [`watch_assignments`]: the client of that RPC, reconnecting with backoff, ending
+//!   only on a refusal that retrying cannot change ([`WatchError`]).
+//! * [`load`]: `LoadCollector.Report` (`proto/load.proto`, package `steady.load.v1`), the
+//!   stream on which backend tasks report their keyed load to the Assigner.
+//! * [`echo`]: a tiny service whose reply names the backend task that served it, for
+//!   tests, benchmarks and demos. Not a stable API.
+//! * [`DEFAULT_KEY_HEADER`]: the request metadata a slice key travels in.
+//!
+//! The wire formats are contracts: fields are only ever added, and a message a newer
+//! sender adds fields to still decodes here.
+//!
+//! # Dependencies
+//!
+//! `steady-slice`, `steady-core`, tonic, prost and tokio. The protobuf code is generated
+//! at build time with a protoc that cargo installs (`protoc-bin-vendored`): a fresh
+//! machine needs nothing else.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
+
+mod convert;
+mod watch;
+
+#[allow(deprecated)]
+pub use convert::{from_proto, to_proto};
+pub use watch::{watch_assignments, WatchError};
+
+/// The metadata key a request's slice key is read from by default, by the client
+/// channel (`steady_tonic::SteadyChannel`) and by the backends' Slicelets alike: the key
+/// as text, hashed with `steady_slice::SliceKey::of` on both sides.
+pub const DEFAULT_KEY_HEADER: &str = "x-slice-key";
+
+/// Generated code of `proto/assignment.proto` (package `steady.assignment.v1`).
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod assignment {
+    tonic::include_proto!("steady.assignment.v1");
+}
+
+/// Generated code of `proto/load.proto` (package `steady.load.v1`): the
+/// `LoadCollector.Report` stream on which backend tasks report their keyed load to the
+/// Assigner. The report's validated form and its conversions are in `steady-slicelet`;
+/// the server in `steady-slicer`.
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod load {
+    tonic::include_proto!("steady.load.v1");
+}
+
+/// Generated code of `proto/echo.proto`: a tiny service for tests, benchmarks and the
+/// demo, whose reply names the backend task that served it. Not a stable API.
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod echo {
+    tonic::include_proto!("steady.echo.v1");
+}
