@@ -3,7 +3,8 @@
 //!
 //! * **Control side** (a task of its own, off the request path): takes views of the
 //!   backend job (its size and each task's address and state), computes this
-//!   frontend's subset with a [`steady_subset`] algorithm (Rocksteadier by default),
+//!   frontend's subset with a [`steady_subset`] algorithm (decimal Rocksteadier by
+//!   default; [`BalanceConfig::with_algorithm`] pins another, such as Rocksteadier),
 //!   opens and closes connections, ejects and reconnects failed backends with backoff
 //!   and jitter, lets the next backends in the frontend's order stand in for them, and
 //!   publishes an immutable routing table.
@@ -54,7 +55,7 @@
 //! });
 //! // The backend job: three serving tasks. Send new views to resize or drain it.
 //! let (_job, views) = watch::channel(JobView::serving(["a", "b", "c"]));
-//! // Frontend task 0 keeps connections to 2 of them (its Rocksteadier subset).
+//! // Frontend task 0 keeps connections to 2 of them (its decimal Rocksteadier subset).
 //! let balance = ServiceBuilder::new()
 //!     .layer(BalanceLayer::new(BalanceConfig::new(0, 2), views)?)
 //!     .service(connect);

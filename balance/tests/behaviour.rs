@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use steady_balance::{Backoff, Balance, BalanceConfig, BalanceError, BalanceStats, JobView, Load, TaskState};
-use steady_subset::{Algorithm, Subsetting};
+use steady_subset::{Algorithm, DecimalRocksteadier, Rocksteadier, Subsetting};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::WatchStream;
 use tower::{service_fn, BoxError, ServiceExt};
@@ -83,12 +83,13 @@ fn ready(s: &BalanceStats) -> HashSet<usize> {
     s.members.iter().map(|m| m.task).collect()
 }
 
+/// Frontend `m`'s subset under the default algorithm, the one `BalanceConfig::new` takes.
 fn subset(m: usize, n: usize, k: usize) -> Vec<usize> {
     Algorithm::default().subset(m, n, k).unwrap()
 }
 
 #[tokio::test(start_paused = true)]
-async fn connects_to_exactly_its_rocksteadier_subset() {
+async fn connects_to_exactly_its_subset() {
     let h = harness(BalanceConfig::new(13, 5), 55);
     settle().await;
     let stats = h.balance.stats();
@@ -100,6 +101,32 @@ async fn connects_to_exactly_its_rocksteadier_subset() {
     want.sort_unstable();
     assert_eq!(connected, want);
     assert_eq!(stats.members.len(), 5);
+}
+
+/// From the first release the balancer's default is decimal Rocksteadier; Rocksteadier is
+/// one `with_algorithm` away, and then the balancer connects to Rocksteadier's subset.
+#[tokio::test(start_paused = true)]
+async fn the_default_algorithm_is_decimal_rocksteadier_and_rocksteadier_can_be_pinned() {
+    let decimal = Algorithm::DecimalRocksteadier(DecimalRocksteadier::default());
+    let rocksteadier = Algorithm::Rocksteadier(Rocksteadier::default());
+    for (m, k) in [(0, 1), (13, 5), (4_321, 20)] {
+        assert_eq!(BalanceConfig::new(m, k).algorithm, decimal, "m = {m}, k = {k}");
+    }
+    // Frontend 13 of 55 backends, 5 connections: the two algorithms' subsets differ.
+    assert_ne!(decimal.subset(13, 55, 5).unwrap(), rocksteadier.subset(13, 55, 5).unwrap());
+    for (config, algorithm) in [
+        (BalanceConfig::new(13, 5), &decimal),
+        (BalanceConfig::new(13, 5).with_algorithm(rocksteadier.clone()), &rocksteadier),
+    ] {
+        let h = harness(config, 55);
+        settle().await;
+        assert_eq!(h.balance.stats().subset, algorithm.subset(13, 55, 5).unwrap(), "{algorithm}");
+        let mut connected = h.connects.lock().unwrap().clone();
+        connected.sort_unstable();
+        let mut want = algorithm.subset(13, 55, 5).unwrap();
+        want.sort_unstable();
+        assert_eq!(connected, want, "{algorithm}");
+    }
 }
 
 #[tokio::test(start_paused = true)]

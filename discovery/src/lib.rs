@@ -1,7 +1,8 @@
 //! Where a steady frontend gets its backends and its own index (DESIGN §7).
 //!
-//! Rocksteadier needs each frontend to know its index `m` in `0..M` and each backend
-//! task's index in `0..N`. This crate provides both, so that nobody numbers tasks by hand:
+//! Index-based subsetting (decimal Rocksteadier, the default, or Rocksteadier) needs each
+//! frontend to know its index `m` in `0..M` and each backend task's index in `0..N`. This
+//! crate provides both, so that nobody numbers tasks by hand:
 //!
 //! * **Job views** ([`Discovery`]): a `watch` of [`JobView`]s of `host:port` addresses,
 //!   which `steady_tonic::SteadyChannelBuilder::from_addresses` (and the balancer) take:

@@ -2,11 +2,13 @@
 //!
 //! * `steady-lab subsets --algorithm NAME --frontends M --backends N --subset-size K` prints
 //!   one line per frontend, `m: b1 b2 ... bk`, in preference order. **This format is a
-//!   contract**: scripts diff it across versions.
+//!   contract**: scripts diff it across versions. Without `--algorithm` it is the library's
+//!   default, `rocksteadier-decimal`; `--algorithm rocksteadier` gives Rocksteadier's.
 //! * `steady-lab quality ...` prints the quality metrics of one scenario for each algorithm.
 //! * `steady-lab grid ...` summarises utilisation and backend churn over the article's grid.
-//! * `steady-lab resize` resizes a job of real tonic servers under load (the article's
-//!   figure 5 on real connections).
+//! * `steady-lab resize [--algorithm NAME]` resizes a job of real tonic servers under load
+//!   (the article's figure 5 on real connections): the default algorithm, or NAME, against
+//!   Deterministic.
 //! * `steady-lab slicer [--store memory|etcd --endpoints ...]` runs the keyed Slicer loop
 //!   end to end on real tonic servers (load reports, Assigner, faults).
 //! * `steady-lab assign --algorithm NAME --tasks T --load FILE [--previous FILE]
@@ -57,7 +59,9 @@ enum Command {
     Subsets {
         /// The algorithm (round-robin, deterministic, deterministic-balanced, random,
         /// consistent, ringsteady, ringsteady-unscaled, rocksteadier, rocksteadier-decimal).
-        #[arg(long, default_value = "rocksteadier")]
+        /// The default is the library's, rocksteadier-decimal; `--algorithm rocksteadier`
+        /// pins Rocksteadier.
+        #[arg(long, default_value_t = Algorithm::default())]
         algorithm: Algorithm,
         #[command(flatten)]
         scenario: ScenarioArgs,
@@ -67,8 +71,9 @@ enum Command {
     /// Summarise utilisation and backend churn over the article's grid
     /// (k = 20, 1 <= M <= 256, 20 <= N <= 256, M*k > N).
     Grid(grid::GridArgs),
-    /// Resize a backend job of real tonic servers under load, Rocksteadier and
-    /// Deterministic side by side: connections, failures and latency per step, and an SVG.
+    /// Resize a backend job of real tonic servers under load, the default algorithm
+    /// (decimal Rocksteadier, or --algorithm) and Deterministic side by side: connections,
+    /// failures and latency per step, and an SVG.
     Resize(resize::ResizeArgs),
     /// The keyed Slicer loop end to end on real tonic servers: Slicelets report load, an
     /// Assigner rebalances, frontends follow; with the Assigner killed and a backend

@@ -1,8 +1,9 @@
 //! `steady-lab resize`: the article's figure 5 on real connections.
 //!
 //! Starts tonic echo servers on 127.0.0.1 and two fleets of frontends in this process,
-//! one on Rocksteadier and one on Deterministic subsetting, both following the same
-//! backend job. Drives steady load through every frontend's `SteadyChannel`, resizes the
+//! one on the algorithm under test (the library's default, decimal Rocksteadier, unless
+//! `--algorithm` names another, e.g. `rocksteadier`) and one on Deterministic subsetting,
+//! both following the same backend job. Drives steady load through every frontend's `SteadyChannel`, resizes the
 //! job step by step (growing and shrinking, varying step sizes), and prints per step and
 //! algorithm: connections opened and closed, requests failed, p50/p99 latency, and the
 //! most and mean connections per backend. Writes an SVG of connections opened and
@@ -30,6 +31,10 @@ use crate::LabResult;
 /// Arguments of `steady-lab resize`.
 #[derive(Debug, Args)]
 pub struct ResizeArgs {
+    /// The first fleet's algorithm (default: the library's, rocksteadier-decimal;
+    /// `--algorithm rocksteadier` runs Rocksteadier). The second fleet runs deterministic.
+    #[arg(long, default_value_t = Algorithm::default())]
+    algorithm: Algorithm,
     /// Frontends per algorithm.
     #[arg(long, default_value_t = 8)]
     frontends: usize,
@@ -104,8 +109,7 @@ async fn experiment(out: &mut impl Write, args: &ResizeArgs) -> LabResult {
     let stop = Arc::new(AtomicBool::new(false));
     let mut fleets = Vec::new();
     let mut loops = Vec::new();
-    for name in ["rocksteadier", "deterministic"] {
-        let algorithm = Algorithm::from_name(name)?;
+    for algorithm in [args.algorithm.clone(), Algorithm::from_name("deterministic")?] {
         let log = Arc::new(Mutex::new(StepLog::default()));
         let mut channels = Vec::new();
         for m in 0..args.frontends {
@@ -146,9 +150,11 @@ async fn experiment(out: &mut impl Write, args: &ResizeArgs) -> LabResult {
     }
 
     let mut results: Vec<Vec<StepResult>> = fleets.iter().map(|_| Vec::new()).collect();
+    // The first column fits the longest algorithm name (rocksteadier-decimal is 20).
+    let width = fleets.iter().map(|f| f.algorithm.to_string().len()).max().unwrap_or(0).max(14);
     writeln!(
         out,
-        "{:<14} {:>5} {:>7} {:>7} {:>7} {:>8} {:>8} {:>9} {:>9}",
+        "{:<width$} {:>5} {:>7} {:>7} {:>7} {:>8} {:>8} {:>9} {:>9}",
         "algorithm", "N", "opened", "closed", "failed", "p50 µs", "p99 µs", "max/bknd", "mean/bknd"
     )?;
     for (step, &size) in args.steps.iter().enumerate() {
@@ -180,7 +186,7 @@ async fn experiment(out: &mut impl Write, args: &ResizeArgs) -> LabResult {
             };
             writeln!(
                 out,
-                "{:<14} {:>5} {:>7} {:>7} {:>7} {:>8} {:>8} {:>9} {:>9.2}",
+                "{:<width$} {:>5} {:>7} {:>7} {:>7} {:>8} {:>8} {:>9} {:>9.2}",
                 fleet.algorithm.to_string(),
                 r.backends,
                 r.opened,

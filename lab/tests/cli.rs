@@ -39,6 +39,30 @@ fn subsets_prints_one_contract_line_per_frontend() {
     }
 }
 
+/// Without `--algorithm`, `subsets` prints the library's default, decimal Rocksteadier;
+/// `--algorithm rocksteadier` still prints Rocksteadier's subsets, and they differ.
+#[test]
+fn subsets_defaults_to_the_librarys_default_and_rocksteadier_can_be_named() {
+    let scenario = ["--frontends", "12", "--backends", "55", "--subset-size", "10"];
+    let run = |algorithm: &[&str]| stdout(&lab(&[&["subsets"], algorithm, &scenario[..]].concat()));
+    let lines = |algorithm: &Algorithm| -> String {
+        (0..12)
+            .map(|m| {
+                let members: String =
+                    algorithm.subset(m, 55, 10).unwrap().iter().map(|b| format!(" {b}")).collect();
+                format!("{m}:{members}\n")
+            })
+            .collect()
+    };
+    let default = run(&[]);
+    assert_eq!(Algorithm::default().to_string(), "rocksteadier-decimal");
+    assert_eq!(default, lines(&Algorithm::default()));
+    assert_eq!(default, run(&["--algorithm", "rocksteadier-decimal"]));
+    let pinned = run(&["--algorithm", "rocksteadier"]);
+    assert_eq!(pinned, lines(&"rocksteadier".parse().unwrap()));
+    assert_ne!(pinned, default);
+}
+
 #[test]
 fn unknown_algorithm_is_a_clear_error() {
     let o = lab(&[
@@ -107,7 +131,8 @@ fn resize_reports_each_step_for_both_algorithms_and_writes_the_svg() {
         out.lines().skip(1).filter(|l| !l.starts_with('#')).map(|l| l.split_whitespace().collect()).collect();
     assert_eq!(rows.len(), 6, "{out}");
     for (i, row) in rows.iter().enumerate() {
-        assert_eq!(row[0], ["rocksteadier", "deterministic"][i % 2]);
+        // The first fleet runs the library's default, and says so.
+        assert_eq!(row[0], ["rocksteadier-decimal", "deterministic"][i % 2]);
         assert_eq!(row[1], ["4", "5", "3"][i / 2]);
         // A planned resize loses no request.
         assert_eq!(row[4], "0", "{out}");

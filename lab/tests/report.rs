@@ -68,7 +68,8 @@ fn tiny_report_has_every_family_and_figure_and_the_right_numbers() {
     }
 
     // Production-like utilisation of Rocksteadier: mean, p10 (the lower of two) and worst.
-    let rocksteadier = Algorithm::default();
+    // Named, not `Algorithm::default()`: the default is now the decimal variant.
+    let rocksteadier = Algorithm::from_name("rocksteadier").unwrap();
     let u: Vec<f64> = config
         .production
         .iter()

@@ -49,6 +49,9 @@ const RING_OF_TEN: [usize; 10] = [0, 8, 4, 2, 6, 1, 9, 5, 3, 7];
 /// Its order is a separate frozen contract: switching a fleet between `rocksteadier` and
 /// `rocksteadier-decimal` changes most subsets once.
 ///
+/// It is the crate's default ([`crate::Algorithm::default`]) from the first release, so
+/// that no fleet has to make that switch later.
+///
 /// # Specification (frozen)
 ///
 /// For frontend `m`, backends `N` and lot size `L` (default 10):

@@ -23,8 +23,15 @@
 //! | [`Random`] | yes | poor | at most 1 | gRPC's random subsetting (gRFC A68) |
 //! | [`Consistent`] | yes | poor | at most 1 | hashed ring; at most `N` subsets |
 //! | [`Ringsteady`] | yes | good | small | van der Corput ring |
-//! | [`Rocksteadier`] | yes | good | at most 1 | **the default**: lots of 10, shuffled |
-//! | [`DecimalRocksteadier`] | yes | better; exact at round sizes | at most 1 | Rocksteadier on the decimal ring |
+//! | [`Rocksteadier`] | yes | good | at most 1 | lots of 10, shuffled |
+//! | [`DecimalRocksteadier`] | yes | better; exact at round sizes | at most 1 | **the default**: Rocksteadier on the decimal ring |
+//!
+//! [`Algorithm::default()`] is [`DecimalRocksteadier`] from the first release: it balances
+//! every production-like fleet exactly (worst utilisation 1.0 where [`Rocksteadier`] has
+//! 0.5), a little better on the article's grid, with the same churn, spread and cost. Each
+//! algorithm's order is its own frozen contract, so a fleet that wants [`Rocksteadier`]
+//! names it (`Algorithm::Rocksteadier(Rocksteadier::default())`, or `rocksteadier` on a
+//! command line) and keeps its subsets. `docs/rocksteadier-decimal.md` has the figures.
 //!
 //! # Dependencies
 //!
@@ -41,14 +48,16 @@
 //! # Example
 //!
 //! ```
-//! use steady_subset::{PreferenceOrder, Rocksteadier, Subsetting};
+//! use steady_subset::{Algorithm, DecimalRocksteadier, PreferenceOrder, Subsetting};
 //!
-//! let rocksteadier = Rocksteadier::default();
+//! // The default algorithm (`Algorithm::default()` is the same, chosen at run time).
+//! let decimal = DecimalRocksteadier::default();
 //! // Frontend task 13 of its job, a backend job of 55 tasks, 10 connections.
-//! let subset = rocksteadier.subset(13, 55, 10)?;
+//! let subset = decimal.subset(13, 55, 10)?;
 //! assert_eq!(subset.len(), 10);
+//! assert_eq!(Algorithm::default().subset(13, 55, 10)?, subset);
 //! // The subset is the start of the frontend's preference order.
-//! let order: Vec<usize> = rocksteadier.order(13, 55)?.collect();
+//! let order: Vec<usize> = decimal.order(13, 55)?.collect();
 //! assert_eq!(order.len(), 55);
 //! assert_eq!(&order[..10], &subset[..]);
 //! # Ok::<(), steady_subset::SubsetError>(())

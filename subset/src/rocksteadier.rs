@@ -48,6 +48,11 @@ pub const ARTICLE_ROW_PERMUTATION: [usize; 10] = [0, 8, 2, 4, 6, 1, 9, 5, 3, 7];
 /// task, so every subset changes by at most one member. Balance is close to
 /// Ringsteady's, diversity far higher. One frontend costs `O(log N + k × L)` time and
 /// `O(k × L)` memory (`L` is a small constant): only the lots it reads are shuffled.
+///
+/// It is not the crate's default: [`crate::Algorithm::default`] is
+/// [`crate::DecimalRocksteadier`], which balances round-sized fleets exactly. A fleet pins
+/// this one with `Algorithm::Rocksteadier(Rocksteadier::default())` (the name
+/// `rocksteadier`); its order stays frozen.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rocksteadier {
     config: LotConfig,

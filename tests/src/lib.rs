@@ -41,13 +41,21 @@ pub fn check_subset_input(bytes: &[u8]) {
     let backends = if selector >> 63 == 1 { raw_backends } else { raw_backends % (1 << 16) };
     let size = if selector >> 62 & 1 == 1 { size } else { size % 1024 };
 
-    let algorithm = match (selector % 9) as usize {
-        8 => match steady_subset::Rocksteadier::with_lot_size((selector >> 8) as usize % 40) {
-            Ok(r) => Algorithm::Rocksteadier(r.with_seed(selector >> 16)),
-            Err(SubsetError::InvalidLotSize { lot_size: 0, .. }) => return,
-            Err(e) => panic!("lot size below 40 rejected: {e}"),
-        },
-        i => Algorithm::all().swap_remove(i),
+    // Every named algorithm (the default, rocksteadier-decimal, included), then both lot
+    // designs with any lot size below 40 and any seed.
+    let named = Algorithm::NAMES.len();
+    let lot_size = (selector >> 8) as usize % 40;
+    let lots = match (selector % (named as u64 + 2)) as usize {
+        i if i < named => Ok(Algorithm::all().swap_remove(i)),
+        i if i == named => steady_subset::Rocksteadier::with_lot_size(lot_size)
+            .map(|r| Algorithm::Rocksteadier(r.with_seed(selector >> 16))),
+        _ => steady_subset::DecimalRocksteadier::with_lot_size(lot_size)
+            .map(|r| Algorithm::DecimalRocksteadier(r.with_seed(selector >> 16))),
+    };
+    let algorithm = match lots {
+        Ok(a) => a,
+        Err(SubsetError::InvalidLotSize { lot_size: 0, .. }) => return,
+        Err(e) => panic!("lot size below 40 rejected: {e}"),
     };
 
     let subset = match algorithm.subset(frontend, backends, size) {

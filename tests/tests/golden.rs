@@ -135,3 +135,47 @@ fn golden_subsets_cover_every_algorithm() {
         assert!(lines >= 24, "{name}: only {lines} golden subsets");
     }
 }
+
+/// The golden lines of `name`, as ((frontend, backends, size), members).
+fn golden_subsets_of(name: &str) -> Vec<((usize, usize, usize), Vec<usize>)> {
+    let file = std::fs::read_to_string(golden_path("subsets.txt")).unwrap();
+    let prefix = format!("{name} ");
+    file.lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .map(|rest| {
+            let (head, members) = rest.split_once(':').expect("`m n k: members`");
+            let triple: Vec<usize> = head.split_whitespace().map(|x| x.parse().unwrap()).collect();
+            let members = members.split_whitespace().map(|x| x.parse().unwrap()).collect();
+            ((triple[0], triple[1], triple[2]), members)
+        })
+        .collect()
+}
+
+/// From the first release the default is the decimal variant: a fleet that takes the
+/// default computes `rocksteadier-decimal`'s frozen subsets, and `rocksteadier` stays
+/// available by name with its own frozen subsets.
+#[test]
+fn the_default_algorithm_is_decimal_rocksteadier_and_computes_its_golden_subsets() {
+    let default = Algorithm::default();
+    assert_eq!(default, Algorithm::DecimalRocksteadier(steady_subset::DecimalRocksteadier::default()));
+    assert_eq!(default.name(), "rocksteadier-decimal");
+
+    let decimal = golden_subsets_of("rocksteadier-decimal");
+    assert_eq!(decimal.len(), TRIPLES.len());
+    for ((m, n, k), members) in &decimal {
+        assert_eq!(&default.subset(*m, *n, *k).unwrap(), members, "default at ({m}, {n}, {k})");
+    }
+
+    // Pinned by name, Rocksteadier still computes its own golden subsets, and they differ
+    // from the default's: the default really changed.
+    let pinned = Algorithm::from_name("rocksteadier").unwrap();
+    assert_eq!(pinned, Algorithm::Rocksteadier(steady_subset::Rocksteadier::default()));
+    let faithful = golden_subsets_of("rocksteadier");
+    assert_eq!(faithful.len(), TRIPLES.len());
+    let mut differ = 0;
+    for ((m, n, k), members) in &faithful {
+        assert_eq!(&pinned.subset(*m, *n, *k).unwrap(), members, "rocksteadier at ({m}, {n}, {k})");
+        differ += usize::from(&default.subset(*m, *n, *k).unwrap() != members);
+    }
+    assert!(differ > TRIPLES.len() / 2, "only {differ} golden subsets differ between the two");
+}

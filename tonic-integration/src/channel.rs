@@ -85,7 +85,7 @@ impl KeyExtractor<http::Request<Body>> for MetadataKey {
 /// let backends: Vec<Endpoint> = (0..100)
 ///     .map(|i| Endpoint::from_shared(format!("http://backend-{i}:50051")))
 ///     .collect::<Result<_, _>>()?;
-/// // Frontend task 7 keeps 20 connections (its Rocksteadier subset).
+/// // Frontend task 7 keeps 20 connections (its decimal Rocksteadier subset, the default).
 /// let channel = SteadyChannel::builder(BalanceConfig::new(7, 20)).from_endpoints(backends)?;
 /// // let client = MyServiceClient::new(channel);
 /// # let _ = channel;

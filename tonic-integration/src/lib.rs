@@ -2,7 +2,8 @@
 //! assignment distribution over gRPC.
 //!
 //! * [`SteadyChannel`]: a channel that generated tonic clients take directly. It keeps
-//!   connections to this frontend's subset of a backend job (Rocksteadier by default),
+//!   connections to this frontend's subset of a backend job (decimal Rocksteadier by
+//!   default; `BalanceConfig::with_algorithm` pins another, such as Rocksteadier),
 //!   balances over them, routes requests with a slice key (metadata `x-slice-key`, or a
 //!   [`steady_slice::SliceKey`] request extension) to their assigned backends, and
 //!   fails with `Unavailable` instead of hanging when no backend is ready. A call whose

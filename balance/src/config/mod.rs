@@ -82,6 +82,18 @@ pub enum NoReplicaPolicy {
 ///     .with_no_backend_wait(Duration::from_millis(200));
 /// assert_eq!(config.subset_size, 20);
 /// ```
+///
+/// The subsetting algorithm is decimal Rocksteadier unless set. A fleet that runs
+/// Rocksteadier pins it (every frontend of a fleet must use the same algorithm):
+///
+/// ```
+/// use steady_balance::BalanceConfig;
+/// use steady_subset::{Algorithm, Rocksteadier};
+///
+/// assert_eq!(BalanceConfig::new(7, 20).algorithm.to_string(), "rocksteadier-decimal");
+/// let pinned = BalanceConfig::new(7, 20).with_algorithm(Algorithm::Rocksteadier(Rocksteadier::default()));
+/// assert_eq!(pinned.algorithm.to_string(), "rocksteadier");
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct BalanceConfig {
@@ -90,7 +102,10 @@ pub struct BalanceConfig {
     /// `k`, the number of backends to keep connections to (changeable at run time with
     /// [`crate::Balance::set_subset_size`]).
     pub subset_size: usize,
-    /// The subsetting algorithm (default: Rocksteadier).
+    /// The subsetting algorithm (default: [`Algorithm::default()`], decimal Rocksteadier,
+    /// `rocksteadier-decimal`). To keep Rocksteadier, set
+    /// `Algorithm::Rocksteadier(Rocksteadier::default())` with [`BalanceConfig::with_algorithm`]:
+    /// each algorithm's subsets are a separate frozen contract, and switching moves most of them.
     pub algorithm: Algorithm,
     /// How many backends beyond `k` may stand in for members whose connection failed
     /// (default 3). Draining or missing tasks are skipped without counting here.
@@ -234,7 +249,8 @@ impl BalanceConfig {
         self
     }
 
-    /// Sets the subsetting algorithm.
+    /// Sets the subsetting algorithm, e.g. `Algorithm::Rocksteadier(Rocksteadier::default())`
+    /// to pin Rocksteadier instead of the default, decimal Rocksteadier.
     pub fn with_algorithm(mut self, algorithm: Algorithm) -> Self {
         self.algorithm = algorithm;
         self

@@ -22,9 +22,10 @@ pub enum IndexRule {
     ///
     /// **Churn**: indices follow the addresses, not the pods. An address added or
     /// removed anywhere but at the end shifts every later index by one, so nearly every
-    /// frontend's subset moves (Rocksteadier's minimal-movement guarantee is per index,
-    /// and here the indices themselves move); pod addresses are allocated at random, so
-    /// that is the usual case, not the worst one. Prefer [`IndexRule::Ordinals`].
+    /// frontend's subset moves (the minimal-movement guarantee of decimal Rocksteadier
+    /// and Rocksteadier is per index, and here the indices themselves move); pod
+    /// addresses are allocated at random, so that is the usual case, not the worst one.
+    /// Prefer [`IndexRule::Ordinals`].
     SortedAddresses,
 }
 
