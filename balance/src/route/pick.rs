@@ -14,9 +14,9 @@ use super::endpoint::{Endpoint, OPEN, PROBE_WAITING};
 /// are mostly timing. Following them sends the requests issued right after a burst back
 /// to the connection the burst came from, and requests then travel in clumps: over 4
 /// loopback servers at concurrency 256 this made p99 two to three times round-robin's,
-/// and a 25% tie band brought it back to round-robin's (see the README's throughput
-/// notes). A slow or overloaded backend shows as a large difference and is still
-/// avoided. The price: in-flight counts of 4 against 5 (or 8 against 10) are a tie
+/// and a 25% tie band brought it back to round-robin's (see `docs/benchmarks.md`,
+/// "Throughput over loopback, equal servers"). A slow or overloaded backend shows as a
+/// large difference and is still avoided. The price: in-flight counts of 4 against 5 (or 8 against 10) are a tie
 /// too, and with Peak EWMA so are latency estimates within 25% of each other.
 const TIE_RATIO: f64 = 0.75;
 
