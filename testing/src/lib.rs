@@ -21,13 +21,20 @@
 //! # }
 //! ```
 //!
+//! * [`tls::TestPki`] (feature `tls`): a certificate authority for one test and the
+//!   leaf certificates it signs, as PEM and as files.
+//!
 //! # Dependencies
 //!
-//! std only: the harness starts the `etcd` binary and asks its `/health` over plain
-//! HTTP/1.1, so it compiles no etcd client and any crate's tests can use it.
+//! std only by default: the harness starts the `etcd` binary and asks its `/health` over
+//! plain HTTP/1.1, so it compiles no etcd client and any crate's tests can use it. The
+//! `tls` feature adds `rcgen` (on ring) to make certificates.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
+
+#[cfg(feature = "tls")]
+pub mod tls;
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -95,7 +102,7 @@ impl Etcd {
             return None;
         }
         let (client, peer) = free_ports();
-        let mut etcd = Self { child: None, dir: temp_dir(), client, peer };
+        let mut etcd = Self { child: None, dir: temp_dir("steady-etcd"), client, peer };
         let mut failures = Vec::new();
         for _ in 0..PORT_ATTEMPTS {
             match etcd.launch() {
@@ -277,10 +284,12 @@ fn mix(x: u64) -> u64 {
 }
 
 /// A directory name no other test (of this process or another) uses.
-fn temp_dir() -> PathBuf {
+/// A fresh path in the system's temporary directory, unique in this process and across
+/// processes, starting with `prefix`.
+fn temp_dir(prefix: &str) -> PathBuf {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
-    let name = format!("steady-etcd-{}-{}-{nanos}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+    let name = format!("{prefix}-{}-{}-{nanos}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
     Path::new(&std::env::temp_dir()).join(name)
 }
 
