@@ -25,6 +25,7 @@ use crate::classify::GrpcClassifier;
 use crate::endpoint::TaskEndpoint;
 use crate::health::{with_health, HealthBoard, WatchGuard};
 use crate::replay::{never_sent, replayable};
+use crate::template::{connect, EndpointTemplate};
 
 /// The connection to one member of the subset: a tonic `Channel`, and the member's
 /// health watcher when active health checks are on
@@ -111,6 +112,7 @@ pub struct SteadyChannelBuilder {
     classifier: GrpcClassifier,
     /// The service name of active health checks; `None`: off.
     health_service: Option<String>,
+    template: EndpointTemplate,
 }
 
 impl SteadyChannel {
@@ -121,6 +123,7 @@ impl SteadyChannel {
             key_header: HeaderName::from_static(DEFAULT_KEY_HEADER),
             classifier: GrpcClassifier::default(),
             health_service: None,
+            template: EndpointTemplate::default(),
         }
     }
 
@@ -180,6 +183,14 @@ impl SteadyChannelBuilder {
         self
     }
 
+    /// Connects to every backend with `template`'s settings (TLS, authority, HTTP/2,
+    /// timeouts): see [`EndpointTemplate`] for the scheme an address gets, which
+    /// settings win, and how a failed handshake is handled.
+    pub fn endpoint_template(mut self, template: EndpointTemplate) -> Self {
+        self.template = template;
+        self
+    }
+
     /// A channel over a fixed job: task `i` at `endpoints[i]`.
     ///
     /// # Errors
@@ -213,9 +224,10 @@ impl SteadyChannelBuilder {
 
     /// A channel following job views of `host:port` addresses (or URIs), as a discovery
     /// source publishes them (`steady-discovery`: a static list, DNS, an etcd registry).
-    /// An address without a scheme is reached over plain `http://`. An address that is
-    /// not a valid URI is skipped (logged): the balancer sees a hole at its index and the
-    /// next backend in the order stands in.
+    /// An address without a scheme is reached over `http://`, or `https://` when the
+    /// [`endpoint_template`](Self::endpoint_template) has TLS. An address that is not a
+    /// valid URI is skipped (logged): the balancer sees a hole at its index and the next
+    /// backend in the order stands in.
     ///
     /// # Errors
     ///
@@ -228,7 +240,8 @@ impl SteadyChannelBuilder {
         self,
         views: watch::Receiver<JobView<String>>,
     ) -> Result<SteadyChannel, ConfigError> {
-        self.follow_views(WatchStream::new(views).map(endpoints_of))
+        let template = self.template.clone();
+        self.follow_views(WatchStream::new(views).map(move |view| endpoints_of(view, &template)))
     }
 
     fn follow_views(
@@ -240,15 +253,19 @@ impl SteadyChannelBuilder {
         // reconnection inside tonic's channel gives up as a first connection does.
         let timeout = self.config.connect_timeout;
         let watchers = board.clone();
+        let template = self.template;
         let connect = tower::service_fn(move |task: TaskEndpoint| {
-            let endpoint = match task.0.get_connect_timeout() {
-                Some(_) => task.0,
-                None => task.0.connect_timeout(timeout),
-            };
+            // The template is applied here, per connection attempt, not per view: a view of
+            // a thousand tasks builds no TLS configuration until a member connects.
+            let endpoint = template.apply(task.0).map(|endpoint| match endpoint.get_connect_timeout() {
+                Some(_) => endpoint,
+                None => endpoint.connect_timeout(timeout),
+            });
             let watchers = watchers.clone();
             async move {
+                let endpoint = endpoint?;
                 let uri = endpoint.uri().clone();
-                let channel = endpoint.connect().await.map_err(BoxError::from)?;
+                let channel = connect(endpoint).await?;
                 let health = watchers.map(|board| Arc::new(board.watch(uri, channel.clone())));
                 Ok::<_, BoxError>(MemberChannel { channel, _health: health })
             }
@@ -265,13 +282,12 @@ impl SteadyChannelBuilder {
 }
 
 /// A view of addresses as a view of endpoints (invalid addresses left out).
-fn endpoints_of(view: JobView<String>) -> JobView<TaskEndpoint> {
+fn endpoints_of(view: JobView<String>, template: &EndpointTemplate) -> JobView<TaskEndpoint> {
     let tasks = view
         .tasks
         .iter()
         .filter_map(|(&index, task)| {
-            let uri = if task.address.contains("://") { task.address.clone() } else { format!("http://{}", task.address) };
-            match Endpoint::from_shared(uri) {
+            match Endpoint::from_shared(template.uri_of(&task.address)) {
                 Ok(endpoint) => Some((index, Task { address: TaskEndpoint(endpoint), state: task.state })),
                 Err(error) => {
                     tracing::warn!(index, address = %task.address, %error, "steady channel: invalid backend address skipped");

@@ -39,11 +39,13 @@ pub mod demo;
 mod endpoint;
 mod health;
 mod replay;
+mod template;
 
 pub use channel::{MemberChannel, MetadataKey, ResponseFuture, SteadyChannel, SteadyChannelBuilder};
 pub use classify::{GrpcClassifier, DEFAULT_FAULTS};
 pub use endpoint::TaskEndpoint;
 pub use replay::MAX_REPLAY_BYTES;
+pub use template::{ConnectError, EndpointTemplate, TemplateError};
 
 // The protocol is `steady-proto`'s, shared with the Slicelet and the control plane;
 // re-exported under the names it had here.
