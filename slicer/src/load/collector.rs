@@ -1,8 +1,9 @@
 //! [`LoadCollector`]: the server of `LoadCollector.Report`, which takes the Slicelets'
 //! report streams into a [`LoadBook`]. The client is `Slicelet::report_to`.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use steady_proto::load as load_proto;
 use steady_proto::load::load_collector_server::{self, LoadCollectorServer};
@@ -11,6 +12,7 @@ use tokio::sync::watch;
 use tonic::{Code, Request, Response, Status, Streaming};
 
 use super::book::LoadBook;
+use super::reporters::ReporterNames;
 #[cfg(doc)]
 use steady_core::MAX_JOB_NAME_LEN;
 use steady_slicelet::report::{LoadReport, MAX_REPORTED_KEYS, MAX_REPORTED_SLICES};
@@ -36,11 +38,18 @@ pub const MAX_REPORT_STREAMS: usize = 16_384;
 // The bound above must hold for the largest valid report (with room for framing).
 const _: () = assert!(MAX_REPORT_MESSAGE_BYTES > (MAX_REPORTED_SLICES + MAX_REPORTED_KEYS) * 20 + 512);
 
+/// How many refusing peers are remembered so that each is logged once; past it, refusals
+/// are still counted but no longer logged one by one.
+pub const MAX_LOGGED_REFUSED_PEERS: usize = 1024;
+
 #[derive(Debug, Default)]
 struct Counters {
     invalid: AtomicU64,
     streams_ended_invalid: AtomicU64,
     open_streams: AtomicUsize,
+    refused: AtomicU64,
+    /// The peers whose refusals were logged (bounded by [`MAX_LOGGED_REFUSED_PEERS`]).
+    refused_peers: Mutex<HashSet<String>>,
 }
 
 /// The server side of load reporting: validates every report a Slicelet streams and
@@ -66,9 +75,22 @@ struct Counters {
 /// report is not valid: [`LoadCollector::invalid`]) or a valid report, which the book
 /// then *accepts* or *drops* (unknown job, task or generation: [`LoadBook::accepted`],
 /// [`LoadBook::dropped`]). Each stream's own counts come back in its `ReportSummary`.
+///
+/// # Who may report (feature `tls`)
+///
+/// By default any peer that reaches the collector may report for any known task, so the
+/// server must be reachable only by the job's backends. With
+/// [`LoadCollector::authorize_reporters`] and a server that verifies client certificates
+/// (tonic's `ServerTlsConfig::client_ca_root`), a report for task `i` of job `J` is
+/// accepted only from a peer whose certificate holds a name that [`ReporterNames`] maps
+/// to `i` for `J`: a stream without a client certificate, or one that sends a report for
+/// another task, ends with `PERMISSION_DENIED` and nothing of it reaches the book. Each
+/// refusal is counted ([`LoadCollector::refused`]) and logged once per peer.
 #[derive(Debug, Clone)]
 pub struct LoadCollector {
     book: LoadBook,
+    /// Who may report for which task; `None`: anyone.
+    reporters: Option<ReporterNames>,
     counters: Arc<Counters>,
     /// Bumped by [`LoadCollector::close_streams`]: every open stream ends.
     epoch: watch::Sender<u64>,
@@ -81,6 +103,7 @@ impl LoadCollector {
     pub fn new(book: LoadBook) -> Self {
         Self {
             book,
+            reporters: None,
             counters: Arc::default(),
             epoch: watch::Sender::new(0),
             max_invalid_in_a_row: MAX_INVALID_IN_A_ROW,
@@ -99,6 +122,26 @@ impl LoadCollector {
     pub fn with_max_streams(mut self, max: usize) -> Self {
         self.max_streams = max;
         self
+    }
+
+    /// Accepts a report only from a peer whose client certificate names its task (see
+    /// "Who may report"). The server must verify client certificates
+    /// (`ServerTlsConfig::client_ca_root`): without them every stream is refused.
+    #[cfg(feature = "tls")]
+    pub fn authorize_reporters(mut self, names: ReporterNames) -> Self {
+        self.reporters = Some(names);
+        self
+    }
+
+    /// Who may report for which task, when reports are authorized.
+    pub fn reporters(&self) -> Option<&ReporterNames> {
+        self.reporters.as_ref()
+    }
+
+    /// Streams refused because their peer may not report what it sent (no client
+    /// certificate, or a report for a task its certificate does not name).
+    pub fn refused(&self) -> u64 {
+        self.counters.refused.load(Ordering::Relaxed)
     }
 
     /// The book it feeds.
@@ -148,6 +191,19 @@ impl LoadCollector {
         }
     }
 
+    /// Counts a refusal and logs it, once per peer (up to [`MAX_LOGGED_REFUSED_PEERS`]
+    /// peers), and returns the status that ends the stream.
+    fn refuse(&self, peer: &str, why: String) -> Status {
+        self.counters.refused.fetch_add(1, Ordering::Relaxed);
+        let mut logged = self.counters.refused_peers.lock().unwrap_or_else(|e| e.into_inner());
+        if logged.len() < MAX_LOGGED_REFUSED_PEERS && logged.insert(peer.to_owned()) {
+            tracing::warn!(%peer, %why, "load collector: report refused (logged once per peer)");
+        } else if logged.len() == MAX_LOGGED_REFUSED_PEERS && logged.insert(String::new()) {
+            tracing::warn!("load collector: {MAX_LOGGED_REFUSED_PEERS} peers refused; further peers are counted, not logged");
+        }
+        Status::permission_denied(why)
+    }
+
     /// Counts an invalid message on `summary`; returns whether the stream has sent too
     /// many in a row.
     fn count_invalid(&self, summary: &mut ReportSummary, in_a_row: &mut u32) -> bool {
@@ -187,6 +243,20 @@ impl load_collector_server::LoadCollector for LoadCollector {
     ) -> Result<Response<ReportSummary>, Status> {
         let _open = self.open_stream()?;
         let peer = request.remote_addr();
+        // Who the peer is, when reports are authorized: the names in its certificate.
+        let certified = match &self.reporters {
+            None => None,
+            Some(reporters) => match certificate_names(&request) {
+                Some(names) => Some((reporters, names)),
+                None => {
+                    let from = peer.map_or_else(|| "an unknown address".to_owned(), |a| a.ip().to_string());
+                    return Err(self.refuse(
+                        &format!("no certificate from {from}"),
+                        "load reports need a client certificate naming the task".to_owned(),
+                    ));
+                }
+            },
+        };
         let mut messages = request.into_inner();
         let mut closed = self.epoch.subscribe();
         let mut summary = ReportSummary::default();
@@ -228,6 +298,16 @@ impl load_collector_server::LoadCollector for LoadCollector {
                 }
             };
             let (job, task, generation) = (report.job().to_owned(), report.task(), report.generation());
+            if let Some((reporters, names)) = &certified {
+                if !reporters.allows(names.iter().map(String::as_str), &job, task) {
+                    let peer = names.join(",");
+                    let why = format!(
+                        "a client certificate naming [{peer}] may not report for task {task} of job {job} \
+                         (reporter names: {reporters})"
+                    );
+                    return Err(self.refuse(&peer, why));
+                }
+            }
             match self.book.accept(report) {
                 Ok(()) => {
                     // Only an accepted report clears the count: a peer cannot keep a
@@ -242,4 +322,19 @@ impl load_collector_server::LoadCollector for LoadCollector {
             }
         }
     }
+}
+
+/// The DNS names (subject alternative names) of the peer's certificate, when it sent
+/// one the server verified.
+#[cfg(feature = "tls")]
+fn certificate_names<T>(request: &Request<T>) -> Option<Vec<String>> {
+    let chain = request.peer_certs()?;
+    let leaf = webpki::EndEntityCert::try_from(chain.first()?).ok()?;
+    Some(leaf.valid_dns_names().map(str::to_owned).collect())
+}
+
+/// Without TLS there are no certificates (and no way to authorize reporters).
+#[cfg(not(feature = "tls"))]
+fn certificate_names<T>(_: &Request<T>) -> Option<Vec<String>> {
+    None
 }

@@ -12,9 +12,14 @@
 
 mod book;
 mod collector;
+mod reporters;
 
 pub use book::{Dropped, LoadBook, Received, KEPT_GENERATIONS};
-pub use collector::{LoadCollector, MAX_INVALID_IN_A_ROW, MAX_REPORT_MESSAGE_BYTES, MAX_REPORT_STREAMS};
+pub use collector::{
+    LoadCollector, MAX_INVALID_IN_A_ROW, MAX_LOGGED_REFUSED_PEERS, MAX_REPORT_MESSAGE_BYTES,
+    MAX_REPORT_STREAMS,
+};
+pub use reporters::{PatternError, ReporterNames};
 // The report is the Slicelet's (it builds and sends it); re-exported for the collector's
 // users under the paths it had here.
 pub use steady_slicelet::report::{
