@@ -4,6 +4,9 @@
 use std::fmt;
 use std::sync::Arc;
 
+/// `task_of(name, job)`: the task a certificate naming `name` may report for in `job`.
+type TaskOf = dyn Fn(&str, &str) -> Option<u32> + Send + Sync;
+
 /// Maps a name in a reporter's client certificate to the task it may report for.
 ///
 /// A [`LoadCollector`](super::LoadCollector) with reporter names
@@ -14,7 +17,7 @@ use std::sync::Arc;
 /// ([`ReporterNames::from_fn`]).
 #[derive(Clone)]
 pub struct ReporterNames {
-    task_of: Arc<dyn Fn(&str, &str) -> Option<u32> + Send + Sync>,
+    task_of: Arc<TaskOf>,
     description: String,
 }
 
