@@ -129,3 +129,141 @@ fn arguments_clap_refuses_are_one_line_naming_the_argument() {
     let text = String::from_utf8_lossy(&version.stdout);
     assert!(version.status.success() && text.starts_with("steady-slicer "), "{text}");
 }
+
+/// The TLS options are read and parsed before anything starts: a missing, unreadable or
+/// wrong file, or an option without the ones it needs, is one line naming it.
+#[test]
+fn the_binary_refuses_a_missing_or_unreadable_key_file_in_one_line() {
+    let pki = steady_testing::tls::TestPki::new("slicer CA");
+    let leaf = pki.issue(&["127.0.0.1"]);
+    let (cert, key) = (leaf.cert_file().to_str().unwrap(), leaf.key_file().to_str().unwrap());
+    let ca = pki.ca_file();
+    let ca = ca.to_str().unwrap();
+    let missing = pki.dir().join("missing.key");
+    let missing = missing.to_str().unwrap();
+    let directory = pki.dir().to_str().unwrap();
+    let job = ["--job", "users", "--tasks", "3"];
+    for (extra, named) in [
+        (vec!["--tls-cert", cert, "--tls-key", missing], format!("--tls-key {missing}: ")),
+        (vec!["--tls-cert", cert, "--tls-key", directory], format!("--tls-key {directory}: ")),
+        (vec!["--tls-cert", missing, "--tls-key", key], format!("--tls-cert {missing}: ")),
+        // A certificate where the key should be: no key in it.
+        (vec!["--tls-cert", cert, "--tls-key", cert], "--tls-cert/--tls-key: ".to_owned()),
+        (
+            vec!["--tls-cert", cert, "--tls-key", key, "--tls-client-ca", missing],
+            format!("--tls-client-ca {missing}: "),
+        ),
+        (vec!["--tls-cert", cert], "--tls-cert needs --tls-key".to_owned()),
+        (vec!["--tls-client-ca", ca], "--tls-client-ca needs --tls-cert and --tls-key".to_owned()),
+        (
+            vec!["--tls-cert", cert, "--tls-key", key, "--require-client-cert"],
+            "--require-client-cert needs --tls-client-ca".to_owned(),
+        ),
+        (
+            vec!["--tls-cert", cert, "--tls-key", key, "--tls-client-ca", ca, "--reporter-names", "users"],
+            "--reporter-names: ".to_owned(),
+        ),
+    ] {
+        let args: Vec<&str> = job.iter().copied().chain(extra.iter().copied()).collect();
+        let (status, stderr) = refused(&args);
+        assert!(!status.success(), "{args:?}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.starts_with(&format!("steady-slicer: {named}")), "{args:?}: {stderr}");
+    }
+}
+
+/// The binary, running: its stdout stays open (it prints a status line per cadence, and
+/// a closed pipe would end it).
+struct Running {
+    child: Child,
+    _stdout: std::io::Lines<BufReader<std::process::ChildStdout>>,
+}
+
+/// Starts the binary with `args` on loopback and returns it with the address it serves
+/// on (from its first line) and its stderr.
+fn start(args: &[&str]) -> (Running, String, std::process::ChildStderr) {
+    let mut child = Child(
+        Command::new(BIN)
+            .args(args)
+            .args(["--listen", "127.0.0.1:0", "--cadence-ms", "100"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut stdout = BufReader::new(child.0.stdout.take().unwrap()).lines();
+    let first = stdout.next().unwrap().unwrap();
+    // "steady-slicer: job users on 127.0.0.1:PORT (Memory store), candidate assigner"
+    let address = first.split_whitespace().nth(4).unwrap().to_owned();
+    let stderr = child.0.stderr.take().unwrap();
+    (Running { child, _stdout: stdout }, address, stderr)
+}
+
+#[tokio::test]
+async fn without_client_certificates_the_binary_warns_once_that_reports_are_unauthenticated() {
+    let (_child, _address, stderr) = start(&["--job", "users", "--tasks", "3"]);
+    let warning = BufReader::new(stderr).lines().next().unwrap().unwrap();
+    assert!(warning.starts_with("steady-slicer: warning: load reports are unauthenticated"), "{warning}");
+}
+
+#[tokio::test]
+async fn the_binary_serves_over_tls_and_takes_reports_only_from_the_task_a_certificate_names() {
+    use steady_proto::load::load_collector_client::LoadCollectorClient;
+    use steady_proto::load::{LoadReport, SliceLoad};
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+
+    let pki = steady_testing::tls::TestPki::new("fleet CA");
+    let server = pki.issue(&["127.0.0.1"]);
+    let ca = pki.ca_file();
+    let (running, address, stderr) = start(&[
+        "--job",
+        "users",
+        "--tasks",
+        "3",
+        "--tls-cert",
+        server.cert_file().to_str().unwrap(),
+        "--tls-key",
+        server.key_file().to_str().unwrap(),
+        "--tls-client-ca",
+        ca.to_str().unwrap(),
+    ]);
+    let trust = || ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pki.ca_pem()));
+    let endpoint = |tls: ClientTlsConfig| {
+        Endpoint::from_shared(format!("https://{address}")).unwrap().tls_config(tls).unwrap()
+    };
+
+    // A frontend watches over TLS without a certificate of its own.
+    let mut watch =
+        Box::pin(steady_tonic::watch_assignments(endpoint(trust()), "users", Default::default()).unwrap());
+    let assignment =
+        tokio::time::timeout(Duration::from_secs(10), watch.next()).await.unwrap().unwrap().unwrap();
+    // Task 1's first slice, in the generation the binary published.
+    let start = assignment.slices().iter().find(|s| s.replicas.contains(&1)).unwrap().start.0;
+    let report = |task| LoadReport {
+        version: 1,
+        job: "users".into(),
+        task,
+        generation: assignment.generation(),
+        slices: vec![SliceLoad { start, rate: 5.0 }],
+        hot_keys: vec![],
+    };
+    let send = |me: &steady_testing::tls::Leaf, task| {
+        let tls = trust().identity(Identity::from_pem(me.cert_pem(), me.key_pem()));
+        let endpoint = endpoint(tls);
+        async move {
+            let mut client = LoadCollectorClient::connect(endpoint).await.unwrap();
+            client.report(tokio_stream::iter([report(task)])).await.map(tonic::Response::into_inner)
+        }
+    };
+    // Task 1's certificate reports task 1's load: accepted.
+    let summary = send(&pki.issue(&["users-1"]), 1).await.unwrap();
+    assert_eq!(summary.accepted, 1, "{summary:?}");
+    // Task 0's certificate cannot report task 1's load.
+    let status = send(&pki.issue(&["users-0"]), 1).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+    // No warning: reports are authenticated.
+    drop(running);
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut { stderr }, &mut rest).unwrap();
+    assert!(!rest.contains("unauthenticated"), "{rest}");
+}

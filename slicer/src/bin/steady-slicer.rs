@@ -4,7 +4,17 @@
 //! steady-slicer --job users --tasks 8 --listen 127.0.0.1:50070 --store memory
 //! steady-slicer --job users --tasks 8 --listen 127.0.0.1:50070 --store etcd \
 //!     --endpoints http://127.0.0.1:2379 --candidate assigner-a
+//! steady-slicer --job users --tasks 8 --listen 10.0.0.5:50070 \
+//!     --tls-cert slicer.pem --tls-key slicer.key --tls-client-ca fleet-ca.pem \
+//!     --reporter-names '{job}-{task}.users.svc'
 //! ```
+//!
+//! With `--tls-cert` and `--tls-key` it serves over TLS. With `--tls-client-ca` it also
+//! verifies client certificates (required of every peer with `--require-client-cert`,
+//! else of load reporters only: frontends may watch without one), and accepts a load
+//! report for task `i` only from a peer whose certificate names task `i` by
+//! `--reporter-names` (default `{job}-{task}`). Without a client CA it warns once at
+//! start that load reports are unauthenticated.
 //!
 //! Serves `AssignmentDistributor.Watch` on `--listen`, campaigns to be the job's one
 //! Assigner in the store, and while it leads runs the chosen algorithm every cadence (and
@@ -21,6 +31,7 @@
 //! the argument and pointing at `--help`; 1 for the rest).
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,12 +42,13 @@ use futures_util::StreamExt;
 use steady_assigner::{by_name, Assigner, ReplicaLimits, RunInput, Tasks, NAMES};
 use steady_slice::MAX_TASK;
 use steady_slicer::assigner::{estimate, AssignerConfig, AssignerService};
-use steady_slicer::load::{LoadBook, LoadCollector};
+use steady_slicer::load::{LoadBook, LoadCollector, ReporterNames};
 use steady_slicer::store::{
     check_name, AssignmentStore, EtcdConfig, EtcdStore, MemoryStore, MAX_ASSIGNMENT_BYTES,
 };
 use steady_slicer::Distributor;
 use tokio::sync::watch;
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 /// Where assignments are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -81,6 +93,25 @@ struct Cli {
     /// The etcd lease of the election, seconds (with `--store etcd`; default 5).
     #[arg(long)]
     lease_ttl_secs: Option<u64>,
+
+    // Serving over TLS (checked by `check_tls`).
+    /// Serve over TLS with this certificate chain (PEM; with `--tls-key`).
+    #[arg(long, value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of `--tls-cert` (PEM).
+    #[arg(long, value_name = "FILE")]
+    tls_key: Option<PathBuf>,
+    /// Verify client certificates against this CA (PEM), and accept load reports only from
+    /// the task a certificate names (see `--reporter-names`).
+    #[arg(long, value_name = "FILE")]
+    tls_client_ca: Option<PathBuf>,
+    /// Refuse every peer without a client certificate, watchers too (with `--tls-client-ca`).
+    #[arg(long)]
+    require_client_cert: bool,
+    /// Which certificate name (DNS SAN) may report for which task: `{task}` is the index,
+    /// `{job}` the job, the rest literal (with `--tls-client-ca`).
+    #[arg(long, value_name = "PATTERN", default_value = "{job}-{task}")]
+    reporter_names: String,
 }
 
 type Failure = Box<dyn std::error::Error + Send + Sync>;
@@ -108,7 +139,14 @@ fn fail(error: &Failure) -> ExitCode {
 /// argument) is one line on stderr and exit code 2.
 fn parse_args() -> Cli {
     // A negative number is a value (`--tasks -1` is a bad `--tasks`, not an unknown flag).
-    let command = Cli::command().mut_args(|arg| arg.allow_negative_numbers(true));
+    // (Only for arguments that take a value: clap refuses the setting on a switch.)
+    let command = Cli::command().mut_args(|arg| {
+        if arg.get_action().takes_values() {
+            arg.allow_negative_numbers(true)
+        } else {
+            arg
+        }
+    });
     let parsed = command.try_get_matches().and_then(|mut matches| Cli::from_arg_matches_mut(&mut matches));
     match parsed {
         Ok(cli) => cli,
@@ -125,6 +163,15 @@ struct Checked {
     assigner: Box<dyn Assigner + Send + Sync>,
     tasks: Tasks,
     config: AssignerConfig,
+    tls: ServingTls,
+}
+
+/// How the binary serves: its TLS configuration, and who may report load.
+struct ServingTls {
+    /// `None`: plaintext.
+    server: Option<ServerTlsConfig>,
+    /// `None`: any peer may report for any task.
+    reporters: Option<ReporterNames>,
 }
 
 /// Checks every argument before anything starts (the etcd options are checked by
@@ -177,11 +224,67 @@ fn check(cli: &Cli) -> Result<Checked, Failure> {
         )
         .into());
     }
-    Ok(Checked { assigner, tasks, config })
+    let tls = check_tls(cli)?;
+    Ok(Checked { assigner, tasks, config, tls })
+}
+
+/// The serving TLS options: files read and parsed now, so that a missing or unreadable
+/// file (or one that holds no certificate or key) is one line before anything starts.
+fn check_tls(cli: &Cli) -> Result<ServingTls, Failure> {
+    let (cert, key) = match (&cli.tls_cert, &cli.tls_key) {
+        (Some(cert), Some(key)) => (read("--tls-cert", cert)?, read("--tls-key", key)?),
+        (None, None) => {
+            if cli.tls_client_ca.is_some() {
+                return Err("--tls-client-ca needs --tls-cert and --tls-key".into());
+            }
+            if cli.require_client_cert {
+                return Err("--require-client-cert needs --tls-client-ca".into());
+            }
+            return Ok(ServingTls { server: None, reporters: None });
+        }
+        (Some(_), None) => return Err("--tls-cert needs --tls-key".into()),
+        (None, Some(_)) => return Err("--tls-key needs --tls-cert".into()),
+    };
+    let mut server = ServerTlsConfig::new().identity(Identity::from_pem(cert, key));
+    let mut reporters = None;
+    match &cli.tls_client_ca {
+        Some(ca) => {
+            let ca = read("--tls-client-ca", ca)?;
+            server = server
+                .client_ca_root(Certificate::from_pem(ca))
+                .client_auth_optional(!cli.require_client_cert);
+            let names =
+                ReporterNames::pattern(&cli.reporter_names).map_err(|e| format!("--reporter-names: {e}"))?;
+            reporters = Some(names);
+        }
+        None if cli.require_client_cert => return Err("--require-client-cert needs --tls-client-ca".into()),
+        None => {}
+    }
+    // Built once here, so that a file that holds no certificate or key fails now.
+    tonic::transport::Server::builder()
+        .tls_config(server.clone())
+        .map_err(|e| format!("--tls-cert/--tls-key: {}", error_chain(&e)))?;
+    Ok(ServingTls { server: Some(server), reporters })
+}
+
+/// The contents of the file `flag` names, or one line saying why not.
+fn read(flag: &str, path: &Path) -> Result<Vec<u8>, Failure> {
+    std::fs::read(path).map_err(|e| format!("{flag} {}: {e}", path.display()).into())
+}
+
+/// An error and its sources in one line.
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        line.push_str(&format!(": {e}"));
+        source = e.source();
+    }
+    line
 }
 
 async fn run(cli: Cli, checked: Checked) -> Result<(), Failure> {
-    let Checked { assigner, tasks, config } = checked;
+    let Checked { assigner, tasks, config, tls } = checked;
     let store: Arc<dyn AssignmentStore> = match cli.store {
         StoreKind::Memory => Arc::new(MemoryStore::new()),
         StoreKind::Etcd => {
@@ -191,6 +294,14 @@ async fn run(cli: Cli, checked: Checked) -> Result<(), Failure> {
     };
     // Bind first: a process that cannot serve must not campaign (and then lead).
     let listener = tokio::net::TcpListener::bind(cli.listen).await?;
+    if tls.reporters.is_none() {
+        eprintln!(
+            "steady-slicer: warning: load reports are unauthenticated: any peer that reaches {} may report \
+             load for any task (serve with --tls-cert, --tls-key and --tls-client-ca to accept reports only \
+             from the task a client certificate names)",
+            listener.local_addr()?
+        );
+    }
     let distributor = Distributor::new();
     let book = LoadBook::new();
     // The backup distribution path: whoever writes, this Distributor follows the store.
@@ -222,9 +333,17 @@ async fn run(cli: Cli, checked: Checked) -> Result<(), Failure> {
         cli.store,
         cli.candidate
     );
-    let server = tonic::transport::Server::builder()
+    let mut collector = LoadCollector::new(book.clone());
+    if let Some(names) = tls.reporters {
+        collector = collector.authorize_reporters(names);
+    }
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(server_tls) = tls.server {
+        builder = builder.tls_config(server_tls)?;
+    }
+    let server = builder
         .add_service(distributor.service())
-        .add_service(LoadCollector::new(book.clone()).service())
+        .add_service(collector.service())
         .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener));
     let status = async {
         // At most one line a second, whatever the cadence.
