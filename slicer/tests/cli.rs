@@ -175,7 +175,7 @@ fn the_binary_refuses_a_missing_or_unreadable_key_file_in_one_line() {
 /// The binary, running: its stdout stays open (it prints a status line per cadence, and
 /// a closed pipe would end it).
 struct Running {
-    child: Child,
+    _child: Child,
     _stdout: std::io::Lines<BufReader<std::process::ChildStdout>>,
 }
 
@@ -196,7 +196,7 @@ fn start(args: &[&str]) -> (Running, String, std::process::ChildStderr) {
     // "steady-slicer: job users on 127.0.0.1:PORT (Memory store), candidate assigner"
     let address = first.split_whitespace().nth(4).unwrap().to_owned();
     let stderr = child.0.stderr.take().unwrap();
-    (Running { child, _stdout: stdout }, address, stderr)
+    (Running { _child: child, _stdout: stdout }, address, stderr)
 }
 
 #[tokio::test]
