@@ -12,6 +12,10 @@
 //! other stands by and serves the stored assignment, and leads within a lease's time when
 //! the first stops. Stops (and resigns) on Ctrl-C. The `steady-slicer` binary is this
 //! program with its options on the command line.
+//!
+//! With `TLS_CERT`, `TLS_KEY` and `CLIENT_CA` set (PEM files) it serves over TLS, verifies
+//! client certificates, and takes a load report for task `i` only from a backend whose
+//! certificate is named `users-i`; frontends may watch without a certificate.
 
 use std::error::Error;
 use std::sync::Arc;
@@ -20,10 +24,10 @@ use futures_util::StreamExt;
 use steady_assigner::WeightedMove;
 use steady_discovery::registry::{self, Registry, RegistryConfig};
 use steady_slicer::assigner::{follow_job, AssignerService};
-use steady_slicer::load::{LoadBook, LoadCollector};
+use steady_slicer::load::{LoadBook, LoadCollector, ReporterNames};
 use steady_slicer::store::{AssignmentStore, EtcdConfig, EtcdStore};
 use steady_slicer::Distributor;
-use tonic::transport::Server;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 /// The backend job's name: its tasks register under it in etcd.
 const JOB: &str = "users";
@@ -67,9 +71,22 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
     .spawn(follow_job(backends.views()));
 
     println!("operator {candidate}: job {JOB}, serving on {listen}");
-    Server::builder()
+    let mut server = Server::builder();
+    let mut collector = LoadCollector::new(book);
+    if let (Ok(cert), Ok(key), Ok(ca)) =
+        (std::env::var("TLS_CERT"), std::env::var("TLS_KEY"), std::env::var("CLIENT_CA"))
+    {
+        let (cert, key, ca) = (std::fs::read(cert)?, std::fs::read(key)?, std::fs::read(ca)?);
+        let tls = ServerTlsConfig::new()
+            .identity(Identity::from_pem(cert, key))
+            .client_ca_root(Certificate::from_pem(ca))
+            .client_auth_optional(true); // frontends may watch without a certificate
+        server = server.tls_config(tls)?;
+        collector = collector.authorize_reporters(ReporterNames::pattern("{job}-{task}")?);
+    }
+    server
         .add_service(distributor.service())
-        .add_service(LoadCollector::new(book).service())
+        .add_service(collector.service())
         .serve_with_shutdown(listen, async {
             let _ = tokio::signal::ctrl_c().await;
         })
