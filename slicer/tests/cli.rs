@@ -22,17 +22,7 @@ impl Drop for Child {
 
 #[tokio::test]
 async fn the_binary_serves_the_first_generation_to_a_watcher() {
-    let mut child = Child(
-        Command::new(BIN)
-            .args(["--job", "users", "--tasks", "3", "--listen", "127.0.0.1:0", "--cadence-ms", "100"])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
-    let first = lines.next().unwrap().unwrap();
-    // "steady-slicer: job users on 127.0.0.1:PORT (Memory store), candidate assigner"
-    let address = first.split_whitespace().nth(4).unwrap().to_owned();
+    let (_running, address, _stderr) = start(&["--job", "users", "--tasks", "3"]);
     let endpoint = Endpoint::from_shared(format!("http://{address}")).unwrap();
     let mut watch = Box::pin(steady_tonic::watch_assignments(endpoint, "users", Default::default()).unwrap());
     let assignment =
