@@ -1,6 +1,11 @@
 //! What steady's etcd users (`steady-slicer`'s store and election, `steady-discovery`'s
 //! registry) share, so that both behave the same:
 //!
+//! * [`connect_with`]: a client of a cluster run with TLS, client certificates or
+//!   users ([`EtcdAccess`], [`EtcdTls`]), whose first call has been made, so settings
+//!   that cannot work fail at start with a [`ConnectError`] naming the cause (a wrong
+//!   CA, a refused client certificate, a wrong password, a user without access to the
+//!   prefix, a server that is not there) instead of in every later call;
 //! * [`bounded`]: an etcd call that gives up after a timeout, with a [`CallError`] that
 //!   names the call;
 //! * [`HeldLease`]: a lease renewed every third of its TTL by a task of its own (a failed
@@ -13,7 +18,8 @@
 //!
 //! # Dependencies
 //!
-//! `etcd-client`, tokio and tracing; nothing of steady's.
+//! `etcd-client` (with its rustls TLS), the tonic it speaks, tokio and tracing; nothing
+//! of steady's.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
@@ -26,6 +32,10 @@ use etcd_client::{Client, Error as EtcdError, LeaseKeepAliveStream, LeaseKeeper}
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+
+mod access;
+
+pub use access::{connect_with, ConnectError, EtcdAccess, EtcdTls};
 
 /// An etcd call that failed or got no answer in time.
 #[derive(Debug)]
@@ -64,7 +74,8 @@ impl std::error::Error for CallError {
     }
 }
 
-/// A client of the cluster at `endpoints`, every call of which is meant to be
+/// A client of the cluster at `endpoints` (plaintext, no user; see [`connect_with`] for
+/// the rest), every call of which is meant to be
 /// [`bounded`] by `timeout`: connections give up after `timeout`, and HTTP/2 keep-alives
 /// every second (answered within `timeout`, also while idle) notice a dead connection.
 ///
@@ -72,11 +83,16 @@ impl std::error::Error for CallError {
 ///
 /// [`CallError`] when no endpoint answers within `timeout`.
 pub async fn connect(endpoints: &[String], timeout: Duration) -> Result<Client, CallError> {
-    let options = etcd_client::ConnectOptions::new()
+    bounded(timeout, "connect", Client::connect(endpoints, Some(connect_options(timeout)))).await
+}
+
+/// The options every connection of steady's is made with: connections give up after
+/// `timeout`; HTTP/2 keep-alives every second notice a dead connection.
+fn connect_options(timeout: Duration) -> etcd_client::ConnectOptions {
+    etcd_client::ConnectOptions::new()
         .with_connect_timeout(timeout)
         .with_keep_alive(Duration::from_secs(1), timeout)
-        .with_keep_alive_while_idle(true);
-    bounded(timeout, "connect", Client::connect(endpoints, Some(options))).await
+        .with_keep_alive_while_idle(true)
 }
 
 /// `request`, given up after `timeout`.

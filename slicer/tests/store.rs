@@ -1,16 +1,21 @@
 //! The assignment stores' specification: one set of behaviours that `MemoryStore` and
 //! `EtcdStore` (on a real etcd on 127.0.0.1, started per test by `steady_testing::Etcd`)
 //! must both show, then what only etcd has (values written around the store, lease
-//! failover, restarts). Every wait is bounded.
+//! failover, restarts). The etcd behaviours run three ways: plaintext, over TLS with
+//! client certificates required, and with authentication as a user confined to the
+//! store's prefix; settings that cannot work fail at connect with a typed error. Every
+//! wait is bounded.
 
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use steady_slice::Assignment;
 use steady_slicer::store::{
-    AssignmentStore, AssignmentWatch, EtcdConfig, EtcdStore, MemoryStore, StoreError, ValueError,
+    AssignmentStore, AssignmentWatch, ConnectError, EtcdAccess, EtcdConfig, EtcdStore, EtcdTls, MemoryStore,
+    StoreError, ValueError,
 };
-use steady_testing::Etcd;
+use steady_testing::tls::{Leaf, TestPki};
+use steady_testing::{Etcd, EtcdOptions};
 
 /// The most any single step may take.
 const WAIT: Duration = Duration::from_secs(15);
@@ -30,9 +35,55 @@ async fn next_assignment(watch: &mut AssignmentWatch) -> Assignment {
     within("the next assignment", watch.next()).await.expect("a watch never ends").expect("an assignment")
 }
 
+fn etcd_config(etcd: &Etcd) -> EtcdConfig {
+    EtcdConfig::new([etcd.endpoint()]).lease_ttl(TTL).request_timeout(Duration::from_secs(3))
+}
+
 async fn etcd_store(etcd: &Etcd) -> EtcdStore {
-    let config = EtcdConfig::new([etcd.endpoint()]).lease_ttl(TTL).request_timeout(Duration::from_secs(3));
-    within("connecting", EtcdStore::connect(config)).await.unwrap()
+    within("connecting", EtcdStore::connect(etcd_config(etcd))).await.unwrap()
+}
+
+/// An etcd that serves clients over TLS and requires their certificates, and the
+/// access of a client it trusts.
+struct TlsEtcd {
+    etcd: Etcd,
+    access: EtcdAccess,
+    pki: TestPki,
+    _client: Leaf,
+}
+
+impl TlsEtcd {
+    fn start() -> Option<Self> {
+        let pki = TestPki::new("etcd CA");
+        let server = pki.issue(&["127.0.0.1"]);
+        let options =
+            EtcdOptions::new().tls(server.cert_file(), server.key_file()).client_cert_auth(pki.ca_file());
+        let etcd = Etcd::start_with(options)?;
+        let client = pki.issue(&["steady-slicer"]);
+        let access =
+            EtcdAccess::new().tls(EtcdTls::new(pki.ca_pem()).identity(client.cert_pem(), client.key_pem()));
+        Some(Self { etcd, access, pki, _client: client })
+    }
+
+    async fn store(&self) -> EtcdStore {
+        within("connecting", EtcdStore::connect(etcd_config(&self.etcd).access(self.access.clone())))
+            .await
+            .unwrap()
+    }
+}
+
+/// An etcd with authentication on, where user `slicer` may use only the store's prefix.
+fn etcd_with_auth() -> Option<Etcd> {
+    Etcd::start_with(EtcdOptions::new().auth("root-secret").user(
+        "slicer",
+        "slicer-secret",
+        steady_slicer::store::DEFAULT_KEY_PREFIX,
+    ))
+}
+
+async fn store_as(etcd: &Etcd, user: &str, password: &str) -> Result<EtcdStore, StoreError> {
+    within("connecting", EtcdStore::connect(etcd_config(etcd).access(EtcdAccess::new().user(user, password))))
+        .await
 }
 
 /// What every store must do.
@@ -189,7 +240,63 @@ macro_rules! specification {
                 }
             )*
         }
+        mod etcd_with_client_certificates {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    let Some(etcd) = super::TlsEtcd::start() else { return };
+                    super::spec::$behaviour(&etcd.store().await).await;
+                }
+            )*
+        }
+        mod etcd_with_a_user_confined_to_the_prefix {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    let Some(etcd) = super::etcd_with_auth() else { return };
+                    let store = super::store_as(&etcd, "slicer", "slicer-secret").await.unwrap();
+                    super::spec::$behaviour(&store).await;
+                }
+            )*
+        }
     };
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_a_wrong_ca_or_no_client_certificate_fails_at_connect_naming_tls() {
+    let Some(etcd) = TlsEtcd::start() else { return };
+    let stranger = TestPki::new("another CA");
+    let client = etcd.pki.issue(&["steady-slicer"]);
+    let settings = [
+        ("a wrong CA", EtcdTls::new(stranger.ca_pem()).identity(client.cert_pem(), client.key_pem())),
+        ("no client certificate", EtcdTls::new(etcd.pki.ca_pem())),
+    ];
+    for (what, tls) in settings {
+        let config = etcd_config(&etcd.etcd).access(EtcdAccess::new().tls(tls));
+        let refused = within("connecting", EtcdStore::connect(config)).await;
+        match refused {
+            Err(StoreError::Connect(ConnectError::Tls { .. })) => {}
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_auth_a_wrong_password_or_a_user_without_the_prefix_fails_at_connect() {
+    let Some(etcd) = etcd_with_auth() else { return };
+    let refused = store_as(&etcd, "slicer", "wrong").await;
+    assert!(matches!(refused, Err(StoreError::Connect(ConnectError::Unauthenticated { .. }))), "{refused:?}");
+    let message = refused.unwrap_err().to_string();
+    assert!(message.contains("\"slicer\"") && !message.contains("wrong"), "{message}");
+    // The same user under another prefix.
+    let elsewhere = etcd_config(&etcd)
+        .key_prefix("/elsewhere/")
+        .access(EtcdAccess::new().user("slicer", "slicer-secret"));
+    let refused = within("connecting", EtcdStore::connect(elsewhere)).await;
+    assert!(
+        matches!(refused, Err(StoreError::Connect(ConnectError::PermissionDenied { .. }))),
+        "{refused:?}"
+    );
 }
 
 specification!(

@@ -21,13 +21,19 @@
 //! # }
 //! ```
 //!
+//! [`Etcd::start_with`] starts one as deployments run it: serving clients over TLS
+//! (optionally requiring client certificates), or with authentication enabled and users
+//! that may use only their prefix ([`EtcdOptions`]).
+//!
 //! * [`tls::TestPki`] (feature `tls`): a certificate authority for one test and the
 //!   leaf certificates it signs, as PEM and as files.
 //!
 //! # Dependencies
 //!
-//! std only by default: the harness starts the `etcd` binary and asks its `/health` over
-//! plain HTTP/1.1, so it compiles no etcd client and any crate's tests can use it. The
+//! std only by default: the harness starts the `etcd` binary, asks its `/health` over
+//! plain HTTP/1.1 (on the metrics port, which stays plaintext when clients use TLS) and
+//! sets users up through etcd's JSON gateway, so it compiles no etcd client and any
+//! crate's tests can use it. The
 //! `tls` feature adds `rcgen` (on ring) to make certificates.
 
 #![forbid(unsafe_code)]
@@ -72,6 +78,79 @@ pub struct Etcd {
     dir: PathBuf,
     client: SocketAddr,
     peer: SocketAddr,
+    /// Serves `/health` (and `/metrics`) over plain HTTP whatever the clients speak.
+    metrics: SocketAddr,
+    options: EtcdOptions,
+}
+
+/// How [`Etcd::start_with`] runs the server: TLS for clients, client certificates, and
+/// authentication with users. The default is what [`Etcd::start`] runs: plaintext, no
+/// authentication.
+#[derive(Debug, Clone, Default)]
+pub struct EtcdOptions {
+    tls: Option<ServerTls>,
+    root_password: Option<String>,
+    users: Vec<EtcdUser>,
+}
+
+#[derive(Debug, Clone)]
+struct ServerTls {
+    cert_file: PathBuf,
+    key_file: PathBuf,
+    client_ca_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone)]
+struct EtcdUser {
+    name: String,
+    password: String,
+    prefix: String,
+}
+
+impl EtcdOptions {
+    /// Plaintext, no authentication.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Serve clients over TLS with this certificate and key (PEM files); the endpoint
+    /// becomes `https://127.0.0.1:<port>`. The certificate must name `127.0.0.1` (or the
+    /// client must be told which name to check).
+    pub fn tls(mut self, cert_file: impl Into<PathBuf>, key_file: impl Into<PathBuf>) -> Self {
+        self.tls =
+            Some(ServerTls { cert_file: cert_file.into(), key_file: key_file.into(), client_ca_file: None });
+        self
+    }
+
+    /// With [`EtcdOptions::tls`]: require every client to present a certificate signed by
+    /// the CA in `ca_file` (etcd's `--client-cert-auth`).
+    ///
+    /// # Panics
+    ///
+    /// When [`EtcdOptions::tls`] was not called first.
+    pub fn client_cert_auth(mut self, ca_file: impl Into<PathBuf>) -> Self {
+        let tls = self.tls.as_mut().expect("client_cert_auth needs tls first");
+        tls.client_ca_file = Some(ca_file.into());
+        self
+    }
+
+    /// Enable authentication, with user `root` (every permission) and this password.
+    /// Not with [`EtcdOptions::tls`]: the harness sets users up over plain HTTP.
+    pub fn auth(mut self, root_password: impl Into<String>) -> Self {
+        self.root_password = Some(root_password.into());
+        self
+    }
+
+    /// With [`EtcdOptions::auth`]: also a user `name` who may read and write the keys
+    /// under `prefix` and nothing else.
+    pub fn user(mut self, name: &str, password: &str, prefix: &str) -> Self {
+        self.users.push(EtcdUser {
+            name: name.to_owned(),
+            password: password.to_owned(),
+            prefix: prefix.to_owned(),
+        });
+        self
+    }
 }
 
 impl Etcd {
@@ -87,6 +166,21 @@ impl Etcd {
     /// does not come up healthy: the panic message names the cause and holds the end of
     /// the server's log.
     pub fn start() -> Option<Self> {
+        Self::start_with(EtcdOptions::new())
+    }
+
+    /// [`Etcd::start`], run as `options` say. With [`EtcdOptions::auth`], returns once
+    /// authentication is enabled and the users exist.
+    ///
+    /// # Panics
+    ///
+    /// As [`Etcd::start`]; also when the users cannot be set up, or when
+    /// [`EtcdOptions::auth`] is combined with [`EtcdOptions::tls`].
+    pub fn start_with(options: EtcdOptions) -> Option<Self> {
+        assert!(
+            options.tls.is_none() || options.root_password.is_none(),
+            "the harness sets users up over plain HTTP: auth and tls are not combined"
+        );
         let binary = binary();
         if Command::new(&binary).arg("--version").output().is_err() {
             let message = format!(
@@ -101,25 +195,32 @@ impl Etcd {
             let _ = writeln!(std::io::stderr(), "SKIPPED (etcd test): {message}");
             return None;
         }
-        let (client, peer) = free_ports();
-        let mut etcd = Self { child: None, dir: temp_dir("steady-etcd"), client, peer };
+        let [client, peer, metrics] = free_ports();
+        let mut etcd = Self { child: None, dir: temp_dir("steady-etcd"), client, peer, metrics, options };
         let mut failures = Vec::new();
         for _ in 0..PORT_ATTEMPTS {
             match etcd.launch() {
-                Ok(()) => return Some(etcd),
+                Ok(()) => {
+                    if let Err(failure) = etcd.set_up_auth() {
+                        panic!("cannot set up etcd's users: {failure}");
+                    }
+                    return Some(etcd);
+                }
                 Err(failure) => {
                     failures.push(failure);
                     let _ = std::fs::remove_dir_all(etcd.dir.join("data"));
-                    (etcd.client, etcd.peer) = free_ports();
+                    [etcd.client, etcd.peer, etcd.metrics] = free_ports();
                 }
             }
         }
         panic!("etcd did not start in {PORT_ATTEMPTS} attempts:\n{}", failures.join("\n"));
     }
 
-    /// The client URL, `http://127.0.0.1:<port>`, for an etcd client.
+    /// The client URL, `http://127.0.0.1:<port>` (`https://` with [`EtcdOptions::tls`]),
+    /// for an etcd client.
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.client)
+        let scheme = if self.options.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.client)
     }
 
     /// Kills the server at once (SIGKILL: no clean shutdown), keeping its data and ports.
@@ -152,9 +253,18 @@ impl Etcd {
             .append(true)
             .open(self.log_path())
             .map_err(|e| format!("cannot open the log: {e}"))?;
-        let client = format!("http://{}", self.client);
+        let client = self.endpoint();
         let peer = format!("http://{}", self.peer);
-        let child = Command::new(binary())
+        let mut command = Command::new(binary());
+        if let Some(tls) = &self.options.tls {
+            command.arg(format!("--cert-file={}", tls.cert_file.display()));
+            command.arg(format!("--key-file={}", tls.key_file.display()));
+            if let Some(ca) = &tls.client_ca_file {
+                command.arg(format!("--trusted-ca-file={}", ca.display()));
+                command.arg("--client-cert-auth");
+            }
+        }
+        let child = command
             .arg("--name=steady-test")
             .arg(format!("--data-dir={}", self.dir.join("data").display()))
             .arg(format!("--listen-client-urls={client}"))
@@ -162,6 +272,7 @@ impl Etcd {
             .arg(format!("--listen-peer-urls={peer}"))
             .arg(format!("--initial-advertise-peer-urls={peer}"))
             .arg(format!("--initial-cluster=steady-test={peer}"))
+            .arg(format!("--listen-metrics-urls=http://{}", self.metrics))
             .arg("--logger=zap")
             .arg("--log-level=warn")
             .stdin(Stdio::null())
@@ -176,7 +287,7 @@ impl Etcd {
                 self.child = None;
                 return Err(format!("etcd exited with {status}; its log ends:\n{}", self.log_tail()));
             }
-            if healthy(self.client) {
+            if healthy(self.metrics) {
                 return Ok(());
             }
             if Instant::now() >= deadline {
@@ -188,6 +299,38 @@ impl Etcd {
             }
             std::thread::sleep(Duration::from_millis(25));
         }
+    }
+
+    /// Adds [`EtcdOptions::auth`]'s users and enables authentication, through etcd's
+    /// JSON gateway (before authentication is on, no token is needed).
+    fn set_up_auth(&self) -> Result<(), String> {
+        let Some(root_password) = &self.options.root_password else { return Ok(()) };
+        let post = |path: &str, body: String| gateway_post(self.client, path, &body);
+        post("/v3/auth/user/add", format!(r#"{{"name":"root","password":{}}}"#, json(root_password)))?;
+        post("/v3/auth/user/grant", r#"{"user":"root","role":"root"}"#.to_owned())?;
+        for user in &self.options.users {
+            let role = format!("{}-role", user.name);
+            post("/v3/auth/role/add", format!(r#"{{"name":{}}}"#, json(&role)))?;
+            let (key, end) = (user.prefix.as_bytes(), prefix_end(user.prefix.as_bytes()));
+            post(
+                "/v3/auth/role/grant",
+                format!(
+                    r#"{{"name":{},"perm":{{"permType":"READWRITE","key":"{}","range_end":"{}"}}}}"#,
+                    json(&role),
+                    base64(key),
+                    base64(&end)
+                ),
+            )?;
+            post(
+                "/v3/auth/user/add",
+                format!(r#"{{"name":{},"password":{}}}"#, json(&user.name), json(&user.password)),
+            )?;
+            post(
+                "/v3/auth/user/grant",
+                format!(r#"{{"user":{},"role":{}}}"#, json(&user.name), json(&role)),
+            )?;
+        }
+        post("/v3/auth/enable", "{}".to_owned())
     }
 
     fn stop(&mut self) {
@@ -219,7 +362,7 @@ fn required() -> bool {
     std::env::var_os(REQUIRE_ETCD).is_some_and(|v| v != "0" && !v.is_empty())
 }
 
-/// Two distinct ports that were free a moment ago, below the kernel's ephemeral range
+/// Three distinct ports that were free a moment ago, below the kernel's ephemeral range
 /// when it can be read (Linux), else the kernel's picks for port 0.
 ///
 /// Why below it: [`Etcd::restart`] binds the same ports again after [`Etcd::kill`], and
@@ -228,18 +371,19 @@ fn required() -> bool {
 /// could take one of them (or connect a socket to itself, which loopback allows) and the
 /// restart would fail with "address in use". Outside it, nothing but another listener
 /// binds them.
-fn free_ports() -> (SocketAddr, SocketAddr) {
-    let client = free_port(None);
-    (client, free_port(Some(client)))
+fn free_ports() -> [SocketAddr; 3] {
+    let client = free_port(&[]);
+    let peer = free_port(&[client]);
+    [client, peer, free_port(&[client, peer])]
 }
 
-/// A loopback port that was free a moment ago, other than `not`.
-fn free_port(not: Option<SocketAddr>) -> SocketAddr {
+/// A loopback port that was free a moment ago, other than those in `not`.
+fn free_port(not: &[SocketAddr]) -> SocketAddr {
     let free = |port: u16| {
         TcpListener::bind((Ipv4Addr::LOCALHOST, port))
             .and_then(|l| l.local_addr())
             .ok()
-            .filter(|addr| Some(*addr) != not)
+            .filter(|addr| !not.contains(addr))
     };
     if let Some(range) = below_ephemeral_range() {
         let mut seed = seed();
@@ -283,7 +427,6 @@ fn mix(x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// A directory name no other test (of this process or another) uses.
 /// A fresh path in the system's temporary directory, unique in this process and across
 /// processes, starting with `prefix`.
 fn temp_dir(prefix: &str) -> PathBuf {
@@ -291,6 +434,66 @@ fn temp_dir(prefix: &str) -> PathBuf {
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
     let name = format!("{prefix}-{}-{}-{nanos}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
     Path::new(&std::env::temp_dir()).join(name)
+}
+
+/// POSTs `body` (JSON) to etcd's gateway at `path`; `Err` unless it answers 200.
+fn gateway_post(addr: SocketAddr, path: &str, body: &str) -> Result<(), String> {
+    let ask = || -> std::io::Result<String> {
+        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(request.as_bytes())?;
+        let mut response = String::new();
+        stream.take(64 * 1024).read_to_string(&mut response)?;
+        Ok(response)
+    };
+    let response = ask().map_err(|e| format!("POST {path}: {e}"))?;
+    if response.starts_with("HTTP/1.1 200") {
+        Ok(())
+    } else {
+        Err(format!("POST {path} {body}: {}", response.lines().last().unwrap_or_default()))
+    }
+}
+
+/// `text` as a JSON string (quotes and backslashes escaped; test input has no control
+/// characters).
+fn json(text: &str) -> String {
+    format!("\"{}\"", text.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+/// The end of the key range of every key starting with `prefix` (etcd's convention:
+/// the prefix with its last byte below 0xff incremented).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0] // Every key.
+}
+
+/// Standard base64 with padding, as etcd's gateway wants bytes.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk.iter().enumerate().fold(0_u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }
 
 /// Whether the server at `addr` answers `GET /health` with `"health":"true"`.
@@ -314,7 +517,7 @@ mod tests {
     #[test]
     fn a_started_etcd_answers_and_is_gone_after_drop() {
         let Some(etcd) = Etcd::start() else { return };
-        let (client, dir) = (etcd.client, etcd.dir.clone());
+        let (client, dir) = (etcd.metrics, etcd.dir.clone());
         assert!(healthy(client));
         assert!(etcd.endpoint().starts_with("http://127.0.0.1:"));
         drop(etcd);
@@ -327,14 +530,27 @@ mod tests {
         let Some(mut etcd) = Etcd::start() else { return };
         let endpoint = etcd.endpoint();
         if let Some(range) = below_ephemeral_range() {
-            for port in [etcd.client.port(), etcd.peer.port()] {
+            for port in [etcd.client.port(), etcd.peer.port(), etcd.metrics.port()] {
                 assert!(range.contains(&port), "port {port} may be handed to a client meanwhile");
             }
         }
         etcd.kill();
-        assert!(!healthy(etcd.client));
+        assert!(!healthy(etcd.metrics));
         etcd.restart();
-        assert!(healthy(etcd.client));
+        assert!(healthy(etcd.metrics));
         assert_eq!(etcd.endpoint(), endpoint);
+    }
+
+    #[test]
+    fn base64_and_prefix_ends_are_what_etcd_expects() {
+        assert_eq!(base64(b""), "");
+        assert_eq!(base64(b"f"), "Zg==");
+        assert_eq!(base64(b"fo"), "Zm8=");
+        assert_eq!(base64(b"foo"), "Zm9v");
+        assert_eq!(base64(b"/steady/"), "L3N0ZWFkeS8=");
+        assert_eq!(prefix_end(b"/a/"), b"/a0");
+        assert_eq!(prefix_end(b"a\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff"), vec![0]);
+        assert_eq!(json(r#"a"b\c"#), r#""a\"b\\c""#);
     }
 }

@@ -71,6 +71,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
+pub use steady_etcd::{ConnectError, EtcdAccess, EtcdTls};
 
 mod record;
 mod registration;
@@ -103,11 +104,14 @@ pub struct RegistryConfig {
     lease_ttl: Duration,
     request_timeout: Duration,
     max_claim_attempts: usize,
+    access: EtcdAccess,
 }
 
 impl RegistryConfig {
-    /// The cluster at `endpoints` (`http://host:port`), with the defaults: keys under
-    /// [`DEFAULT_KEY_PREFIX`], a 10 s lease, 5 s per request, 1,024 claim attempts.
+    /// The cluster at `endpoints` (`http://host:port`, or `https://` with
+    /// [`RegistryConfig::access`] giving TLS), with the defaults: keys under
+    /// [`DEFAULT_KEY_PREFIX`], a 10 s lease, 5 s per request, 1,024 claim attempts,
+    /// plaintext and no user.
     pub fn new<E: Into<String>>(endpoints: impl IntoIterator<Item = E>) -> Self {
         Self {
             endpoints: endpoints.into_iter().map(Into::into).collect(),
@@ -115,7 +119,18 @@ impl RegistryConfig {
             lease_ttl: Duration::from_secs(10),
             request_timeout: Duration::from_secs(5),
             max_claim_attempts: 1024,
+            access: EtcdAccess::new(),
         }
+    }
+
+    /// How to authenticate to etcd: TLS with the cluster's CA (and a client certificate
+    /// when etcd runs with `--client-cert-auth`), and a user and password when it runs
+    /// with authentication. The user needs read and write access to the key prefix.
+    /// Settings that cannot work fail [`Registry::connect`] with
+    /// [`RegistryError::Connect`].
+    pub fn access(mut self, access: EtcdAccess) -> Self {
+        self.access = access;
+        self
     }
 
     /// Puts the keys under `prefix` (1 to 256 bytes) instead of [`DEFAULT_KEY_PREFIX`].
@@ -196,6 +211,10 @@ pub enum RegistryError {
     /// etcd could not be reached or refused the request, or did not answer within the
     /// request timeout. Nothing was promised: the operation may be retried.
     Unavailable(String),
+    /// etcd was reached at connect but the [`RegistryConfig::access`] settings cannot
+    /// work (TLS, client certificate, user and password, or the user's access to the
+    /// key prefix): fix the settings; retrying will not help.
+    Connect(ConnectError),
     /// Every index below [`MAX_TASKS`] of the job is taken.
     JobFull {
         /// The job.
@@ -220,6 +239,7 @@ impl fmt::Display for RegistryError {
             Self::InvalidConfig { field, reason } => write!(f, "registry config: {field}: {reason}"),
             Self::InvalidArgument { what, reason } => write!(f, "registry: {what}: {reason}"),
             Self::Unavailable(cause) => write!(f, "registry: etcd unavailable: {cause}"),
+            Self::Connect(cause) => write!(f, "registry: {cause}"),
             Self::JobFull { job } => write!(f, "registry: job {job:?} has no free index below {MAX_TASKS}"),
             Self::Contended { job, attempts } => {
                 write!(f, "registry: job {job:?}: no free index won in {attempts} attempts")
@@ -253,11 +273,18 @@ impl Registry {
     ///
     /// [`RegistryError::InvalidConfig`] for a configuration value out of range;
     /// [`RegistryError::Unavailable`] when no endpoint answers within the request
-    /// timeout.
+    /// timeout (worth retrying); [`RegistryError::Connect`] when etcd is reached but the
+    /// [`RegistryConfig::access`] settings cannot work (not worth retrying). One read of
+    /// the key prefix is made to find out.
     pub async fn connect(config: RegistryConfig) -> Result<Self, RegistryError> {
         config.validate()?;
-        let client =
-            steady_etcd::connect(&config.endpoints, config.request_timeout).await.map_err(unavailable)?;
+        let (endpoints, timeout) = (&config.endpoints, config.request_timeout);
+        let client = steady_etcd::connect_with(endpoints, timeout, &config.access, &config.key_prefix)
+            .await
+            .map_err(|error| match error {
+                ConnectError::Unreachable { .. } => RegistryError::Unavailable(error.to_string()),
+                error => RegistryError::Connect(error),
+            })?;
         Ok(Self { client, config })
     }
 

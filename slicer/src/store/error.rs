@@ -63,6 +63,11 @@ pub enum StoreError {
     /// The store could not be reached or did not answer in time. A write may or may not
     /// have happened: re-read before writing again.
     Unavailable(Box<dyn std::error::Error + Send + Sync>),
+    /// etcd was reached but its connection settings cannot work (TLS, client
+    /// certificate, user and password, or the user's access to the key prefix): fix the
+    /// settings; retrying will not help.
+    #[cfg(feature = "etcd")]
+    Connect(steady_etcd::ConnectError),
 }
 
 impl fmt::Display for StoreError {
@@ -85,6 +90,8 @@ impl fmt::Display for StoreError {
             Self::TooManyJobs { limit } => write!(f, "the store holds {limit} jobs (its limit)"),
             Self::InvalidConfig { field, reason } => write!(f, "invalid {field}: {reason}"),
             Self::Unavailable(e) => write!(f, "store unavailable: {e}"),
+            #[cfg(feature = "etcd")]
+            Self::Connect(e) => write!(f, "store: {e}"),
         }
     }
 }
@@ -93,6 +100,8 @@ impl std::error::Error for StoreError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Self::Unavailable(e) => Some(&**e),
+            #[cfg(feature = "etcd")]
+            Self::Connect(e) => Some(e),
             _ => None,
         }
     }

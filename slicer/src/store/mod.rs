@@ -59,6 +59,8 @@ pub use error::{StoreError, ValueError};
 pub use etcd::{EtcdConfig, EtcdStore, DEFAULT_KEY_PREFIX};
 pub use leadership::Leadership;
 pub use memory::{MemoryStore, MAX_STORED_JOBS};
+#[cfg(feature = "etcd")]
+pub use steady_etcd::{ConnectError, EtcdAccess, EtcdTls};
 pub use watch::{AssignmentWatch, RejectedValue};
 
 /// The largest encoded assignment (steady-slice's binary codec) a store writes or reads:

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
+use steady_etcd::{ConnectError, EtcdAccess};
 use steady_slice::Assignment;
 
 use super::{
@@ -30,18 +31,31 @@ pub struct EtcdConfig {
     key_prefix: String,
     lease_ttl: Duration,
     request_timeout: Duration,
+    access: EtcdAccess,
 }
 
 impl EtcdConfig {
-    /// The cluster at `endpoints` (`http://host:port`), with the defaults: keys under
-    /// [`DEFAULT_KEY_PREFIX`], a 5 s lease for leaderships, 5 s per request.
+    /// The cluster at `endpoints` (`http://host:port`, or `https://` with
+    /// [`EtcdConfig::access`] giving TLS), with the defaults: keys under
+    /// [`DEFAULT_KEY_PREFIX`], a 5 s lease for leaderships, 5 s per request, plaintext
+    /// and no user.
     pub fn new<E: Into<String>>(endpoints: impl IntoIterator<Item = E>) -> Self {
         Self {
             endpoints: endpoints.into_iter().map(Into::into).collect(),
             key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
             lease_ttl: Duration::from_secs(5),
             request_timeout: Duration::from_secs(5),
+            access: EtcdAccess::new(),
         }
+    }
+
+    /// How to authenticate to etcd: TLS with the cluster's CA (and a client certificate
+    /// when etcd runs with `--client-cert-auth`), and a user and password when it runs
+    /// with authentication. The user needs read and write access to the key prefix.
+    /// Settings that cannot work fail [`EtcdStore::connect`] with [`StoreError::Connect`].
+    pub fn access(mut self, access: EtcdAccess) -> Self {
+        self.access = access;
+        self
     }
 
     /// Puts the store's keys under `prefix` (1 to 256 bytes) instead of
@@ -142,12 +156,19 @@ impl EtcdStore {
     ///
     /// [`StoreError::InvalidConfig`] for a configuration value out of range;
     /// [`StoreError::Unavailable`] when no endpoint can be reached within the request
-    /// timeout.
+    /// timeout (worth retrying); [`StoreError::Connect`] when etcd is reached but the
+    /// [`EtcdConfig::access`] settings cannot work (a wrong CA, a refused client
+    /// certificate or password, a user without access to the prefix: not worth
+    /// retrying). One read of the key prefix is made to find out.
     pub async fn connect(config: EtcdConfig) -> Result<Self, StoreError> {
         config.validate()?;
-        let client = steady_etcd::connect(&config.endpoints, config.request_timeout)
+        let (endpoints, timeout) = (&config.endpoints, config.request_timeout);
+        let client = steady_etcd::connect_with(endpoints, timeout, &config.access, &config.key_prefix)
             .await
-            .map_err(StoreError::unavailable)?;
+            .map_err(|error| match error {
+                ConnectError::Unreachable { .. } => StoreError::unavailable(error),
+                error => StoreError::Connect(error),
+            })?;
         Ok(Self { client, config })
     }
 
