@@ -162,6 +162,140 @@ fn the_binary_refuses_a_missing_or_unreadable_key_file_in_one_line() {
     }
 }
 
+/// The etcd access options are read before anything starts and come in pairs: a missing
+/// file, an empty password, or an option without the ones it needs is one line naming it.
+#[test]
+fn the_binary_refuses_bad_etcd_access_options_in_one_line() {
+    let pki = steady_testing::tls::TestPki::new("etcd CA");
+    let leaf = pki.issue(&["steady-slicer"]);
+    let (cert, key) = (leaf.cert_file().to_str().unwrap(), leaf.key_file().to_str().unwrap());
+    let ca = pki.ca_file();
+    let ca = ca.to_str().unwrap();
+    let missing = pki.dir().join("missing.pem");
+    let missing = missing.to_str().unwrap();
+    let empty = pki.dir().join("empty-password");
+    std::fs::write(&empty, "\n").unwrap();
+    let empty = empty.to_str().unwrap();
+    let etcd = ["--job", "users", "--tasks", "3", "--store", "etcd", "--endpoints", "https://127.0.0.1:1"];
+    let memory = ["--job", "users", "--tasks", "3"];
+    for (base, extra, named) in [
+        (&memory[..], vec!["--etcd-ca", ca], "--etcd-ca is for --store etcd".to_owned()),
+        (&memory[..], vec!["--etcd-user", "u"], "--etcd-user is for --store etcd".to_owned()),
+        (&etcd[..], vec!["--etcd-ca", missing], format!("--etcd-ca {missing}: ")),
+        (
+            &etcd[..],
+            vec!["--etcd-ca", ca, "--etcd-cert", cert, "--etcd-key", missing],
+            format!("--etcd-key {missing}: "),
+        ),
+        (&etcd[..], vec!["--etcd-ca", ca, "--etcd-cert", cert], "--etcd-cert needs --etcd-key".to_owned()),
+        (
+            &etcd[..],
+            vec!["--etcd-cert", cert, "--etcd-key", key],
+            "--etcd-cert and --etcd-key need --etcd-ca".to_owned(),
+        ),
+        (&etcd[..], vec!["--etcd-user", "slicer"], "--etcd-user needs --etcd-password-file".to_owned()),
+        (&etcd[..], vec!["--etcd-password-file", empty], "--etcd-password-file needs --etcd-user".to_owned()),
+        (
+            &etcd[..],
+            vec!["--etcd-user", "s", "--etcd-password-file", missing],
+            format!("--etcd-password-file {missing}: "),
+        ),
+        (
+            &etcd[..],
+            vec!["--etcd-user", "s", "--etcd-password-file", empty],
+            format!("--etcd-password-file {empty}: the first line is empty"),
+        ),
+    ] {
+        let args: Vec<&str> = base.iter().copied().chain(extra.iter().copied()).collect();
+        let (status, stderr) = refused(&args);
+        assert!(!status.success(), "{args:?}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.starts_with(&format!("steady-slicer: {named}")), "{args:?}: {stderr}");
+    }
+}
+
+/// The first generation the binary at `address` serves (plaintext), within 10 s.
+async fn first_generation(address: &str) -> u64 {
+    let endpoint = Endpoint::from_shared(format!("http://{address}")).unwrap();
+    let mut watch = Box::pin(steady_tonic::watch_assignments(endpoint, "users", Default::default()).unwrap());
+    let assignment =
+        tokio::time::timeout(Duration::from_secs(10), watch.next()).await.unwrap().unwrap().unwrap();
+    assignment.generation()
+}
+
+/// The binary keeps its assignments on an etcd that serves over TLS and requires client
+/// certificates; given the wrong CA it exits at start with one line naming TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_runs_on_etcd_over_tls_with_a_client_certificate_and_refuses_a_wrong_ca_in_one_line() {
+    let pki = steady_testing::tls::TestPki::new("etcd CA");
+    let server = pki.issue(&["127.0.0.1"]);
+    let options = steady_testing::EtcdOptions::new()
+        .tls(server.cert_file(), server.key_file())
+        .client_cert_auth(pki.ca_file());
+    let Some(etcd) = steady_testing::Etcd::start_with(options) else { return };
+    let client = pki.issue(&["steady-slicer"]);
+    let endpoint = etcd.endpoint();
+    let (cert, key) = (client.cert_file().to_str().unwrap(), client.key_file().to_str().unwrap());
+    let ca = pki.ca_file();
+    let mut args = vec!["--job", "users", "--tasks", "3", "--store", "etcd", "--endpoints", &endpoint];
+    args.extend(["--etcd-cert", cert, "--etcd-key", key, "--etcd-ca"]);
+    {
+        let with_ca = [&args[..], &[ca.to_str().unwrap()]].concat();
+        let (_running, address, _stderr) = start(&with_ca);
+        assert!(first_generation(&address).await >= 1);
+    }
+    let stranger = steady_testing::tls::TestPki::new("another CA");
+    let wrong_ca = stranger.ca_file();
+    let with_wrong_ca = [&args[..], &[wrong_ca.to_str().unwrap()]].concat();
+    let (status, stderr) = refused(&with_wrong_ca);
+    assert!(!status.success());
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("steady-slicer: store: etcd at ") && stderr.contains("TLS failed"),
+        "{stderr}"
+    );
+}
+
+/// The binary logs in to an etcd with authentication as a user confined to its prefix;
+/// with a wrong password it exits at start with one line naming the user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_runs_on_etcd_as_a_user_and_refuses_a_wrong_password_in_one_line() {
+    let options = steady_testing::EtcdOptions::new().auth("root-secret").user(
+        "slicer",
+        "slicer-secret",
+        steady_slicer::store::DEFAULT_KEY_PREFIX,
+    );
+    let Some(etcd) = steady_testing::Etcd::start_with(options) else { return };
+    let dir = steady_testing::tls::TestPki::new("unused");
+    let (right, wrong) = (dir.dir().join("right"), dir.dir().join("wrong"));
+    std::fs::write(&right, "slicer-secret\n").unwrap();
+    std::fs::write(&wrong, "not-the-password\n").unwrap();
+    let endpoint = etcd.endpoint();
+    let args = [
+        "--job",
+        "users",
+        "--tasks",
+        "3",
+        "--store",
+        "etcd",
+        "--endpoints",
+        &endpoint,
+        "--etcd-user",
+        "slicer",
+    ];
+    {
+        let with_password = [&args[..], &["--etcd-password-file", right.to_str().unwrap()]].concat();
+        let (_running, address, _stderr) = start(&with_password);
+        assert!(first_generation(&address).await >= 1);
+    }
+    let with_wrong = [&args[..], &["--etcd-password-file", wrong.to_str().unwrap()]].concat();
+    let (status, stderr) = refused(&with_wrong);
+    assert!(!status.success());
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with("steady-slicer: store: etcd refused user \"slicer\""), "{stderr}");
+    assert!(!stderr.contains("not-the-password"), "{stderr}");
+}
+
 /// The binary, running: its stdout stays open (it prints a status line per cadence, and
 /// a closed pipe would end it).
 struct Running {

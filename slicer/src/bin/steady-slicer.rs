@@ -7,6 +7,9 @@
 //! steady-slicer --job users --tasks 8 --listen 10.0.0.5:50070 \
 //!     --tls-cert slicer.pem --tls-key slicer.key --tls-client-ca fleet-ca.pem \
 //!     --reporter-names '{job}-{task}.users.svc'
+//! steady-slicer --job users --tasks 8 --store etcd --endpoints https://etcd-0:2379 \
+//!     --etcd-ca etcd-ca.pem --etcd-cert slicer-etcd.pem --etcd-key slicer-etcd.key \
+//!     --etcd-user steady-slicer --etcd-password-file /run/secrets/etcd-password
 //! ```
 //!
 //! With `--tls-cert` and `--tls-key` it serves over TLS. With `--tls-client-ca` it also
@@ -15,6 +18,12 @@
 //! report for task `i` only from a peer whose certificate names task `i` by
 //! `--reporter-names` (default `{job}-{task}`). Without a client CA it warns once at
 //! start that load reports are unauthenticated.
+//!
+//! With `--store etcd`, `--etcd-ca` connects to etcd over TLS (`https://` endpoints),
+//! `--etcd-cert` and `--etcd-key` present a client certificate (etcd's
+//! `--client-cert-auth`), and `--etcd-user` with `--etcd-password-file` (the first line of
+//! the file; never a flag, which `ps` would show) logs in as a user. Settings etcd refuses
+//! end the process at start with one line naming the cause.
 //!
 //! Serves `AssignmentDistributor.Watch` on `--listen`, campaigns to be the job's one
 //! Assigner in the store, and while it leads runs the chosen algorithm every cadence (and
@@ -44,7 +53,8 @@ use steady_slice::MAX_TASK;
 use steady_slicer::assigner::{estimate, AssignerConfig, AssignerService};
 use steady_slicer::load::{LoadBook, LoadCollector, ReporterNames};
 use steady_slicer::store::{
-    check_name, AssignmentStore, EtcdConfig, EtcdStore, MemoryStore, MAX_ASSIGNMENT_BYTES,
+    check_name, AssignmentStore, EtcdAccess, EtcdConfig, EtcdStore, EtcdTls, MemoryStore,
+    MAX_ASSIGNMENT_BYTES,
 };
 use steady_slicer::Distributor;
 use tokio::sync::watch;
@@ -93,6 +103,23 @@ struct Cli {
     /// The etcd lease of the election, seconds (with `--store etcd`; default 5).
     #[arg(long)]
     lease_ttl_secs: Option<u64>,
+
+    // Reaching etcd (with `--store etcd`; checked by `check_etcd_access`).
+    /// Connect to etcd over TLS, trusting this CA (PEM).
+    #[arg(long, value_name = "FILE")]
+    etcd_ca: Option<PathBuf>,
+    /// Present this client certificate to etcd (PEM; with `--etcd-key` and `--etcd-ca`).
+    #[arg(long, value_name = "FILE")]
+    etcd_cert: Option<PathBuf>,
+    /// The private key of `--etcd-cert` (PEM).
+    #[arg(long, value_name = "FILE")]
+    etcd_key: Option<PathBuf>,
+    /// Log in to etcd as this user (with `--etcd-password-file`).
+    #[arg(long, value_name = "USER")]
+    etcd_user: Option<String>,
+    /// The password of `--etcd-user`: the file's first line.
+    #[arg(long, value_name = "FILE")]
+    etcd_password_file: Option<PathBuf>,
 
     // Serving over TLS (checked by `check_tls`).
     /// Serve over TLS with this certificate chain (PEM; with `--tls-key`).
@@ -164,6 +191,8 @@ struct Checked {
     tasks: Tasks,
     config: AssignerConfig,
     tls: ServingTls,
+    /// How to reach etcd (with `--store etcd`).
+    etcd_access: EtcdAccess,
 }
 
 /// How the binary serves: its TLS configuration, and who may report load.
@@ -174,9 +203,10 @@ struct ServingTls {
     reporters: Option<ReporterNames>,
 }
 
-/// Checks every argument before anything starts (the etcd options are checked by
-/// `EtcdStore::connect`, before it connects): each refusal here would otherwise repeat for
-/// as long as the process runs, serving nothing while an error counter moves.
+/// Checks every argument before anything starts (the etcd options' ranges are checked by
+/// `EtcdStore::connect`, before it connects, and what etcd thinks of the credentials by
+/// its first read): each refusal here would otherwise repeat for as long as the process
+/// runs, serving nothing while an error counter moves.
 fn check(cli: &Cli) -> Result<Checked, Failure> {
     check_name("job", &cli.job).map_err(|e| format!("--job: {e}"))?;
     check_name("candidate", &cli.candidate).map_err(|e| format!("--candidate: {e}"))?;
@@ -225,7 +255,60 @@ fn check(cli: &Cli) -> Result<Checked, Failure> {
         .into());
     }
     let tls = check_tls(cli)?;
-    Ok(Checked { assigner, tasks, config, tls })
+    let etcd_access = check_etcd_access(cli)?;
+    Ok(Checked { assigner, tasks, config, tls, etcd_access })
+}
+
+/// How to reach etcd: files read now, so that a missing or unreadable one is one line
+/// before anything starts; the flags only with `--store etcd`, and in pairs.
+fn check_etcd_access(cli: &Cli) -> Result<EtcdAccess, Failure> {
+    let given = [
+        ("--etcd-ca", cli.etcd_ca.is_some()),
+        ("--etcd-cert", cli.etcd_cert.is_some()),
+        ("--etcd-key", cli.etcd_key.is_some()),
+        ("--etcd-user", cli.etcd_user.is_some()),
+        ("--etcd-password-file", cli.etcd_password_file.is_some()),
+    ];
+    if cli.store != StoreKind::Etcd {
+        if let Some((flag, _)) = given.iter().find(|(_, given)| *given) {
+            return Err(format!("{flag} is for --store etcd").into());
+        }
+        return Ok(EtcdAccess::new());
+    }
+    let mut access = EtcdAccess::new();
+    match (&cli.etcd_ca, &cli.etcd_cert, &cli.etcd_key) {
+        (None, None, None) => {}
+        (Some(ca), cert, key) => {
+            let mut tls = EtcdTls::new(read("--etcd-ca", ca)?);
+            match (cert, key) {
+                (Some(cert), Some(key)) => {
+                    tls = tls.identity(read("--etcd-cert", cert)?, read("--etcd-key", key)?);
+                }
+                (None, None) => {}
+                (Some(_), None) => return Err("--etcd-cert needs --etcd-key".into()),
+                (None, Some(_)) => return Err("--etcd-key needs --etcd-cert".into()),
+            }
+            access = access.tls(tls);
+        }
+        (None, _, _) => return Err("--etcd-cert and --etcd-key need --etcd-ca (TLS to etcd)".into()),
+    }
+    match (&cli.etcd_user, &cli.etcd_password_file) {
+        (Some(user), Some(file)) => {
+            let password = String::from_utf8(read("--etcd-password-file", file)?)
+                .map_err(|_| format!("--etcd-password-file {}: not UTF-8", file.display()))?;
+            let password = password.lines().next().unwrap_or_default();
+            if password.is_empty() {
+                return Err(
+                    format!("--etcd-password-file {}: the first line is empty", file.display()).into()
+                );
+            }
+            access = access.user(user.as_str(), password);
+        }
+        (None, None) => {}
+        (Some(_), None) => return Err("--etcd-user needs --etcd-password-file".into()),
+        (None, Some(_)) => return Err("--etcd-password-file needs --etcd-user".into()),
+    }
+    Ok(access)
 }
 
 /// The serving TLS options: files read and parsed now, so that a missing or unreadable
@@ -284,12 +367,13 @@ fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
 }
 
 async fn run(cli: Cli, checked: Checked) -> Result<(), Failure> {
-    let Checked { assigner, tasks, config, tls } = checked;
+    let Checked { assigner, tasks, config, tls, etcd_access } = checked;
     let store: Arc<dyn AssignmentStore> = match cli.store {
         StoreKind::Memory => Arc::new(MemoryStore::new()),
         StoreKind::Etcd => {
             let ttl = Duration::from_secs(cli.lease_ttl_secs.unwrap_or(5));
-            Arc::new(EtcdStore::connect(EtcdConfig::new(cli.endpoints.clone()).lease_ttl(ttl)).await?)
+            let config = EtcdConfig::new(cli.endpoints.clone()).lease_ttl(ttl).access(etcd_access);
+            Arc::new(EtcdStore::connect(config).await?)
         }
     };
     // Bind first: a process that cannot serve must not campaign (and then lead).
