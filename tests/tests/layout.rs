@@ -307,3 +307,71 @@ fn the_shared_etcd_crate_needs_only_the_etcd_client_and_tokio_and_is_optional_fo
         assert!(line.contains("optional = true"), "{user}: steady-etcd must stay optional: {line}");
     }
 }
+
+/// The value of `key` in a manifest's `[package]` table, as written (`None` if absent).
+fn package_field(manifest: &str, key: &str) -> Option<String> {
+    let package = manifest.split("\n[").next().unwrap_or_default();
+    package.lines().find_map(|line| {
+        let (name, value) = line.split_once('=')?;
+        (name.trim() == key).then(|| value.trim().to_owned())
+    })
+}
+
+/// The crates that are not published: tools, benchmarks, tests, examples and test support.
+const UNPUBLISHED: [&str; 5] = ["lab", "benches", "tests", "examples", "testing"];
+
+#[test]
+fn every_library_crate_carries_what_crates_io_needs_and_only_tools_and_tests_stay_unpublished() {
+    for member in members() {
+        let manifest = std::fs::read_to_string(workspace().join(&member).join("Cargo.toml")).unwrap();
+        let field = |key: &str| package_field(&manifest, key);
+        // Every crate, published or not, builds with the workspace's rust-version.
+        assert_eq!(field("rust-version.workspace").as_deref(), Some("true"), "{member}: rust-version");
+        if UNPUBLISHED.contains(&member.as_str()) {
+            assert_eq!(field("publish").as_deref(), Some("false"), "{member} must not be published");
+            continue;
+        }
+        assert_eq!(field("publish"), None, "{member} is a library: it is published");
+        for key in ["description", "license.workspace", "repository.workspace", "version.workspace"] {
+            assert!(field(key).is_some(), "{member}: no {key}");
+        }
+        assert_eq!(field("readme").as_deref(), Some("\"README.md\""), "{member}: readme");
+        let readme = std::fs::read_to_string(workspace().join(&member).join("README.md"))
+            .unwrap_or_else(|e| panic!("{member}/README.md: {e}"));
+        assert!(readme.starts_with(&format!("# {}", field("name").unwrap().trim_matches('"'))), "{member}");
+        for license in ["LICENSE-MIT", "LICENSE-APACHE"] {
+            assert!(workspace().join(&member).join(license).is_file(), "{member}: no {license}");
+        }
+        let list = |key: &str| -> Vec<String> {
+            let value = field(key).unwrap_or_else(|| panic!("{member}: no {key}"));
+            value.trim_matches(['[', ']']).split(',').map(|s| s.trim().trim_matches('"').to_owned()).collect()
+        };
+        let keywords = list("keywords");
+        assert!((1..=5).contains(&keywords.len()), "{member}: 1 to 5 keywords: {keywords:?}");
+        for keyword in &keywords {
+            let valid = keyword.len() <= 20
+                && keyword.starts_with(|c: char| c.is_ascii_alphabetic())
+                && keyword.chars().all(|c| c.is_ascii_alphanumeric() || "-_+".contains(c));
+            assert!(valid, "{member}: keyword {keyword:?}");
+        }
+        assert!((1..=5).contains(&list("categories").len()), "{member}: 1 to 5 categories");
+    }
+}
+
+#[test]
+fn every_published_workspace_dependency_names_its_version() {
+    let manifest = std::fs::read_to_string(workspace().join("Cargo.toml")).unwrap();
+    let table = manifest.split("[workspace.package]").nth(1).expect("a [workspace.package] table");
+    let version = package_field(table, "version").expect("the workspace's version");
+    let paths: Vec<&str> =
+        manifest.lines().filter(|l| l.starts_with("steady-") && l.contains("path =")).collect();
+    assert!(paths.len() >= 12, "{paths:?}");
+    for line in paths {
+        if line.starts_with("steady-testing ") {
+            // A dev-dependency only: without a version, packaging drops it.
+            assert!(!line.contains("version"), "{line}");
+        } else {
+            assert!(line.contains(&format!("version = {version}")), "no version {version}: {line}");
+        }
+    }
+}
