@@ -40,8 +40,10 @@
 
 mod backoff;
 mod config_error;
+mod error_chain;
 mod job;
 
 pub use backoff::{Backoff, MAX_BACKOFF};
 pub use config_error::ConfigError;
+pub use error_chain::error_chain;
 pub use job::{valid_job_name, JobView, Task, TaskState, MAX_JOB_NAME_LEN};

@@ -6,6 +6,7 @@ use std::fmt;
 use std::time::Duration;
 
 use http::Uri;
+use steady_core::error_chain;
 #[cfg(feature = "tls")]
 use tonic::transport::ClientTlsConfig;
 use tonic::transport::{Channel, Endpoint};
@@ -186,7 +187,7 @@ impl EndpointTemplate {
     pub fn endpoint(&self, address: &str) -> Result<Endpoint, TemplateError> {
         let uri = self.uri_of(address);
         let endpoint = Endpoint::from_shared(uri.clone())
-            .map_err(|error| TemplateError::Address { address: uri, reason: chain(&error) })?;
+            .map_err(|error| TemplateError::Address { address: uri, reason: error_chain(&error) })?;
         self.apply(endpoint)
     }
 
@@ -258,7 +259,7 @@ impl EndpointTemplate {
             None => return Ok(endpoint),
         };
         let uri = endpoint.uri().to_string();
-        endpoint.tls_config(tls).map_err(|error| TemplateError::Tls { uri, reason: chain(&error) })
+        endpoint.tls_config(tls).map_err(|error| TemplateError::Tls { uri, reason: error_chain(&error) })
     }
 
     #[cfg(not(feature = "tls"))]
@@ -326,7 +327,7 @@ pub struct ConnectError {
 
 impl ConnectError {
     fn new(uri: &str, error: &(dyn StdError + 'static)) -> Self {
-        Self { uri: uri.to_owned(), reason: chain(error) }
+        Self { uri: uri.to_owned(), reason: error_chain(error) }
     }
 
     /// The endpoint it was connecting to.
@@ -347,21 +348,6 @@ impl fmt::Display for ConnectError {
 }
 
 impl StdError for ConnectError {}
-
-/// `error` and its sources, joined by ": ", each message once (wrappers often repeat
-/// their source's text).
-pub(crate) fn chain(error: &(dyn StdError + 'static)) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut next = Some(error);
-    while let Some(e) = next {
-        let text = e.to_string();
-        if !parts.iter().any(|p| p.contains(&text)) {
-            parts.push(text);
-        }
-        next = e.source();
-    }
-    parts.join(": ")
-}
 
 #[cfg(test)]
 mod tests {
@@ -404,23 +390,5 @@ mod tests {
     fn https_without_the_tls_feature_fails_instead_of_speaking_plaintext() {
         let error = EndpointTemplate::new().endpoint("https://127.0.0.1:1").unwrap_err();
         assert_eq!(error, TemplateError::TlsNotBuilt { uri: "https://127.0.0.1:1/".into() });
-    }
-
-    #[test]
-    fn the_chain_names_every_cause_once() {
-        #[derive(Debug)]
-        struct Outer(std::io::Error);
-        impl fmt::Display for Outer {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("transport error")
-            }
-        }
-        impl StdError for Outer {
-            fn source(&self) -> Option<&(dyn StdError + 'static)> {
-                Some(&self.0)
-            }
-        }
-        let error = Outer(std::io::Error::other("invalid peer certificate: UnknownIssuer"));
-        assert_eq!(chain(&error), "transport error: invalid peer certificate: UnknownIssuer");
     }
 }

@@ -346,24 +346,13 @@ fn check_tls(cli: &Cli) -> Result<ServingTls, Failure> {
     // Built once here, so that a file that holds no certificate or key fails now.
     tonic::transport::Server::builder()
         .tls_config(server.clone())
-        .map_err(|e| format!("--tls-cert/--tls-key: {}", error_chain(&e)))?;
+        .map_err(|e| format!("--tls-cert/--tls-key: {}", steady_core::error_chain(&e)))?;
     Ok(ServingTls { server: Some(server), reporters })
 }
 
 /// The contents of the file `flag` names, or one line saying why not.
 fn read(flag: &str, path: &Path) -> Result<Vec<u8>, Failure> {
     std::fs::read(path).map_err(|e| format!("{flag} {}: {e}", path.display()).into())
-}
-
-/// An error and its sources in one line.
-fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut line = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        line.push_str(&format!(": {e}"));
-        source = e.source();
-    }
-    line
 }
 
 async fn run(cli: Cli, checked: Checked) -> Result<(), Failure> {
