@@ -76,6 +76,8 @@ mod control;
 mod error;
 mod key;
 mod layer;
+#[cfg(feature = "metrics")]
+mod metrics;
 mod route;
 mod service;
 mod stats;

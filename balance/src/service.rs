@@ -74,7 +74,7 @@ use steady_core::JobView;
 /// reads gRPC statuses) lets outlier ejection see server faults
 /// ([`crate::OutlierDetection`]).
 pub struct Balance<S, K = NoKey, C = TransportErrors> {
-    shared: Arc<Shared<S>>,
+    pub(crate) shared: Arc<Shared<S>>,
     commands: mpsc::UnboundedSender<Command>,
     keys: K,
     classify: C,

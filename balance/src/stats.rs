@@ -80,6 +80,8 @@ pub struct BalanceStats {
     pub version: u64,
     /// The generation of the assignment in force (`None` before the first).
     pub assignment_generation: Option<u64>,
+    /// How long ago the assignment in force was accepted (`None` before the first).
+    pub assignment_age: Option<std::time::Duration>,
     /// Assignments accepted (newer than the one in force).
     pub assignments_accepted: u64,
     /// Assignments ignored because they were not newer.
@@ -149,6 +151,7 @@ impl BalanceStats {
             members,
             version: table.version,
             assignment_generation: table.slices.as_ref().map(|s| s.generation),
+            assignment_age: c.assignment_accepted_at.lock().ok().and_then(|at| at.map(|at| at.elapsed())),
             assignments_accepted: c.assignments_accepted.load(Ordering::Relaxed),
             assignments_stale: c.assignments_stale.load(Ordering::Relaxed),
             assignments_rejected: c.assignments_rejected.load(Ordering::Relaxed),

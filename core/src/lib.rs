@@ -42,6 +42,8 @@ mod backoff;
 mod config_error;
 mod error_chain;
 mod job;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 
 pub use backoff::{Backoff, MAX_BACKOFF};
 pub use config_error::ConfigError;

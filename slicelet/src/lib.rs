@@ -54,6 +54,8 @@
 
 mod layer;
 mod meter;
+#[cfg(feature = "metrics")]
+mod metrics;
 pub mod report;
 mod reporter;
 mod sketch;

@@ -21,9 +21,11 @@ use super::Slicelet;
 pub const MIN_REPORT_INTERVAL: Duration = Duration::from_millis(1);
 
 #[derive(Debug, Default)]
-struct Counters {
-    sent: AtomicU64,
-    streams: AtomicU64,
+pub(crate) struct Counters {
+    pub(crate) sent: AtomicU64,
+    pub(crate) streams: AtomicU64,
+    /// Connection attempts that failed and streams that broke.
+    pub(crate) failed: AtomicU64,
 }
 
 /// The task that streams a [`Slicelet`]'s load reports for one job to a
@@ -46,7 +48,7 @@ struct Counters {
 #[derive(Debug)]
 pub struct LoadReporter {
     task: JoinHandle<()>,
-    counters: Arc<Counters>,
+    pub(crate) counters: Arc<Counters>,
 }
 
 impl LoadReporter {
@@ -86,6 +88,12 @@ impl LoadReporter {
         self.counters.streams.load(Ordering::Relaxed)
     }
 
+    /// Connections to the collector that failed and report streams that broke (each
+    /// followed by a reconnection after the backoff).
+    pub fn failures(&self) -> u64 {
+        self.counters.failed.load(Ordering::Relaxed)
+    }
+
     /// Stops the task now (the open stream, if any, is reset; the collector counts what it
     /// received).
     pub fn stop(self) {
@@ -117,6 +125,7 @@ async fn run(
         let mut client = match LoadCollectorClient::connect(endpoint.clone()).await {
             Ok(client) => client,
             Err(error) => {
+                counters.failed.fetch_add(1, Ordering::Relaxed);
                 failures = failures.saturating_add(1);
                 tracing::warn!(%job, %error, failures, "load reporter: cannot connect to the collector");
                 continue;
@@ -136,7 +145,10 @@ async fn run(
                     "load reporter: the collector ended the stream; reopening"
                 );
             }
-            Err(status) => tracing::warn!(%job, %status, "load reporter: stream broke; reconnecting"),
+            Err(status) => {
+                counters.failed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%job, %status, "load reporter: stream broke; reconnecting");
+            }
         }
         // A stream that lasted an interval worked: start the backoff over.
         failures = if opened.elapsed() >= interval { 1 } else { failures.saturating_add(1) };

@@ -48,7 +48,7 @@ pub const MAX_WATCHERS: usize = 65_536;
 /// ([`Distributor::current`], [`Distributor::watchers`]) never add an entry.
 #[derive(Debug, Clone)]
 pub struct Distributor {
-    jobs: Arc<Mutex<Jobs>>,
+    pub(crate) jobs: Arc<Mutex<Jobs>>,
     /// Bumped by [`Distributor::close_watchers`]: every open stream ends.
     epoch: watch::Sender<u64>,
     max_unpublished_jobs: usize,
@@ -58,12 +58,14 @@ pub struct Distributor {
 /// The jobs a distributor holds: every published job, and every unpublished job with
 /// at least one watcher.
 #[derive(Debug, Default)]
-struct Jobs {
-    by_name: HashMap<String, watch::Sender<Option<Assignment>>>,
+pub(crate) struct Jobs {
+    pub(crate) by_name: HashMap<String, watch::Sender<Option<Assignment>>>,
     /// How many entries of `by_name` hold no assignment yet.
     unpublished: usize,
     /// Watch streams open now, over all jobs.
-    watchers: usize,
+    pub(crate) watchers: usize,
+    /// Assignments published (newer than the one held) so far.
+    pub(crate) publications: u64,
 }
 
 impl Default for Distributor {
@@ -121,9 +123,10 @@ impl Distributor {
         // job could remove its entry between our finding it and filling it, and the
         // assignment would be lost with the entry.
         let mut jobs = self.lock();
-        let Jobs { by_name, unpublished, .. } = &mut *jobs;
+        let Jobs { by_name, unpublished, publications, .. } = &mut *jobs;
         let Some(sender) = by_name.get(job) else {
             by_name.insert(job.to_owned(), watch::Sender::new(Some(assignment)));
+            *publications += 1;
             return true;
         };
         let mut was_unpublished = false;
@@ -138,6 +141,9 @@ impl Distributor {
         if was_unpublished {
             *unpublished -= 1;
         }
+        if published {
+            *publications += 1;
+        }
         published
     }
 
@@ -149,6 +155,16 @@ impl Distributor {
     /// How many watchers `job` has now.
     pub fn watchers(&self, job: &str) -> usize {
         self.lock().by_name.get(job).map_or(0, watch::Sender::receiver_count)
+    }
+
+    /// Watch streams open now, over all jobs.
+    pub fn total_watchers(&self) -> usize {
+        self.lock().watchers
+    }
+
+    /// Assignments published so far (each newer than the one it replaced).
+    pub fn publications(&self) -> u64 {
+        self.lock().publications
     }
 
     /// How many jobs it holds now: the published ones, and the unpublished ones that have
@@ -200,7 +216,7 @@ struct Subscription {
     /// `Some` until dropped.
     updates: Option<watch::Receiver<Option<Assignment>>>,
     job: String,
-    jobs: Arc<Mutex<Jobs>>,
+    pub(crate) jobs: Arc<Mutex<Jobs>>,
 }
 
 impl Subscription {
@@ -215,7 +231,7 @@ impl Drop for Subscription {
         // watchers subscribe under the same lock, so the count cannot grow meanwhile.
         drop(self.updates.take());
         let mut jobs = self.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let Jobs { by_name, unpublished, watchers } = &mut *jobs;
+        let Jobs { by_name, unpublished, watchers, .. } = &mut *jobs;
         *watchers -= 1;
         let entry = by_name.get(&self.job);
         debug_assert!(entry.is_some(), "a watched job keeps its entry while it has watchers");

@@ -62,6 +62,10 @@ pub mod assigner;
 pub mod cli;
 mod distributor;
 pub mod load;
+#[cfg(feature = "metrics")]
+mod metrics;
+#[cfg(feature = "status")]
+pub mod status;
 pub mod store;
 
 pub use distributor::{Distributor, WatchStream, MAX_JOB_NAME_LEN, MAX_UNPUBLISHED_JOBS, MAX_WATCHERS};

@@ -132,6 +132,14 @@ impl SteadyChannel {
         self.balance.stats()
     }
 
+    /// Registers the channel's OpenTelemetry instruments in `meter`, labelled
+    /// `grpc.target = target` (feature `metrics`; see `Balance::observe_metrics`): read
+    /// when the application's reader collects, nothing added per request.
+    #[cfg(feature = "metrics")]
+    pub fn observe_metrics(&self, meter: &opentelemetry::metrics::Meter, target: &str) {
+        self.balance.observe_metrics(meter, target);
+    }
+
     /// Changes `k` at run time.
     ///
     /// # Errors

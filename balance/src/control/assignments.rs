@@ -148,6 +148,9 @@ impl Assignments {
             }
             Some(Ok(assignment)) => {
                 Counters::add(&counters.assignments_accepted, 1);
+                if let Ok(mut at) = counters.assignment_accepted_at.lock() {
+                    *at = Some(std::time::Instant::now());
+                }
                 tracing::info!(
                     generation = assignment.generation(),
                     slices = assignment.slices().len(),

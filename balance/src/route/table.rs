@@ -90,6 +90,8 @@ pub(crate) struct Counters {
     /// the retirement).
     pub(crate) call_failures: AtomicU64,
     pub(crate) closed_keyed: AtomicU64,
+    /// When the assignment in force was accepted (its age is reported).
+    pub(crate) assignment_accepted_at: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl Counters {

@@ -46,7 +46,7 @@ use tokio::time::Instant;
 
 pub use config::{AssignerConfig, AssignerConfigError, MIN_BACKOFF, MIN_CADENCE};
 pub use estimate::estimate;
-pub use stats::AssignerStats;
+pub use stats::{AssignerStats, RunRecord, RUN_HISTORY};
 pub use tasks::{follow_job, tasks_of};
 
 use config::CONFLICTS_BEFORE_BACKOFF;
@@ -103,6 +103,12 @@ impl AssignerHandle {
     /// What the service has done so far.
     pub fn stats(&self) -> &AssignerStats {
         &self.stats
+    }
+
+    /// The same statistics, shared: they stay readable after the handle is gone (a
+    /// status page, a metrics callback).
+    pub fn shared_stats(&self) -> Arc<AssignerStats> {
+        self.stats.clone()
     }
 
     /// Whether the service's task is still running (it ends only when stopped).
@@ -204,12 +210,14 @@ impl AssignerService {
                 }
             };
             stats.terms.fetch_add(1, Ordering::Relaxed);
+            stats.leading.store(true, Ordering::Relaxed);
             tracing::info!(job = %self.job, candidate = %self.candidate, "assigner: leading");
             let signal = tokio::select! {
                 biased;
                 s = signals.wait_for(|&s| s != Signal::Run) => s.map_or(Signal::Stop, |s| *s),
                 () = self.lead(&leadership, &mut tasks, &stats, &mut failures, &mut last_publication) => Signal::Run,
             };
+            stats.leading.store(false, Ordering::Relaxed);
             match signal {
                 Signal::Run => {
                     tracing::info!(job = %self.job, candidate = %self.candidate, "assigner: term over")
@@ -339,11 +347,23 @@ impl AssignerService {
                 return Ok(None);
             }
         };
-        if outcome.report.unchanged {
+        let report = &outcome.report;
+        stats.run_nanos.fetch_add(report.elapsed.as_nanos() as u64, Ordering::Relaxed);
+        if report.unchanged {
             return Ok(None);
         }
-        tracing::debug!(job = %self.job, report = %outcome.report, "assigner: run");
-        self.store.write(leadership, current, &outcome.assignment).await.map(Some)
+        tracing::debug!(job = %self.job, report = %report, "assigner: run");
+        let written = self.store.write(leadership, current, &outcome.assignment).await?;
+        stats.record(RunRecord {
+            generation: written.generation(),
+            at: std::time::SystemTime::now(),
+            imbalance_before: report.imbalance_before,
+            imbalance_after: report.imbalance_after,
+            key_churn: report.key_churn,
+            moves: report.moves,
+            elapsed: report.elapsed,
+        });
+        Ok(Some(written))
     }
 
     /// Gives the assignment of `snapshot` to the Distributor and tells the LoadBook.

@@ -1,6 +1,33 @@
 //! [`AssignerStats`]: what an Assigner service has done.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use steady_assigner::Moves;
+
+/// How many published runs [`AssignerStats::history`] keeps.
+pub const RUN_HISTORY: usize = 64;
+
+/// One run that published a new generation, as the status page and the metrics show it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunRecord {
+    /// The generation it produced.
+    pub generation: u64,
+    /// When the run ended.
+    pub at: SystemTime,
+    /// The previous assignment's imbalance under the run's load (`None`: no previous).
+    pub imbalance_before: Option<f64>,
+    /// The new assignment's imbalance (busiest serving task's load / mean).
+    pub imbalance_after: f64,
+    /// The share of the key space whose owners changed.
+    pub key_churn: f64,
+    /// The changes made, by kind.
+    pub moves: Moves,
+    /// How long the assigner's computation took.
+    pub elapsed: Duration,
+}
 
 /// What an Assigner service has done, for tests, logs and the demo.
 #[derive(Debug, Default)]
@@ -11,6 +38,13 @@ pub struct AssignerStats {
     pub(super) conflicts: AtomicU64,
     pub(super) errors: AtomicU64,
     pub(super) generation: AtomicU64,
+    pub(super) leading: AtomicBool,
+    /// Total time spent in assigner runs, in nanoseconds.
+    pub(super) run_nanos: AtomicU64,
+    /// The latest published runs, oldest first (at most [`RUN_HISTORY`]).
+    pub(super) history: Mutex<VecDeque<RunRecord>>,
+    /// Every move so far, by kind (the sums of each published run's).
+    pub(super) moves: Mutex<Moves>,
 }
 
 impl AssignerStats {
@@ -38,5 +72,40 @@ impl AssignerStats {
     /// The last generation this service published (0: none).
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Relaxed)
+    }
+    /// Whether this service leads its job now.
+    pub fn is_leading(&self) -> bool {
+        self.leading.load(Ordering::Relaxed)
+    }
+    /// Time spent in assigner runs so far.
+    pub fn run_time(&self) -> Duration {
+        Duration::from_nanos(self.run_nanos.load(Ordering::Relaxed))
+    }
+    /// The latest runs that published a generation, oldest first (at most
+    /// [`RUN_HISTORY`]).
+    pub fn history(&self) -> Vec<RunRecord> {
+        self.history.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect()
+    }
+    /// Every move of the published runs so far, by kind.
+    pub fn moves(&self) -> Moves {
+        *self.moves.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn record(&self, run: RunRecord) {
+        {
+            let mut total = self.moves.lock().unwrap_or_else(|p| p.into_inner());
+            let m = &run.moves;
+            total.forced += m.forced;
+            total.merged += m.merged;
+            total.moved += m.moved;
+            total.replicas_added += m.replicas_added;
+            total.replicas_removed += m.replicas_removed;
+            total.split += m.split;
+        }
+        let mut history = self.history.lock().unwrap_or_else(|p| p.into_inner());
+        if history.len() == RUN_HISTORY {
+            history.pop_front();
+        }
+        history.push_back(run);
     }
 }

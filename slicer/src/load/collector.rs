@@ -43,11 +43,11 @@ const _: () = assert!(MAX_REPORT_MESSAGE_BYTES > (MAX_REPORTED_SLICES + MAX_REPO
 pub const MAX_LOGGED_REFUSED_PEERS: usize = 1024;
 
 #[derive(Debug, Default)]
-struct Counters {
-    invalid: AtomicU64,
+pub(crate) struct Counters {
+    pub(crate) invalid: AtomicU64,
     streams_ended_invalid: AtomicU64,
-    open_streams: AtomicUsize,
-    refused: AtomicU64,
+    pub(crate) open_streams: AtomicUsize,
+    pub(crate) refused: AtomicU64,
     /// The peers whose refusals were logged (bounded by [`MAX_LOGGED_REFUSED_PEERS`]).
     refused_peers: Mutex<HashSet<String>>,
 }
@@ -91,7 +91,7 @@ pub struct LoadCollector {
     book: LoadBook,
     /// Who may report for which task; `None`: anyone.
     reporters: Option<ReporterNames>,
-    counters: Arc<Counters>,
+    pub(crate) counters: Arc<Counters>,
     /// Bumped by [`LoadCollector::close_streams`]: every open stream ends.
     epoch: watch::Sender<u64>,
     max_invalid_in_a_row: u32,
@@ -217,7 +217,7 @@ impl LoadCollector {
 /// One admitted stream; dropping it frees its place.
 #[derive(Debug)]
 struct OpenStream {
-    counters: Arc<Counters>,
+    pub(crate) counters: Arc<Counters>,
 }
 
 impl Drop for OpenStream {

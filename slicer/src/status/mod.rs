@@ -1,0 +1,307 @@
+//! The control plane's HTTP pages (feature `status`): Prometheus text at `/metrics` and a
+//! status page at `/`, for one job.
+//!
+//! ```no_run
+//! # async fn run(sources: steady_slicer::status::StatusSources) -> std::io::Result<()> {
+//! use steady_slicer::status::{MetricsRegistry, StatusServer};
+//!
+//! let registry = MetricsRegistry::new();
+//! // Components register their instruments in registry.meter() (see their observe_metrics).
+//! // Loopback: the pages are for the operator's own machine or a scraper beside it.
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:9464").await?;
+//! StatusServer::new(sources, registry).serve(listener).await
+//! # }
+//! ```
+//!
+//! * `/metrics`: every instrument registered in the [`MetricsRegistry`]'s meter, read at
+//!   the scrape (nothing is computed between scrapes), in the Prometheus text format.
+//! * `/`: the assignment in force drawn over the key space (aggregated into a fixed
+//!   number of columns, so 15,000 slices cost what 15 do), each task's state, slices, key
+//!   share and load from its latest report, imbalance and key churn over the last
+//!   published runs, the leader and the store, and recent events (leadership changes,
+//!   generations, drains and departures, refused and dropped reports). One HTML document
+//!   with inline SVG, no external assets and no script, refreshing itself every
+//!   [`REFRESH`].
+//!
+//! # Bounds
+//!
+//! The pages serve whoever reaches the listener, so bind it where only operators and the
+//! scraper can (loopback by default in the binary). At most [`MAX_CONNECTIONS`] are served
+//! at once (more wait in the kernel's backlog); a request's headers must arrive within
+//! [`HEADER_TIMEOUT`]; the event log keeps the last [`MAX_EVENTS`] events.
+
+mod page;
+mod prometheus;
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use steady_assigner::{TaskState, Tasks};
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+
+pub use page::KEY_SPACE_COLUMNS;
+pub use prometheus::MetricsRegistry;
+
+use crate::assigner::AssignerStats;
+use crate::load::LoadCollector;
+use crate::Distributor;
+
+/// How often the status page reloads itself.
+pub const REFRESH: Duration = Duration::from_secs(2);
+/// The most connections served at once.
+pub const MAX_CONNECTIONS: usize = 64;
+/// How long a request's headers may take to arrive.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// How many events the page keeps.
+pub const MAX_EVENTS: usize = 100;
+/// How old a load report may be to count on the page.
+const FRESH_REPORTS: Duration = Duration::from_secs(30);
+/// How often the event log looks for changes.
+const EVENT_POLL: Duration = Duration::from_millis(250);
+
+/// What the pages read: one job's control plane.
+#[derive(Debug, Clone)]
+pub struct StatusSources {
+    /// The job.
+    pub job: String,
+    /// This instance's name in the election.
+    pub candidate: String,
+    /// The store, as the page names it (`memory`, `etcd at https://...`).
+    pub store: String,
+    /// The Distributor it serves.
+    pub distributor: Distributor,
+    /// The load collector (and through it, the book).
+    pub collector: LoadCollector,
+    /// The Assigner service's statistics ([`crate::assigner::AssignerHandle::shared_stats`]).
+    pub assigner: Arc<AssignerStats>,
+    /// The task set the Assigner follows.
+    pub tasks: watch::Receiver<Tasks>,
+}
+
+/// The HTTP server of the pages; see the module documentation.
+#[derive(Debug, Clone)]
+pub struct StatusServer {
+    sources: StatusSources,
+    registry: MetricsRegistry,
+    events: Arc<Mutex<VecDeque<(SystemTime, String)>>>,
+}
+
+impl StatusServer {
+    /// The pages of `sources`, with `registry`'s instruments at `/metrics`.
+    pub fn new(sources: StatusSources, registry: MetricsRegistry) -> Self {
+        Self { sources, registry, events: Arc::default() }
+    }
+
+    /// The Prometheus text `/metrics` serves now.
+    pub fn metrics(&self) -> String {
+        self.registry.render()
+    }
+
+    /// The HTML `/` serves now.
+    pub fn page(&self) -> String {
+        page::render(&self.snapshot())
+    }
+
+    /// Serves the pages on `listener` until the future is dropped, and keeps the event
+    /// log meanwhile.
+    ///
+    /// # Errors
+    ///
+    /// Only when accepting connections fails for good (the listener is closed).
+    pub async fn serve(self, listener: TcpListener) -> std::io::Result<()> {
+        let watcher = tokio::spawn(self.clone().watch_events());
+        let _stop_watcher = AbortOnDrop(watcher);
+        let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+        loop {
+            let permit = permits.clone().acquire_owned().await.expect("never closed");
+            let (stream, _) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                // A connection that failed before we took it (reset, out of descriptors
+                // for a moment): the next one may work.
+                Err(error) if is_transient(&error) => {
+                    tracing::debug!(%error, "status: accept failed; going on");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+                Err(error) => return Err(error),
+            };
+            let server = self.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |request| {
+                    let server = server.clone();
+                    async move { Ok::<_, Infallible>(server.respond(&request)) }
+                });
+                let connection = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEADER_TIMEOUT)
+                    .serve_connection(TokioIo::new(stream), service);
+                if let Err(error) = connection.await {
+                    tracing::debug!(%error, "status: connection ended with an error");
+                }
+                drop(permit);
+            });
+        }
+    }
+
+    fn respond<B>(&self, request: &Request<B>) -> Response<Full<Bytes>> {
+        let (status, content_type, body) = match (request.method().as_str(), request.uri().path()) {
+            ("GET", "/") => (StatusCode::OK, "text/html; charset=utf-8", self.page()),
+            ("GET", "/metrics") => {
+                (StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", self.metrics())
+            }
+            ("GET", _) => {
+                (StatusCode::NOT_FOUND, "text/plain", "not found: / and /metrics are served\n".to_owned())
+            }
+            _ => (StatusCode::METHOD_NOT_ALLOWED, "text/plain", "GET only\n".to_owned()),
+        };
+        let mut response = Response::new(Full::new(Bytes::from(body)));
+        *response.status_mut() = status;
+        if let Ok(value) = content_type.parse() {
+            response.headers_mut().insert(hyper::header::CONTENT_TYPE, value);
+        }
+        response
+    }
+
+    fn snapshot(&self) -> page::Snapshot {
+        let s = &self.sources;
+        let job = &s.job;
+        page::Snapshot {
+            job: job.clone(),
+            candidate: s.candidate.clone(),
+            store: s.store.clone(),
+            leading: s.assigner.is_leading(),
+            assignment: s.distributor.current(job),
+            tasks: s.tasks.borrow().iter().collect(),
+            loads: s
+                .collector
+                .book()
+                .fresh(job, FRESH_REPORTS)
+                .iter()
+                .map(|r| (r.report.task(), r.report.total()))
+                .collect(),
+            history: s.assigner.history(),
+            watchers: s.distributor.watchers(job),
+            reports_accepted: s.collector.book().accepted(),
+            reports_refused: s.collector.refused(),
+            events: self.events.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect(),
+            refresh: REFRESH,
+        }
+    }
+
+    fn event(&self, text: String) {
+        tracing::info!(job = %self.sources.job, event = %text, "status");
+        let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        if events.len() == MAX_EVENTS {
+            events.pop_front();
+        }
+        events.push_back((SystemTime::now(), text));
+    }
+
+    /// Turns changes of the sources into events, forever (polling: every source is a
+    /// counter or a snapshot already).
+    async fn watch_events(self) {
+        let s = &self.sources;
+        let mut seen = Seen::read(s);
+        loop {
+            tokio::time::sleep(EVENT_POLL).await;
+            let now = Seen::read(s);
+            for event in seen.changes(&now, s) {
+                self.event(event);
+            }
+            seen = now;
+        }
+    }
+}
+
+/// What the event log compares between two looks.
+struct Seen {
+    leading: bool,
+    generation: u64,
+    tasks: Vec<(u32, TaskState)>,
+    refused: u64,
+    dropped: u64,
+    invalid: u64,
+}
+
+impl Seen {
+    fn read(s: &StatusSources) -> Self {
+        Self {
+            leading: s.assigner.is_leading(),
+            generation: s.distributor.current(&s.job).map_or(0, |a| a.generation()),
+            tasks: s.tasks.borrow().iter().collect(),
+            refused: s.collector.refused(),
+            dropped: s.collector.book().dropped(),
+            invalid: s.collector.invalid(),
+        }
+    }
+
+    fn changes(&self, now: &Self, s: &StatusSources) -> Vec<String> {
+        let mut events = Vec::new();
+        if now.leading != self.leading {
+            events.push(if now.leading {
+                format!("{} became the leader (failover or start)", s.candidate)
+            } else {
+                format!("{} lost the leadership", s.candidate)
+            });
+        }
+        if now.generation != self.generation {
+            let run = s.assigner.history().into_iter().find(|r| r.generation == now.generation);
+            events.push(match run {
+                Some(r) => format!(
+                    "generation {} published: imbalance {} to {:.2}, key churn {:.2}%",
+                    r.generation,
+                    r.imbalance_before.map_or("n/a".to_owned(), |b| format!("{b:.2}")),
+                    r.imbalance_after,
+                    r.key_churn * 100.0
+                ),
+                None => format!("generation {} in force (from the store)", now.generation),
+            });
+        }
+        for &(task, state) in &now.tasks {
+            let before = self.tasks.iter().find(|(t, _)| *t == task).map(|(_, s)| *s);
+            match (before, state) {
+                (None, _) => events.push(format!("task {task} joined ({state:?})")),
+                (Some(b), s) if b != s => events.push(format!("task {task}: {b:?} to {s:?}")),
+                _ => {}
+            }
+        }
+        for &(task, _) in &self.tasks {
+            if !now.tasks.iter().any(|(t, _)| *t == task) {
+                events.push(format!("task {task} left the job"));
+            }
+        }
+        for (what, before, after) in [
+            ("load reports refused (sender not authorized for the task)", self.refused, now.refused),
+            ("load reports dropped (unknown job, task or generation)", self.dropped, now.dropped),
+            ("invalid load report messages", self.invalid, now.invalid),
+        ] {
+            if after > before {
+                events.push(format!("{} {what}", after - before));
+            }
+        }
+        events
+    }
+}
+
+/// Aborts the task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Accept errors that concern one connection, not the listener.
+fn is_transient(error: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(error.kind(), ConnectionAborted | ConnectionReset | Interrupted | WouldBlock)
+        || error.raw_os_error().is_some_and(|code| code == 23 || code == 24) // ENFILE, EMFILE
+}

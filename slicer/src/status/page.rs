@@ -1,0 +1,310 @@
+//! The status page: one self-contained HTML document with inline SVG (no external
+//! assets, no script), drawn from a [`Snapshot`] of the control plane.
+//!
+//! It stays readable at 100 tasks and 15,000 slices: the key space is drawn as
+//! [`KEY_SPACE_COLUMNS`] columns, each coloured by the task that holds most of its keys
+//! (never one box per slice), and the tasks are a table with one row each.
+
+use std::fmt::Write as _;
+use std::time::{Duration, SystemTime};
+
+use steady_assigner::{Assignment, TaskState};
+
+use crate::assigner::RunRecord;
+
+/// How many columns the key-space strip has, whatever the number of slices.
+pub const KEY_SPACE_COLUMNS: usize = 600;
+
+/// What the page shows, read from the components at request time.
+#[derive(Debug, Clone)]
+pub(crate) struct Snapshot {
+    pub(crate) job: String,
+    pub(crate) candidate: String,
+    pub(crate) store: String,
+    pub(crate) leading: bool,
+    pub(crate) assignment: Option<Assignment>,
+    /// Task states from the task set the Assigner follows.
+    pub(crate) tasks: Vec<(u32, TaskState)>,
+    /// Each reporting task's load (requests per second) from its latest fresh report.
+    pub(crate) loads: Vec<(u32, f64)>,
+    pub(crate) history: Vec<RunRecord>,
+    pub(crate) watchers: usize,
+    pub(crate) reports_accepted: u64,
+    pub(crate) reports_refused: u64,
+    pub(crate) events: Vec<(SystemTime, String)>,
+    pub(crate) refresh: Duration,
+}
+
+/// One task's row.
+#[derive(Debug, Default, Clone)]
+struct Row {
+    state: Option<TaskState>,
+    slices: usize,
+    replicas_shared: usize,
+    share: f64,
+    load: Option<f64>,
+}
+
+pub(crate) fn render(s: &Snapshot) -> String {
+    let mut rows: std::collections::BTreeMap<u32, Row> = std::collections::BTreeMap::new();
+    for &(task, state) in &s.tasks {
+        rows.entry(task).or_default().state = Some(state);
+    }
+    if let Some(a) = &s.assignment {
+        for (i, slice) in a.slices().iter().enumerate() {
+            let share = a.range(i).fraction() / slice.replicas.len() as f64;
+            for &task in &slice.replicas {
+                let row = rows.entry(task).or_default();
+                row.slices += 1;
+                row.share += share;
+                if slice.replicas.len() > 1 {
+                    row.replicas_shared += 1;
+                }
+            }
+        }
+    }
+    for &(task, load) in &s.loads {
+        rows.entry(task).or_default().load = Some(load);
+    }
+    let generation = s.assignment.as_ref().map_or(0, Assignment::generation);
+    let loads: Vec<f64> = s.loads.iter().map(|(_, l)| *l).filter(|l| *l > 0.0).collect();
+    let imbalance = if loads.is_empty() {
+        None
+    } else {
+        let mean = loads.iter().sum::<f64>() / loads.len() as f64;
+        Some(loads.iter().copied().fold(0.0, f64::max) / mean)
+    };
+    let mut html = String::with_capacity(64 * 1024);
+    let _ = write!(
+        html,
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta http-equiv=\"refresh\" content=\"{refresh}\">\
+         <title>steady-slicer: {job}</title><style>{STYLE}</style></head><body>\
+         <h1>steady-slicer <span id=\"job\">{job}</span></h1>\
+         <p class=\"summary\">generation <b id=\"generation\">{generation}</b> · imbalance \
+         <b id=\"imbalance\">{imbalance}</b> (busiest task's reported load / mean) · \
+         <span id=\"leader\">{leader}</span> · store <span id=\"store\">{store}</span> · \
+         {watchers} watchers · reports accepted {accepted}, refused {refused}</p>",
+        refresh = s.refresh.as_secs().max(1),
+        job = esc(&s.job),
+        imbalance = imbalance.map_or("n/a".to_owned(), |i| format!("{i:.2}")),
+        leader = if s.leading {
+            format!("{} leads", esc(&s.candidate))
+        } else {
+            format!("{} is a standby", esc(&s.candidate))
+        },
+        store = esc(&s.store),
+        watchers = s.watchers,
+        accepted = s.reports_accepted,
+        refused = s.reports_refused,
+    );
+    html.push_str("<h2>The key space</h2>");
+    match &s.assignment {
+        Some(a) => key_space(&mut html, a),
+        None => html.push_str("<p>No assignment yet.</p>"),
+    }
+    html.push_str("<h2>Tasks</h2>");
+    tasks(&mut html, &rows);
+    html.push_str("<h2>The last generations</h2>");
+    history(&mut html, &s.history);
+    html.push_str("<h2>Recent events</h2><ol id=\"events\">");
+    for (at, event) in s.events.iter().rev() {
+        let _ = write!(html, "<li><time>{}</time> {}</li>", clock(*at), esc(event));
+    }
+    html.push_str("</ol></body></html>");
+    html
+}
+
+const STYLE: &str = "body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}\
+    h1{font-size:1.4em}h2{font-size:1.1em;margin-top:1.5em}table{border-collapse:collapse}\
+    td,th{padding:2px 8px;text-align:right;border-bottom:1px solid #ddd}th{background:#f4f4f4}\
+    td.task{text-align:left}.bar{fill:#4a7}.draining{color:#b60}.gone{color:#999}\
+    svg{display:block;margin:.5em 0}time{color:#666;margin-right:.5em}";
+
+/// A colour per task, stable across refreshes.
+fn colour(task: u32) -> String {
+    let hue = (u64::from(task).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) % 360;
+    format!("hsl({hue},60%,55%)")
+}
+
+/// The key space as [`KEY_SPACE_COLUMNS`] columns, each the colour of the task holding
+/// most of its keys; a second row marks columns whose majority slice has replicas.
+fn key_space(html: &mut String, a: &Assignment) {
+    let width = KEY_SPACE_COLUMNS;
+    let _ = write!(
+        html,
+        "<svg id=\"keyspace\" width=\"{width}\" height=\"46\" viewBox=\"0 0 {width} 46\" role=\"img\">\
+         <title>{} slices over the key space</title>",
+        a.slices().len()
+    );
+    let slices = a.slices();
+    let mut slice = 0;
+    for column in 0..width {
+        let start = (column as u128 * (1u128 << 64) / width as u128) as u64;
+        let end = ((column as u128 + 1) * (1u128 << 64) / width as u128).min(u128::from(u64::MAX)) as u64;
+        // The slice covering the column's middle: the majority holder at this width.
+        let middle = start / 2 + end / 2;
+        while slice + 1 < slices.len() && slices[slice + 1].start.0 <= middle {
+            slice += 1;
+        }
+        let replicas = &slices[slice].replicas;
+        let _ = write!(
+            html,
+            "<rect x=\"{column}\" y=\"0\" width=\"1\" height=\"30\" fill=\"{}\"/>",
+            colour(replicas[0])
+        );
+        if replicas.len() > 1 {
+            let _ = write!(html, "<rect x=\"{column}\" y=\"33\" width=\"1\" height=\"6\" fill=\"#333\"/>");
+        }
+    }
+    html.push_str("</svg><p class=\"note\">Each column is 1/");
+    let _ = write!(html, "{width} of the key space, in the colour of its first replica's task (see the table); a dark mark below: replicated.</p>");
+}
+
+fn tasks(html: &mut String, rows: &std::collections::BTreeMap<u32, Row>) {
+    let max_load = rows.values().filter_map(|r| r.load).fold(0.0, f64::max);
+    html.push_str(
+        "<table id=\"tasks\"><tr><th>task</th><th>state</th><th>slices</th><th>replicated</th>\
+         <th>key space</th><th>load (req/s)</th><th></th></tr>",
+    );
+    for (task, row) in rows {
+        let (state, class) = match row.state {
+            Some(TaskState::Serving) => ("serving", ""),
+            Some(TaskState::Draining) => ("draining", " class=\"draining\""),
+            Some(TaskState::Gone) | None => ("gone", " class=\"gone\""),
+        };
+        let load = row.load.map_or("–".to_owned(), |l| format!("{l:.1}"));
+        let bar = row.load.map_or(0.0, |l| if max_load > 0.0 { 120.0 * l / max_load } else { 0.0 });
+        let _ = write!(
+            html,
+            "<tr{class}><td class=\"task\"><svg width=\"10\" height=\"10\" style=\"display:inline\">\
+             <rect width=\"10\" height=\"10\" fill=\"{colour}\"/></svg> task {task}</td><td>{state}</td>\
+             <td>{slices}</td><td>{shared}</td><td>{share:.1}%</td><td>{load}</td>\
+             <td><svg width=\"120\" height=\"10\"><rect class=\"bar\" width=\"{bar:.1}\" height=\"10\"/></svg></td></tr>",
+            colour = colour(*task),
+            slices = row.slices,
+            shared = row.replicas_shared,
+            share = row.share * 100.0,
+        );
+    }
+    html.push_str("</table>");
+}
+
+/// Imbalance (after each run, and before it) and key churn over the last published runs.
+fn history(html: &mut String, runs: &[RunRecord]) {
+    if runs.is_empty() {
+        html.push_str("<p>No run has published yet.</p>");
+        return;
+    }
+    let (w, h) = (600.0, 100.0);
+    let max = runs
+        .iter()
+        .flat_map(|r| [r.imbalance_after, r.imbalance_before.unwrap_or(0.0)])
+        .fold(2.0_f64, f64::max);
+    let x = |i: usize| if runs.len() == 1 { w / 2.0 } else { i as f64 * w / (runs.len() - 1) as f64 };
+    let line = |values: &dyn Fn(&RunRecord) -> Option<f64>, scale: f64| {
+        runs.iter()
+            .enumerate()
+            .filter_map(|(i, r)| values(r).map(|v| format!("{:.1},{:.1}", x(i), h - h * v / scale)))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let _ = write!(
+        html,
+        "<svg id=\"history\" width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" role=\"img\">\
+         <title>imbalance before and after each run (0 to {max:.1}), and key churn (0 to 100%)</title>\
+         <polyline fill=\"none\" stroke=\"#c44\" stroke-width=\"1.5\" points=\"{before}\"/>\
+         <polyline fill=\"none\" stroke=\"#272\" stroke-width=\"2\" points=\"{after}\"/>\
+         <polyline fill=\"none\" stroke=\"#46c\" stroke-dasharray=\"4 3\" points=\"{churn}\"/></svg>\
+         <p class=\"note\">red: imbalance before each run, green: after (0 to {max:.1}); blue dashed: key churn (0 to 100%).</p>",
+        before = line(&|r| r.imbalance_before, max),
+        after = line(&|r| Some(r.imbalance_after), max),
+        churn = line(&|r| Some(r.key_churn), 1.0),
+    );
+    html.push_str(
+        "<table id=\"runs\"><tr><th>generation</th><th>imbalance before</th><th>after</th>\
+         <th>key churn</th><th>moves</th><th>run time</th></tr>",
+    );
+    for r in runs.iter().rev().take(10) {
+        let m = &r.moves;
+        let _ = write!(
+            html,
+            "<tr><td>{}</td><td>{}</td><td>{:.2}</td><td>{:.2}%</td><td>{}</td><td>{:.2} ms</td></tr>",
+            r.generation,
+            r.imbalance_before.map_or("–".to_owned(), |b| format!("{b:.2}")),
+            r.imbalance_after,
+            r.key_churn * 100.0,
+            m.forced + m.moved + m.split + m.merged + m.replicas_added + m.replicas_removed,
+            r.elapsed.as_secs_f64() * 1e3,
+        );
+    }
+    html.push_str("</table>");
+}
+
+/// `HH:MM:SS` (UTC) of `at`.
+fn clock(at: SystemTime) -> String {
+    let secs = at.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    format!("{:02}:{:02}:{:02}", secs / 3600 % 24, secs / 60 % 60, secs % 60)
+}
+
+/// `text` safe inside HTML.
+fn esc(text: &str) -> String {
+    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use steady_slice::{Slice, SliceKey};
+
+    fn snapshot(tasks: u32, slices: usize) -> Snapshot {
+        let step = u64::MAX / slices as u64;
+        let assignment = Assignment::new(
+            7,
+            (0..slices)
+                .map(|i| Slice { start: SliceKey(i as u64 * step), replicas: vec![(i as u32) % tasks] })
+                .collect(),
+        )
+        .unwrap();
+        Snapshot {
+            job: "users <&>".into(),
+            candidate: "a".into(),
+            store: "memory".into(),
+            leading: true,
+            assignment: Some(assignment),
+            tasks: (0..tasks)
+                .map(|t| (t, if t == 1 { TaskState::Draining } else { TaskState::Serving }))
+                .collect(),
+            loads: (0..tasks).map(|t| (t, 10.0 + f64::from(t))).collect(),
+            history: Vec::new(),
+            watchers: 3,
+            reports_accepted: 10,
+            reports_refused: 1,
+            events: vec![(SystemTime::UNIX_EPOCH, "task 1 drains".into())],
+            refresh: Duration::from_secs(2),
+        }
+    }
+
+    #[test]
+    fn the_page_names_every_task_the_generation_and_the_imbalance_and_escapes_names() {
+        let page = render(&snapshot(4, 16));
+        for t in 0..4 {
+            assert!(page.contains(&format!(" task {t}</td>")), "task {t}");
+        }
+        assert!(page.contains("<b id=\"generation\">7</b>"));
+        // Loads 10..13: the busiest 13 over the mean 11.5.
+        assert!(page.contains("<b id=\"imbalance\">1.13</b>"), "{page}");
+        assert!(page.contains("users &lt;&amp;&gt;") && !page.contains("users <&>"));
+        assert!(page.contains("class=\"draining\""));
+        assert!(!page.contains("http://") && !page.contains("https://"), "no external assets");
+    }
+
+    #[test]
+    fn fifteen_thousand_slices_draw_a_bounded_page() {
+        let page = render(&snapshot(100, 15_000));
+        let rects = page.matches("<rect").count();
+        // The key-space strip (at most two marks per column) and one swatch and bar per task.
+        assert!(rects <= 2 * KEY_SPACE_COLUMNS + 2 * 100, "{rects} rectangles");
+        assert!(page.len() < 200_000, "{} bytes", page.len());
+    }
+}
