@@ -25,6 +25,9 @@
 //! (optionally requiring client certificates), or with authentication enabled and users
 //! that may use only their prefix ([`EtcdOptions`]).
 //!
+//! * [`Browser`]: Debian's Chromium, headless, for pages: the DOM it renders and a
+//!   screenshot. Missing, it skips the test unless [`REQUIRE_BROWSER`] is set (as
+//!   `scripts/test.sh` sets it), as for etcd.
 //! * [`tls::TestPki`] (feature `tls`): a certificate authority for one test and the
 //!   leaf certificates it signs, as PEM and as files.
 //!
@@ -39,8 +42,11 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
 
+mod browser;
 #[cfg(feature = "tls")]
 pub mod tls;
+
+pub use browser::{Browser, BROWSER_BIN, PAGE_TIMEOUT, REQUIRE_BROWSER};
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};

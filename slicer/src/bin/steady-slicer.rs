@@ -19,6 +19,10 @@
 //! `--reporter-names` (default `{job}-{task}`). Without a client CA it warns once at
 //! start that load reports are unauthenticated.
 //!
+//! With `--metrics-listen ADDR` it serves Prometheus text at `/metrics` and a status page
+//! at `/` (`steady_slicer::status`) on ADDR; a bare port means 127.0.0.1, so the pages
+//! listen on loopback unless told otherwise. Its second line on stdout says where.
+//!
 //! With `--store etcd`, `--etcd-ca` connects to etcd over TLS (`https://` endpoints),
 //! `--etcd-cert` and `--etcd-key` present a client certificate (etcd's
 //! `--client-cert-auth`), and `--etcd-user` with `--etcd-password-file` (the first line of
@@ -52,6 +56,7 @@ use steady_assigner::{by_name, Assigner, ReplicaLimits, RunInput, Tasks, NAMES};
 use steady_slice::MAX_TASK;
 use steady_slicer::assigner::{estimate, AssignerConfig, AssignerService};
 use steady_slicer::load::{LoadBook, LoadCollector, ReporterNames};
+use steady_slicer::status::{MetricsRegistry, StatusServer, StatusSources};
 use steady_slicer::store::{
     check_name, AssignmentStore, EtcdAccess, EtcdConfig, EtcdStore, EtcdTls, MemoryStore,
     MAX_ASSIGNMENT_BYTES,
@@ -103,6 +108,10 @@ struct Cli {
     /// The etcd lease of the election, seconds (with `--store etcd`; default 5).
     #[arg(long)]
     lease_ttl_secs: Option<u64>,
+    /// Serve /metrics (Prometheus text) and the status page / here: ADDR, or a port on
+    /// 127.0.0.1.
+    #[arg(long, value_name = "ADDR", value_parser = loopback_unless_told)]
+    metrics_listen: Option<SocketAddr>,
 
     // Reaching etcd (with `--store etcd`; checked by `check_etcd_access`).
     /// Connect to etcd over TLS, trusting this CA (PEM).
@@ -142,6 +151,14 @@ struct Cli {
 }
 
 type Failure = Box<dyn std::error::Error + Send + Sync>;
+
+/// `PORT` (on 127.0.0.1) or `HOST:PORT`.
+fn loopback_unless_told(value: &str) -> Result<SocketAddr, String> {
+    if let Ok(port) = value.parse::<u16>() {
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    value.parse().map_err(|_| format!("{value:?} is neither a port nor an address (127.0.0.1:9464)"))
+}
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -389,6 +406,7 @@ async fn run(cli: Cli, checked: Checked) -> Result<(), Failure> {
         }
     });
     let (_tasks_tx, tasks_rx) = watch::channel(tasks);
+    let pages_tasks = tasks_rx.clone();
     let service = AssignerService::new(
         &cli.job,
         &cli.candidate,
@@ -409,6 +427,37 @@ async fn run(cli: Cli, checked: Checked) -> Result<(), Failure> {
     let mut collector = LoadCollector::new(book.clone());
     if let Some(names) = tls.reporters {
         collector = collector.authorize_reporters(names);
+    }
+    if let Some(addr) = cli.metrics_listen {
+        let registry = MetricsRegistry::new();
+        let meter = registry.meter();
+        distributor.observe_metrics(&meter);
+        collector.observe_metrics(&meter);
+        service.observe_metrics(&meter, &cli.job);
+        let store = match cli.store {
+            StoreKind::Memory => "memory".to_owned(),
+            StoreKind::Etcd => format!("etcd at {}", cli.endpoints.join(", ")),
+        };
+        let sources = StatusSources {
+            job: cli.job.clone(),
+            candidate: cli.candidate.clone(),
+            store,
+            distributor: distributor.clone(),
+            collector: collector.clone(),
+            assigner: service.shared_stats(),
+            tasks: pages_tasks,
+        };
+        let pages =
+            tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("--metrics-listen {addr}: {e}"))?;
+        println!(
+            "steady-slicer: status page http://{0}/ and metrics http://{0}/metrics",
+            pages.local_addr()?
+        );
+        tokio::spawn(async move {
+            if let Err(error) = StatusServer::new(sources, registry).serve(pages).await {
+                eprintln!("steady-slicer: the status pages stopped: {error}");
+            }
+        });
     }
     let mut builder = tonic::transport::Server::builder();
     if let Some(server_tls) = tls.server {

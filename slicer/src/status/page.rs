@@ -67,13 +67,13 @@ pub(crate) fn render(s: &Snapshot) -> String {
         rows.entry(task).or_default().load = Some(load);
     }
     let generation = s.assignment.as_ref().map_or(0, Assignment::generation);
-    let loads: Vec<f64> = s.loads.iter().map(|(_, l)| *l).filter(|l| *l > 0.0).collect();
-    let imbalance = if loads.is_empty() {
-        None
-    } else {
-        let mean = loads.iter().sum::<f64>() / loads.len() as f64;
-        Some(loads.iter().copied().fold(0.0, f64::max) / mean)
-    };
+    // Over every reporting task (an idle one counts in the mean); none while no report
+    // carries load (before the first, or just after a new generation restarts the counts).
+    let total: f64 = s.loads.iter().map(|(_, l)| *l).sum();
+    let imbalance = (total > 0.0).then(|| {
+        let mean = total / s.loads.len() as f64;
+        s.loads.iter().map(|(_, l)| *l).fold(0.0, f64::max) / mean
+    });
     let mut html = String::with_capacity(64 * 1024);
     let _ = write!(
         html,

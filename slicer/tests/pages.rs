@@ -1,0 +1,253 @@
+//! The `steady-slicer` binary's pages (`--metrics-listen`): `/metrics` parses as
+//! Prometheus text and carries the control plane's instruments, and the status page,
+//! loaded in a real headless Chromium (`steady_testing::Browser`; mandatory in
+//! `scripts/test.sh`), names the job's tasks, the generation and the imbalance of the
+//! load six reporting Slicelets send.
+//!
+//! `STEADY_SCREENSHOT=docs/status-page.png cargo test -p steady-slicer --test pages`
+//! also writes the README's screenshot.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use steady_slice::SliceKey;
+use steady_slicelet::Slicelet;
+use tonic::transport::Endpoint;
+
+const BIN: &str = env!("CARGO_BIN_EXE_steady-slicer");
+/// The most any wait may take.
+const WAIT: Duration = Duration::from_secs(30);
+const TASKS: u32 = 6;
+
+/// The binary, killed when the test ends; its stdout kept open.
+struct Running {
+    child: std::process::Child,
+    _stdout: std::io::Lines<BufReader<std::process::ChildStdout>>,
+    grpc: String,
+    pages: String,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start() -> Running {
+    let mut child = Command::new(BIN)
+        .args(["--job", "users", "--tasks", &TASKS.to_string(), "--listen", "127.0.0.1:0"])
+        .args(["--cadence-ms", "200", "--metrics-listen", "0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    // "steady-slicer: job users on 127.0.0.1:PORT (Memory store), candidate assigner"
+    let first = stdout.next().unwrap().unwrap();
+    let grpc = first.split_whitespace().nth(4).unwrap().to_owned();
+    // "steady-slicer: status page http://127.0.0.1:PORT/ and metrics http://..."
+    let second = stdout.next().unwrap().unwrap();
+    let pages = second.split_whitespace().nth(3).unwrap().trim_end_matches('/').to_owned();
+    assert!(pages.starts_with("http://127.0.0.1:"), "a bare port listens on loopback: {second}");
+    Running { child, _stdout: stdout, grpc, pages }
+}
+
+/// The body of `GET url` (plain HTTP/1.1).
+fn get(url: &str) -> String {
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest.split_once('/').map_or((rest, "/".to_owned()), |(h, p)| (h, format!("/{p}")));
+    let mut stream = TcpStream::connect(host).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    body.to_owned()
+}
+
+/// One sample: the metric's name, its labels, its value.
+type Sample = (String, BTreeMap<String, String>, f64);
+
+/// Parses Prometheus text (format 0.0.4) strictly: every sample's name is valid and
+/// declared by a `# TYPE` line before it, labels are well formed, values are numbers.
+fn parse_prometheus(text: &str) -> Vec<Sample> {
+    let valid = |name: &str| {
+        !name.is_empty()
+            && !name.starts_with(|c: char| c.is_ascii_digit())
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+    };
+    let mut typed = BTreeSet::new();
+    let mut samples = Vec::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap();
+            assert!(valid(name), "{line}");
+            assert!(["counter", "gauge", "histogram", "summary", "untyped"].contains(&kind), "{line}");
+            assert!(typed.insert(name.to_owned()), "declared twice: {line}");
+            continue;
+        }
+        if line.starts_with("# HELP ") || line.is_empty() {
+            continue;
+        }
+        assert!(!line.starts_with('#'), "{line}");
+        let (series, value) = line.rsplit_once(' ').unwrap();
+        let value: f64 = value.parse().unwrap_or_else(|_| panic!("not a number: {line}"));
+        let (name, labels) = match series.split_once('{') {
+            Some((name, labels)) => (name, labels.strip_suffix('}').unwrap_or_else(|| panic!("{line}"))),
+            None => (series, ""),
+        };
+        assert!(valid(name), "{line}");
+        assert!(typed.contains(name), "no # TYPE before {line}");
+        let mut map = BTreeMap::new();
+        for pair in labels.split(',').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or_else(|| panic!("{line}"));
+            assert!(valid(key), "{line}");
+            let value =
+                value.strip_prefix('"').and_then(|v| v.strip_suffix('"')).unwrap_or_else(|| panic!("{line}"));
+            map.insert(key.to_owned(), value.to_owned());
+        }
+        samples.push((name.to_owned(), map, value));
+    }
+    samples
+}
+
+fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    samples
+        .iter()
+        .find(|(n, l, _)| n == name && labels.iter().all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v)))
+        .map(|(_, _, v)| *v)
+}
+
+/// Scrapes until `ready` holds for the parsed samples (bounded by [`WAIT`]).
+fn scrape_until(pages: &str, what: &str, ready: impl Fn(&[Sample]) -> bool) -> Vec<Sample> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let samples = parse_prometheus(&get(&format!("{pages}/metrics")));
+        if ready(&samples) {
+            return samples;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {WAIT:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Six backends: each follows the binary's assignments, serves keys (task `t` ten times
+/// the keys of task 0, so the load is uneven) and reports its load every 100 ms.
+fn backends(runtime: &tokio::runtime::Runtime, grpc: &str) -> Vec<(Slicelet, steady_slicelet::LoadReporter)> {
+    let _guard = runtime.enter();
+    let endpoint = Endpoint::from_shared(format!("http://{grpc}")).unwrap();
+    (0..TASKS)
+        .map(|task| {
+            let slicelet = Slicelet::new(task);
+            let watch =
+                steady_proto::watch_assignments(endpoint.clone(), "users", Default::default()).unwrap();
+            slicelet.follow(watch);
+            let reporter = slicelet.report_to(endpoint.clone(), "users", Duration::from_millis(100));
+            (slicelet, reporter)
+        })
+        .collect()
+}
+
+/// Traffic until `stop`: every 20 ms each backend records requests for 200 keys,
+/// `1 + 10 * task` times (so the load is uneven, and every report after a new
+/// generation carries load again).
+fn serve_keys(
+    slicelets: Vec<Slicelet>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            for slicelet in &slicelets {
+                for round in 0..=slicelet.task() * 10 {
+                    for k in 0..200u64 {
+                        slicelet.record(SliceKey(k.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(round)));
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    })
+}
+
+#[test]
+fn metrics_parse_as_prometheus_text_and_carry_the_control_plane_s_instruments() {
+    let running = start();
+    let samples = scrape_until(&running.pages, "the first generation and the leadership", |s| {
+        value(s, "steady_assigner_generation", &[("steady_job", "users")]).is_some_and(|g| g >= 1.0)
+            && value(s, "steady_assigner_leader", &[]) == Some(1.0)
+    });
+    for name in [
+        "steady_assigner_runs_total",
+        "steady_assigner_publications_total",
+        "steady_distributor_publications_total",
+        "steady_distributor_watchers",
+        "steady_collector_streams",
+        "steady_assigner_run_time_seconds",
+    ] {
+        assert!(samples.iter().any(|(n, _, _)| n == name), "no {name}");
+    }
+    assert!(value(&samples, "steady_collector_reports_total", &[("steady_outcome", "refused")]) == Some(0.0));
+    assert!(value(&samples, "steady_distributor_publications_total", &[]).is_some_and(|p| p >= 1.0));
+}
+
+#[test]
+fn the_status_page_renders_the_tasks_generation_and_imbalance_in_a_real_browser() {
+    let Some(browser) = steady_testing::Browser::find() else { return };
+    let running = start();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let backends = backends(&runtime, &running.grpc);
+    // Wait for every backend to hold the assignment, then load them unevenly.
+    let deadline = Instant::now() + WAIT;
+    while backends.iter().any(|(s, _)| s.load_report("users").is_none()) {
+        assert!(Instant::now() < deadline, "the backends never got an assignment");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = serve_keys(backends.iter().map(|(s, _)| s.clone()).collect(), stop.clone());
+    // The page shows an imbalance once reports with load have arrived: load it in the
+    // browser until it does (each load a real render), within the bound.
+    let deadline = Instant::now() + WAIT;
+    let (dom, imbalance) = loop {
+        let dom = browser.dump_dom(&format!("{}/", running.pages));
+        if let Ok(imbalance) = text_of(&dom, "imbalance").parse::<f64>() {
+            break (dom, imbalance);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no imbalance on the page within {WAIT:?}: {:?}",
+            text_of(&dom, "imbalance")
+        );
+    };
+    assert!(imbalance >= 1.0, "imbalance {imbalance}: the busiest task's load over the mean");
+    for task in 0..TASKS {
+        assert!(dom.contains(&format!(" task {task}</td>")), "task {task} not on the page");
+    }
+    let generation: u64 = text_of(&dom, "generation").parse().unwrap();
+    assert!(generation >= 1, "generation {generation}");
+    assert!(
+        dom.contains("id=\"keyspace\"") && dom.contains("assigner leads"),
+        "the key space and the leader"
+    );
+    // A screenshot renders too; on request it becomes the README's.
+    let shot = std::env::temp_dir().join(format!("steady-status-{}.png", std::process::id()));
+    browser.screenshot(&format!("{}/", running.pages), &shot, 1100, 820);
+    if let Ok(target) = std::env::var("STEADY_SCREENSHOT") {
+        std::fs::copy(&shot, &target).unwrap();
+    }
+    let _ = std::fs::remove_file(shot);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    traffic.join().unwrap();
+    drop(backends);
+}
+
+/// The text of the element with `id` in a serialized DOM.
+fn text_of<'a>(dom: &'a str, id: &str) -> &'a str {
+    let marker = format!("id=\"{id}\">");
+    let start = dom.find(&marker).unwrap_or_else(|| panic!("no #{id}")) + marker.len();
+    dom[start..].split('<').next().unwrap_or_default()
+}
