@@ -79,15 +79,21 @@ impl LoadCollector {
 
 #[cfg(feature = "assigner")]
 impl crate::assigner::AssignerHandle {
-    /// Registers the Assigner service's instruments in `meter`, labelled with `job`:
+    /// Registers the Assigner service's instruments in `meter`, labelled with `job` and
+    /// `candidate` (its name in the election, so that several services of one process,
+    /// a leader and its standby, are told apart):
     /// runs, publications, conflicts, errors, terms, whether it leads, the generation,
     /// run time, the last run's imbalance before and after and key churn, and moves by
     /// kind.
-    pub fn observe_metrics(&self, meter: &Meter, job: &str) {
+    pub fn observe_metrics(&self, meter: &Meter, job: &str, candidate: &str) {
         let stats = Arc::downgrade(&self.shared_stats());
         let source = move || stats.upgrade();
         let last = |s: &crate::assigner::AssignerStats| s.history().last().cloned();
-        Observed::new(meter, vec![KeyValue::new("steady.job", job.to_owned())], source)
+        let labels = vec![
+            KeyValue::new("steady.job", job.to_owned()),
+            KeyValue::new("steady.candidate", candidate.to_owned()),
+        ];
+        Observed::new(meter, labels, source)
             .counter("steady.assigner.runs", "{run}", "Assigner runs", |s| s.runs())
             .counter(
                 "steady.assigner.publications",

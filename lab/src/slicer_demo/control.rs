@@ -41,6 +41,7 @@ pub(super) async fn serve(
 pub(super) struct ControlPlane {
     pub(super) distributor: Distributor,
     pub(super) book: LoadBook,
+    pub(super) collector: LoadCollector,
     address: SocketAddr,
     /// The shared in-memory store; `None` on etcd.
     store: Option<Arc<dyn AssignmentStore>>,
@@ -53,10 +54,11 @@ impl ControlPlane {
         let book = LoadBook::new();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let address = listener.local_addr()?;
+        let collector = LoadCollector::new(book.clone());
         tokio::spawn(
             Server::builder()
                 .add_service(distributor.service())
-                .add_service(LoadCollector::new(book.clone()).service())
+                .add_service(collector.service())
                 .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
         );
         // On etcd each Assigner connects on its own (see `assigner`); in memory they share.
@@ -67,7 +69,7 @@ impl ControlPlane {
             }
             DemoStore::Etcd => None,
         };
-        Ok(Self { distributor, book, address, store, endpoints: args.endpoints.clone() })
+        Ok(Self { distributor, book, collector, address, store, endpoints: args.endpoints.clone() })
     }
 
     pub(super) fn endpoint(&self) -> Endpoint {

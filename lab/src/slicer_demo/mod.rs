@@ -91,6 +91,10 @@ pub struct SlicerArgs {
     /// The last backend drains at this step (0: never) and is removed 4 steps later.
     #[arg(long, default_value_t = 26)]
     drain_at: usize,
+    /// Where the status page (`/`) and Prometheus metrics (`/metrics`) are served while the
+    /// demo runs (printed at start).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    metrics_listen: std::net::SocketAddr,
     /// The assignment store.
     #[arg(long, value_enum, default_value = "memory")]
     store: DemoStore,
@@ -173,9 +177,36 @@ async fn demo(out: &mut impl Write, args: &SlicerArgs) -> LabResult {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    // The pages, for as long as the demo runs: the leader's statistics, replaced when
+    // another Assigner takes over.
+    let registry = steady_slicer::status::MetricsRegistry::new();
+    let meter = registry.meter();
+    control.distributor.observe_metrics(&meter);
+    control.collector.observe_metrics(&meter);
+    first.observe_metrics(&meter, JOB, "assigner-a");
+    let (shown, shown_rx) = watch::channel(first.shared_stats());
+    let pages = tokio::net::TcpListener::bind(args.metrics_listen).await?;
+    let at = pages.local_addr()?;
+    writeln!(out, "status page: http://{at}/   metrics: http://{at}/metrics   (while the demo runs)")?;
+    let sources = steady_slicer::status::StatusSources {
+        job: JOB.to_owned(),
+        candidate: "the demo's assigners".to_owned(),
+        store: format!("{:?}", args.store).to_lowercase(),
+        distributor: control.distributor.clone(),
+        collector: control.collector.clone(),
+        assigner: shown_rx,
+        tasks: tasks_rx.clone(),
+    };
+    let _pages = AbortOnDrop(tokio::spawn(async move {
+        let _ = steady_slicer::status::StatusServer::new(sources, registry).serve(pages).await;
+    }));
     let mut leader = Some(first);
     let standby = match args.store {
-        DemoStore::Etcd => Some(control.assigner("assigner-b", &config, tasks_rx.clone()).await?),
+        DemoStore::Etcd => {
+            let standby = control.assigner("assigner-b", &config, tasks_rx.clone()).await?;
+            standby.observe_metrics(&meter, JOB, "assigner-b");
+            Some(standby)
+        }
         DemoStore::Memory => None,
     };
 
@@ -253,7 +284,10 @@ async fn demo(out: &mut impl Write, args: &SlicerArgs) -> LabResult {
             }
         }
         if s == args.restore_at && args.store == DemoStore::Memory && leader.is_none() && args.kill_at > 0 {
-            leader = Some(control.assigner("assigner-a2", &config, tasks_rx.clone()).await?);
+            let restored = control.assigner("assigner-a2", &config, tasks_rx.clone()).await?;
+            restored.observe_metrics(&meter, JOB, "assigner-a2");
+            shown.send_replace(restored.shared_stats());
+            leader = Some(restored);
             event.push_str("assigner restored; ");
         }
         if s == args.drain_at && args.drain_at > 0 {
@@ -271,6 +305,7 @@ async fn demo(out: &mut impl Write, args: &SlicerArgs) -> LabResult {
             tokio::time::sleep(left.min(Duration::from_millis(10))).await;
             if let (Some(at), None, Some(standby)) = (killed_at, failover, &standby) {
                 if standby.stats().terms() > 0 {
+                    shown.send_replace(standby.shared_stats());
                     failover = Some(at.elapsed());
                     event.push_str("standby leads; ");
                 }
@@ -347,4 +382,13 @@ async fn demo(out: &mut impl Write, args: &SlicerArgs) -> LabResult {
 fn drain(tasks: &Tasks, task: u32, state: AssignerState) -> Tasks {
     Tasks::new(tasks.iter().map(|(t, s)| (t, if t == task { state } else { s })))
         .expect("the same task indices")
+}
+
+/// Aborts the task when dropped: the pages end with the demo.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

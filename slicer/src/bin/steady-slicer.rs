@@ -433,7 +433,7 @@ async fn run(cli: Cli, checked: Checked) -> Result<(), Failure> {
         let meter = registry.meter();
         distributor.observe_metrics(&meter);
         collector.observe_metrics(&meter);
-        service.observe_metrics(&meter, &cli.job);
+        service.observe_metrics(&meter, &cli.job, &cli.candidate);
         let store = match cli.store {
             StoreKind::Memory => "memory".to_owned(),
             StoreKind::Etcd => format!("etcd at {}", cli.endpoints.join(", ")),
@@ -444,7 +444,7 @@ async fn run(cli: Cli, checked: Checked) -> Result<(), Failure> {
             store,
             distributor: distributor.clone(),
             collector: collector.clone(),
-            assigner: service.shared_stats(),
+            assigner: watch::channel(service.shared_stats()).1,
             tasks: pages_tasks,
         };
         let pages =

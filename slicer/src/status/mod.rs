@@ -79,8 +79,10 @@ pub struct StatusSources {
     pub distributor: Distributor,
     /// The load collector (and through it, the book).
     pub collector: LoadCollector,
-    /// The Assigner service's statistics ([`crate::assigner::AssignerHandle::shared_stats`]).
-    pub assigner: Arc<AssignerStats>,
+    /// The statistics of this instance's Assigner service
+    /// ([`crate::assigner::AssignerHandle::shared_stats`]); replaced when the service is
+    /// (a restart, a standby that took over in the same process).
+    pub assigner: watch::Receiver<Arc<AssignerStats>>,
     /// The task set the Assigner follows.
     pub tasks: watch::Receiver<Tasks>,
 }
@@ -176,7 +178,7 @@ impl StatusServer {
             job: job.clone(),
             candidate: s.candidate.clone(),
             store: s.store.clone(),
-            leading: s.assigner.is_leading(),
+            leading: s.assigner.borrow().is_leading(),
             assignment: s.distributor.current(job),
             tasks: s.tasks.borrow().iter().collect(),
             loads: s
@@ -186,7 +188,7 @@ impl StatusServer {
                 .iter()
                 .map(|r| (r.report.task(), r.report.total()))
                 .collect(),
-            history: s.assigner.history(),
+            history: s.assigner.borrow().history(),
             watchers: s.distributor.watchers(job),
             reports_accepted: s.collector.book().accepted(),
             reports_refused: s.collector.refused(),
@@ -233,7 +235,7 @@ struct Seen {
 impl Seen {
     fn read(s: &StatusSources) -> Self {
         Self {
-            leading: s.assigner.is_leading(),
+            leading: s.assigner.borrow().is_leading(),
             generation: s.distributor.current(&s.job).map_or(0, |a| a.generation()),
             tasks: s.tasks.borrow().iter().collect(),
             refused: s.collector.refused(),
@@ -252,7 +254,7 @@ impl Seen {
             });
         }
         if now.generation != self.generation {
-            let run = s.assigner.history().into_iter().find(|r| r.generation == now.generation);
+            let run = s.assigner.borrow().history().into_iter().find(|r| r.generation == now.generation);
             events.push(match run {
                 Some(r) => format!(
                     "generation {} published: imbalance {} to {:.2}, key churn {:.2}%",
