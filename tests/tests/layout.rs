@@ -72,10 +72,14 @@ fn the_client_crates_never_depend_on_the_server_side() {
 
 #[test]
 fn the_shared_types_sit_below_the_balancer_and_no_server_side_or_discovery_crate_depends_on_it() {
-    // Membership views, backoff and configuration errors: std and the frozen PRNG only.
+    // Membership views, backoff and configuration errors: std and the frozen PRNG only,
+    // and the OpenTelemetry API behind the optional `metrics` feature.
     let core = dependencies("core");
-    let allowed: BTreeSet<String> = ["steady-subset"].map(String::from).into();
+    let allowed: BTreeSet<String> = ["steady-subset", "opentelemetry"].map(String::from).into();
     assert!(core.is_subset(&allowed), "steady-core depends on {core:?}");
+    let manifest = std::fs::read_to_string(workspace().join("core/Cargo.toml")).unwrap();
+    let otel = manifest.lines().find(|l| l.starts_with("opentelemetry")).expect("the metrics feature's API");
+    assert!(otel.contains("optional = true"), "the OpenTelemetry API must stay optional: {otel}");
     // The protocol, the Slicelet, the control plane and discovery share what they need
     // through steady-core and steady-proto, never through the client balancer or channel.
     for krate in ["core", "proto", "slicelet", "slicer", "discovery"] {
