@@ -60,6 +60,8 @@
 #[cfg(feature = "dns")]
 pub mod dns;
 pub mod identity;
+#[cfg(feature = "metrics")]
+mod metrics;
 #[cfg(feature = "etcd")]
 pub mod registry;
 mod source;

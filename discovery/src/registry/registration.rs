@@ -70,6 +70,12 @@ impl fmt::Debug for Registration {
 }
 
 impl Registration {
+    /// Follows whether the lease counts as held (`false` once lost; it never turns
+    /// `true` again). The channel closes when the registration is dropped.
+    pub fn held(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.lease.held()
+    }
+
     /// The job it belongs to.
     pub fn job(&self) -> &str {
         &self.job
