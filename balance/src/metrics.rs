@@ -19,11 +19,13 @@ impl<S: Send + Sync + 'static, K, C> Balance<S, K, C> {
     ///
     /// Every instrument is observable: it reads [`Balance::stats`] when the application's
     /// reader collects, and nothing is added to the request path. Once every handle is
-    /// dropped and the control task has ended (soon after), they report nothing. Names follow gRPC where it has one (gRFC A94's
-    /// `grpc.subchannel.*`, A91's `grpc.lb.outlier_detection.*`); the rest are under
-    /// `steady.lb.`. Per-member series are labelled by the backend's task index
-    /// (`steady.task`), which the job's size bounds; no address and no key is a label.
-    /// The table of every instrument is in the crate's `docs/observability.md`.
+    /// dropped and the control task has ended (soon after), they report nothing.
+    ///
+    /// Names follow gRPC where it has one (gRFC A94's `grpc.subchannel.*`, A91's
+    /// `grpc.lb.outlier_detection.*`); the rest are under `steady.lb.`. Per-member series
+    /// are labelled by the backend's task index (`steady.task`), which the job's size
+    /// bounds; no address and no key is a label. The table of every instrument is in the
+    /// repository's `docs/observability.md`.
     ///
     /// Call it once per balancer (each call registers the instruments again).
     pub fn observe_metrics(&self, meter: &Meter, target: &str) {
