@@ -8,7 +8,7 @@ use std::time::Duration;
 use opentelemetry::metrics::{Meter, MeterProvider as _};
 use opentelemetry::{KeyValue, Value};
 use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::metrics::data::{AggregatedMetrics, Metric, MetricData, ResourceMetrics};
+use opentelemetry_sdk::metrics::data::{AggregatedMetrics, Histogram, Metric, MetricData, ResourceMetrics};
 use opentelemetry_sdk::metrics::reader::MetricReader;
 use opentelemetry_sdk::metrics::{InstrumentKind, ManualReader, Pipeline, SdkMeterProvider, Temporality};
 
@@ -106,33 +106,75 @@ fn write_metric<T: Copy>(out: &mut String, metric: &Metric, data: &MetricData<T>
         MetricData::Sum(s) => {
             ("gauge", base, s.data_points().map(|p| (p.attributes().collect(), value(&p.value()))).collect())
         }
-        // steady registers no histograms here; an application's own are left out.
-        MetricData::Histogram(_) | MetricData::ExponentialHistogram(_) => return,
+        MetricData::Histogram(h) => return write_histogram(out, metric, &base, h, value),
+        // Only an application's own views make exponential histograms; Prometheus text
+        // has no form for them.
+        MetricData::ExponentialHistogram(_) => return,
     };
     if points.is_empty() {
         return;
     }
-    let _ = writeln!(out, "# HELP {name} {}", escape_help(metric.description()));
-    let _ = writeln!(out, "# TYPE {name} {kind}");
+    write_header(out, &name, metric.description(), kind);
     for (attributes, v) in points {
-        out.push_str(&name);
-        if !attributes.is_empty() {
-            out.push('{');
-            for (i, kv) in attributes.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                let _ = write!(
-                    out,
-                    "{}=\"{}\"",
-                    sanitize(kv.key.as_str()),
-                    escape_label(&label_value(&kv.value))
-                );
-            }
-            out.push('}');
-        }
-        let _ = writeln!(out, " {}", number(v));
+        write_sample(out, &name, &attributes, None, v);
     }
+}
+
+/// A histogram as Prometheus wants it: cumulative `_bucket` series (one per bound, and
+/// `le="+Inf"`), `_sum` and `_count`.
+fn write_histogram<T: Copy>(
+    out: &mut String,
+    metric: &Metric,
+    name: &str,
+    histogram: &Histogram<T>,
+    value: impl Fn(&T) -> f64,
+) {
+    let mut points = histogram.data_points().peekable();
+    if points.peek().is_none() {
+        return;
+    }
+    write_header(out, name, metric.description(), "histogram");
+    let bucket = format!("{name}_bucket");
+    for point in points {
+        let attributes: Vec<&KeyValue> = point.attributes().collect();
+        let mut cumulative = 0;
+        // The SDK gives one count per bound and one more above the last.
+        for (bound, count) in point.bounds().zip(point.bucket_counts()) {
+            cumulative += count;
+            write_sample(out, &bucket, &attributes, Some(&number(bound)), cumulative as f64);
+        }
+        write_sample(out, &bucket, &attributes, Some("+Inf"), point.count() as f64);
+        write_sample(out, &format!("{name}_sum"), &attributes, None, value(&point.sum()));
+        write_sample(out, &format!("{name}_count"), &attributes, None, point.count() as f64);
+    }
+}
+
+fn write_header(out: &mut String, name: &str, description: &str, kind: &str) {
+    let _ = writeln!(out, "# HELP {name} {}", escape_help(description));
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// One sample line; `le` is a histogram bucket's bound, written last.
+fn write_sample(out: &mut String, name: &str, attributes: &[&KeyValue], le: Option<&str>, v: f64) {
+    out.push_str(name);
+    if !attributes.is_empty() || le.is_some() {
+        out.push('{');
+        for (i, kv) in attributes.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            let _ =
+                write!(out, "{}=\"{}\"", sanitize(kv.key.as_str()), escape_label(&label_value(&kv.value)));
+        }
+        if let Some(le) = le {
+            if !attributes.is_empty() {
+                out.push(',');
+            }
+            let _ = write!(out, "le=\"{le}\"");
+        }
+        out.push('}');
+    }
+    let _ = writeln!(out, " {}", number(v));
 }
 
 /// The Prometheus name of an instrument: dots to underscores, and the unit appended when
@@ -233,6 +275,38 @@ mod tests {
         );
         // The next scrape reads again.
         assert!(registry.render().contains("grpc_target=\"users \\\"a\\\"\"} 14"));
+    }
+
+    #[test]
+    fn a_histogram_is_written_as_cumulative_buckets_with_sum_and_count() {
+        let registry = MetricsRegistry::new();
+        let histogram = registry
+            .meter()
+            .f64_histogram("grpc.client.call.duration")
+            .with_unit("s")
+            .with_boundaries(vec![0.01, 0.1, 1.0])
+            .build();
+        let ok = [KeyValue::new("grpc.status", "OK")];
+        for v in [0.005, 0.05, 0.05, 5.0] {
+            histogram.record(v, &ok);
+        }
+        histogram.record(0.5, &[KeyValue::new("grpc.status", "UNAVAILABLE")]);
+        let text = registry.render();
+        let name = "grpc_client_call_duration_seconds";
+        assert_eq!(text.matches(&format!("# TYPE {name} histogram\n")).count(), 1, "{text}");
+        for line in [
+            "_bucket{grpc_status=\"OK\",le=\"0.01\"} 1",
+            "_bucket{grpc_status=\"OK\",le=\"0.1\"} 3",
+            "_bucket{grpc_status=\"OK\",le=\"1\"} 3",
+            "_bucket{grpc_status=\"OK\",le=\"+Inf\"} 4",
+            "_sum{grpc_status=\"OK\"} 5.105",
+            "_count{grpc_status=\"OK\"} 4",
+            "_bucket{grpc_status=\"UNAVAILABLE\",le=\"0.1\"} 0",
+            "_bucket{grpc_status=\"UNAVAILABLE\",le=\"1\"} 1",
+            "_count{grpc_status=\"UNAVAILABLE\"} 1",
+        ] {
+            assert!(text.contains(&format!("{name}{line}\n")), "{line} missing in {text}");
+        }
     }
 
     #[test]
