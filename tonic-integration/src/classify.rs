@@ -104,14 +104,20 @@ impl GrpcClassifier {
     /// The outcome a trailers block (or a trailers-only response's headers) carries;
     /// `None` without `grpc-status`.
     fn outcome_in(&self, headers: &HeaderMap) -> Option<Outcome> {
-        let value = headers.get("grpc-status")?;
-        // An unparsable status is UNKNOWN, as gRPC reads it.
-        let code = std::str::from_utf8(value.as_bytes())
+        code_in(headers).map(|code| self.outcome(code))
+    }
+}
+
+/// The code of the `grpc-status` in a trailers block (or a trailers-only response's
+/// headers); `None` without one. An unparsable status is `UNKNOWN`, as gRPC reads it.
+pub(crate) fn code_in(headers: &HeaderMap) -> Option<Code> {
+    let value = headers.get("grpc-status")?;
+    Some(
+        std::str::from_utf8(value.as_bytes())
             .ok()
             .and_then(|s| s.parse::<i32>().ok())
-            .map_or(Code::Unknown, Code::from_i32);
-        Some(self.outcome(code))
-    }
+            .map_or(Code::Unknown, Code::from_i32),
+    )
 }
 
 impl<E: Error + 'static> Classify<http::Response<Body>, E> for GrpcClassifier {
@@ -142,7 +148,7 @@ impl<E: Error + 'static> Classify<http::Response<Body>, E> for GrpcClassifier {
 }
 
 /// The gRPC code for a response's non-200 HTTP status (gRPC's HTTP-to-code mapping).
-fn code_of_http(status: http::StatusCode) -> Code {
+pub(crate) fn code_of_http(status: http::StatusCode) -> Code {
     match status.as_u16() {
         400 => Code::Internal,
         401 => Code::Unauthenticated,

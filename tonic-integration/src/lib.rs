@@ -26,12 +26,18 @@
 //! links must stay small: this crate never depends on the server side (`steady-slicelet`,
 //! `steady-slicer`), the assigner, or an etcd client.
 //!
+//! The `call-metrics` feature adds [`call_metrics`]: gRPC's per-call duration histogram
+//! (`grpc.client.call.duration`, by method, target and status) as a layer over the
+//! channel; it costs per call, unlike the channel's own instruments (feature `metrics`).
+//!
 //! The `demo` feature (off by default, not a stable API) adds `demo`: the echo
 //! backend and latency percentile that the lab and the benchmarks share.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
 
+#[cfg(feature = "call-metrics")]
+pub mod call_metrics;
 mod channel;
 mod classify;
 #[cfg(feature = "demo")]
@@ -41,6 +47,8 @@ mod health;
 mod replay;
 mod template;
 
+#[cfg(feature = "call-metrics")]
+pub use call_metrics::{CallMetrics, CallMetricsLayer};
 pub use channel::{MemberChannel, MetadataKey, ResponseFuture, SteadyChannel, SteadyChannelBuilder};
 pub use classify::{GrpcClassifier, DEFAULT_FAULTS};
 pub use endpoint::TaskEndpoint;
