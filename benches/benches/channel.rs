@@ -12,32 +12,16 @@
 //! nothing. Ratios: `cargo run --release -p steady-benches --bin bench-ratios --
 //! channel_call plain`.
 
-use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use steady_balance::BalanceConfig;
+use steady_benches::echo_calls;
 use steady_tonic::echo::echo_client::EchoClient;
-use steady_tonic::echo::EchoRequest;
 use steady_tonic::SteadyChannel;
 use tonic::transport::{Channel, Endpoint};
 
 const SERVERS: u32 = 4;
-
-async fn calls<T>(client: &mut EchoClient<T>, iters: u64) -> Duration
-where
-    T: tonic::client::GrpcService<tonic::body::Body>,
-    T::Error: Into<tonic::codegen::StdError>,
-    T::ResponseBody: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
-    <T::ResponseBody as tonic::codegen::Body>::Error: Into<tonic::codegen::StdError> + Send,
-{
-    let start = Instant::now();
-    for _ in 0..iters {
-        let reply = client.echo(EchoRequest { payload: b"ping".to_vec() }).await.unwrap();
-        black_box(reply);
-    }
-    start.elapsed()
-}
 
 fn channel_call(c: &mut Criterion) {
     // The servers run on a runtime of their own, so the client's runtime measures the
@@ -58,7 +42,7 @@ fn channel_call(c: &mut Criterion) {
     group.bench_with_input(BenchmarkId::new("plain", SERVERS), &(), |b, _| {
         let mut client: EchoClient<Channel> =
             client_rt.block_on(async { EchoClient::new(endpoints[0].connect().await.unwrap()) });
-        b.iter_custom(|iters| client_rt.block_on(calls(&mut client, iters)));
+        b.iter_custom(|iters| client_rt.block_on(echo_calls(&mut client, iters, |_| ())));
     });
     group.bench_with_input(BenchmarkId::new("steady", SERVERS), &(), |b, _| {
         let mut client = client_rt.block_on(async {
@@ -68,7 +52,7 @@ fn channel_call(c: &mut Criterion) {
             assert!(channel.balance().wait_for_members(SERVERS as usize, Duration::from_secs(10)).await);
             EchoClient::new(channel)
         });
-        b.iter_custom(|iters| client_rt.block_on(calls(&mut client, iters)));
+        b.iter_custom(|iters| client_rt.block_on(echo_calls(&mut client, iters, |_| ())));
     });
     group.finish();
     drop(running);

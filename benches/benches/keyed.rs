@@ -18,7 +18,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use steady_balance::{Assignment, AssignmentError, Balance, BalanceConfig, Slice, SliceKey};
+use steady_balance::{Assignment, AssignmentError, Balance, BalanceConfig, SliceKey};
+use steady_benches::spread_assignment;
 use steady_subset::prng::SplitMix64;
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
@@ -34,14 +35,7 @@ fn runtime() -> Runtime {
 
 /// 15,000 evenly spaced slices, 3 of the 300 tasks each.
 fn assignment(generation: u64) -> Assignment {
-    let step = u64::MAX / SLICES as u64;
-    let slices = (0..SLICES)
-        .map(|i| Slice {
-            start: SliceKey(i as u64 * step),
-            replicas: (0..3).map(|r| ((i * 7 + r * 101 + generation as usize) % TASKS) as u32).collect(),
-        })
-        .collect();
-    Assignment::new(generation, slices).unwrap()
+    spread_assignment(generation, SLICES, TASKS, 3)
 }
 
 fn keyed_pick(c: &mut Criterion) {

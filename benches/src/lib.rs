@@ -23,6 +23,51 @@ pub fn naive_ring_subset(frontend: usize, backends: usize, size: usize) -> Vec<u
     (0..size.min(backends)).map(|i| ring[(start + i) % backends].1).collect()
 }
 
+/// `iters` unary `Echo` calls one after another through `client`, timed; `after(i)` runs
+/// after call `i` and is timed with it (a bench that scrapes every so many calls charges
+/// the scrapes to the calls).
+pub async fn echo_calls<T>(
+    client: &mut steady_tonic::echo::echo_client::EchoClient<T>,
+    iters: u64,
+    mut after: impl FnMut(u64),
+) -> std::time::Duration
+where
+    T: tonic::client::GrpcService<tonic::body::Body>,
+    T::Error: Into<tonic::codegen::StdError>,
+    T::ResponseBody: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    <T::ResponseBody as tonic::codegen::Body>::Error: Into<tonic::codegen::StdError> + Send,
+{
+    let start = std::time::Instant::now();
+    for i in 0..iters {
+        let request = steady_tonic::echo::EchoRequest { payload: b"ping".to_vec() };
+        std::hint::black_box(client.echo(request).await.expect("the echo servers answer"));
+        after(i);
+    }
+    start.elapsed()
+}
+
+/// The keyed benches' assignment: `slices` evenly spaced slices over `tasks` tasks,
+/// `replicas` each, spread so that every task holds about as many; `generation` shifts
+/// which tasks hold which slice.
+pub fn spread_assignment(
+    generation: u64,
+    slices: usize,
+    tasks: usize,
+    replicas: usize,
+) -> steady_balance::Assignment {
+    use steady_balance::{Assignment, Slice, SliceKey};
+    let step = u64::MAX / slices as u64;
+    let slices = (0..slices)
+        .map(|i| Slice {
+            start: SliceKey(i as u64 * step),
+            replicas: (0..replicas)
+                .map(|r| ((i * 7 + r * 101 + generation as usize) % tasks) as u32)
+                .collect(),
+        })
+        .collect();
+    Assignment::new(generation, slices).expect("a spread assignment is valid")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
