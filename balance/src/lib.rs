@@ -105,6 +105,7 @@ pub use error::{BalanceError, BoxError};
 pub use key::{KeyExtractor, NoKey};
 pub use layer::BalanceLayer;
 pub use route::future::ResponseFuture;
+pub use route::key_counts::{KeyCounts, MAX_BINS_LOG2};
 pub use service::Balance;
 pub use stats::{BalanceStats, MemberState, MemberStats};
 pub use steady_core::{Backoff, ConfigError, JobView, Task, TaskState};

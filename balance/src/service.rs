@@ -20,6 +20,7 @@ use crate::error::BoxError;
 use crate::key::{KeyExtractor, NoKey};
 use crate::route::endpoint::InFlight;
 use crate::route::future::ResponseFuture;
+use crate::route::key_counts::KeyCounts;
 use crate::route::pick::fresh_rng;
 use crate::route::table::Shared;
 use crate::route::wait::{no_replica, wait_for_endpoint, wait_for_replica, Wait, WaitBudget};
@@ -193,6 +194,23 @@ impl<S, K, C> Balance<S, K, C> {
         let _ = self.commands.send(Command::Assignments(Box::pin(source)));
     }
 
+    /// Counts this balancer's keyed requests from now on, in `2^bins_log2` bins of the key
+    /// space (see [`KeyCounts`]): what an in-process assigner (Rudolph's mode, crate
+    /// `steady-local`) makes its assignments from. Every request with a key is counted,
+    /// before the first assignment too, at the cost of one relaxed atomic increment.
+    /// Asked again, it returns the counts already kept (whatever `bins_log2`).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] unless `1 <= bins_log2 <= 20`.
+    pub fn count_keys(&self, bins_log2: u32) -> Result<KeyCounts, ConfigError> {
+        if let Some(counts) = self.shared.key_counts.get() {
+            return Ok(counts.clone());
+        }
+        let counts = KeyCounts::new(bins_log2)?;
+        Ok(self.shared.key_counts.get_or_init(|| counts).clone())
+    }
+
     /// Follows assignments published on a watch channel (see [`Balance::follow_assignments`]).
     pub fn follow_assignment_watch(&self, assignments: watch::Receiver<Assignment>) {
         self.follow_assignments(WatchStream::new(assignments).map(Ok::<_, BoxError>));
@@ -268,7 +286,11 @@ where
     #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
         let table = self.shared.table.load();
-        if let (Some(key), Some(slices)) = (self.keys.slice_key(&req), table.slices.as_ref()) {
+        let key = self.keys.slice_key(&req);
+        if let (Some(key), Some(counts)) = (key, self.shared.key_counts.get()) {
+            counts.record(key);
+        }
+        if let (Some(key), Some(slices)) = (key, table.slices.as_ref()) {
             let slice = slices.index(key);
             if slices.wants_more_replicas(slice) {
                 // Once per slice and table: connect the chosen replicas not yet connected.

@@ -2,6 +2,7 @@
 //! control task.
 //!
 //! The pieces, from the leaves up (each module imports only the ones before it):
+//! * [`key_counts`]: keyed requests counted per bin, for assignments made in process.
 //! * [`pick`]: power of two choices with its tie band, and the per-thread generator.
 //! * [`endpoint`]: one connection, its load and counters, and the in-flight guard a
 //!   request holds.
@@ -16,6 +17,7 @@
 
 pub(crate) mod endpoint;
 pub(crate) mod future;
+pub(crate) mod key_counts;
 pub(crate) mod pick;
 pub(crate) mod slices;
 pub(crate) mod table;

@@ -112,6 +112,8 @@ pub(crate) struct Shared<S> {
     /// How long requests wait, and what keyed ones do without a replica: the one copy
     /// the request side reads.
     pub(crate) waits: Waits,
+    /// Keyed requests per bin, once someone asked for them (`Balance::count_keys`).
+    pub(crate) key_counts: std::sync::OnceLock<super::key_counts::KeyCounts>,
 }
 
 impl<S> Shared<S> {
@@ -122,6 +124,7 @@ impl<S> Shared<S> {
             versions: watch::Sender::new(0),
             counters: Counters::default(),
             open: AtomicU64::new(0),
+            key_counts: std::sync::OnceLock::new(),
         }
     }
 
