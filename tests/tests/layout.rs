@@ -280,6 +280,25 @@ fn the_balancer_s_request_side_never_reaches_into_the_control_task() {
 }
 
 #[test]
+fn rudolph_s_mode_is_a_client_crate_of_its_own_with_no_control_plane() {
+    // A frontend that assigns its keys itself links the balancer and the assigner (std
+    // only), never the server side, a store, discovery or the RPC stack; and the client
+    // crates do not link it.
+    let local = dependencies("local");
+    for needed in ["steady-balance", "steady-assigner"] {
+        assert!(local.contains(needed), "steady-local does not depend on {needed}");
+    }
+    for forbidden in
+        ["steady-slicer", "steady-slicelet", "steady-discovery", "etcd-client", "tonic", "steady-tonic"]
+    {
+        assert!(!local.contains(forbidden), "steady-local depends on {forbidden}");
+    }
+    for krate in ["balance", "tonic-integration"] {
+        assert!(!dependencies(krate).contains("steady-local"), "{krate} depends on steady-local");
+    }
+}
+
+#[test]
 fn discovery_feeds_the_balancer_and_needs_neither_tonic_nor_the_server_side() {
     // Job views and identities are plain data for the balancer: a discovery source must
     // not pull in the balancer, the channel, the RPC stack or the slicer; its clients are
