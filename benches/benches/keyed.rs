@@ -4,13 +4,15 @@
 //!   `Balance::route(Some(key))` (table read, slice lookup, power of two choices);
 //!   baselines: `steady_unkeyed` (`route(None)`) and `linear_scan` (finding the slice by
 //!   scanning the assignment). Target (DESIGN §5): keyed pick under 50 ns.
+//! * `keyed_call` (same assignment): a keyed call through the balancer with its keys
+//!   counted for an in-process assigner (`Balance::count_keys`) against the same without.
 //! * `slice_key`: `SliceKey::of` (XXH3-64) of 16- and 64-byte keys against std's
 //!   `DefaultHasher` (SipHash-1-3) of the same bytes.
 //! * `assignment_swap`: a new 15,000-slice generation sent to a running balancer until
 //!   its routing table uses it; baseline `decode`: decoding the same assignment.
 //!
 //! Ratios: `cargo run --release -p steady-benches --bin bench-ratios -- keyed_pick linear_scan`
-//! (and `slice_key default_hasher`, `assignment_swap decode`).
+//! (and `keyed_call steady_keyed`, `slice_key default_hasher`, `assignment_swap decode`).
 
 use std::convert::Infallible;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -24,7 +26,7 @@ use steady_subset::prng::SplitMix64;
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
-use tower::service_fn;
+use tower::{service_fn, Service, ServiceExt};
 
 const SLICES: usize = 15_000;
 const TASKS: usize = 300;
@@ -81,6 +83,56 @@ fn keyed_pick(c: &mut Criterion) {
     });
     group.finish();
     drop(tx);
+}
+
+/// A keyed call through the balancer (`ready().call(key)` with an answer at once), with
+/// its keyed requests counted per bin for an in-process assigner (`Balance::count_keys`,
+/// Rudolph's mode in `steady-local`) and without.
+fn keyed_call(c: &mut Criterion) {
+    let rt = runtime();
+    let mut rng = SplitMix64::new(7);
+    let keys: Vec<SliceKey> = (0..4096).map(|_| SliceKey(rng.next())).collect();
+    let mut group = c.benchmark_group("keyed_call");
+    group.warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+    for (name, counted) in [("steady_keyed_counted", true), ("steady_keyed", false)] {
+        group.bench_with_input(BenchmarkId::new(name, SLICES), &(), |b, _| {
+            let (mut balance, _tx) = rt.block_on(async {
+                let connect = service_fn(|_task: usize| async {
+                    Ok::<_, Infallible>(service_fn(|key: SliceKey| {
+                        std::future::ready(Ok::<_, Infallible>(key.0))
+                    }))
+                });
+                let balance =
+                    Balance::from_addresses(BalanceConfig::new(0, TASKS), connect, (0..TASKS).collect())
+                        .unwrap()
+                        .with_key_extractor(
+                            (|key: &SliceKey| Some(*key)) as fn(&SliceKey) -> Option<SliceKey>,
+                        );
+                assert!(balance.wait_for_members(TASKS, Duration::from_secs(10)).await);
+                let (tx, rx) = mpsc::unbounded_channel::<Result<Assignment, AssignmentError>>();
+                balance.follow_assignments(UnboundedReceiverStream::new(rx));
+                tx.send(Ok(assignment(1))).unwrap();
+                while balance.stats().assignment_generation != Some(1) {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                (balance, tx)
+            });
+            if counted {
+                balance.count_keys(12).unwrap();
+            }
+            b.iter_custom(|iters| {
+                rt.block_on(async {
+                    let start = Instant::now();
+                    for i in 0..iters {
+                        let key = keys[(i & 4095) as usize];
+                        black_box(balance.ready().await.unwrap().call(key).await.unwrap());
+                    }
+                    start.elapsed()
+                })
+            });
+        });
+    }
+    group.finish();
 }
 
 fn slice_key(c: &mut Criterion) {
@@ -149,5 +201,5 @@ fn assignment_swap(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, keyed_pick, slice_key, assignment_swap);
+criterion_group!(benches, keyed_pick, keyed_call, slice_key, assignment_swap);
 criterion_main!(benches);
