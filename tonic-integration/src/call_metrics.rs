@@ -203,7 +203,12 @@ where
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.ready_since.get_or_insert_with(Instant::now);
-        self.inner.poll_ready(cx).map_err(Into::into)
+        let ready = ready!(self.inner.poll_ready(cx));
+        if ready.is_err() {
+            // No call follows a failed readiness: the next one starts afresh.
+            self.ready_since = None;
+        }
+        Poll::Ready(ready.map_err(Into::into))
     }
 
     fn call(&mut self, req: http::Request<ReqBody>) -> Self::Future {
