@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use steady_balance::{Assignment, AssignmentError, Balance, BalanceConfig, SliceKey};
-use steady_benches::spread_assignment;
+use steady_benches::{hold_assignment, spread_assignment};
 use steady_subset::prng::SplitMix64;
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
@@ -50,12 +50,7 @@ fn keyed_pick(c: &mut Criterion) {
         let balance =
             Balance::from_addresses(BalanceConfig::new(0, TASKS), connect, (0..TASKS).collect()).unwrap();
         assert!(balance.wait_for_members(TASKS, Duration::from_secs(10)).await);
-        let (tx, rx) = mpsc::unbounded_channel::<Result<Assignment, AssignmentError>>();
-        balance.follow_assignments(UnboundedReceiverStream::new(rx));
-        tx.send(Ok(assignment(1))).unwrap();
-        while balance.stats().assignment_generation != Some(1) {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        let tx = hold_assignment(&balance, assignment(1)).await;
         (balance, tx)
     });
     let reference = assignment(1);
@@ -109,12 +104,7 @@ fn keyed_call(c: &mut Criterion) {
                             (|key: &SliceKey| Some(*key)) as fn(&SliceKey) -> Option<SliceKey>,
                         );
                 assert!(balance.wait_for_members(TASKS, Duration::from_secs(10)).await);
-                let (tx, rx) = mpsc::unbounded_channel::<Result<Assignment, AssignmentError>>();
-                balance.follow_assignments(UnboundedReceiverStream::new(rx));
-                tx.send(Ok(assignment(1))).unwrap();
-                while balance.stats().assignment_generation != Some(1) {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
+                let tx = hold_assignment(&balance, assignment(1)).await;
                 (balance, tx)
             });
             if counted {

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use steady_balance::{Balance, BalanceConfig, SliceKey};
-use steady_benches::{echo_calls, spread_assignment};
+use steady_benches::{echo_calls, hold_assignment, spread_assignment};
 use steady_slicer::status::MetricsRegistry;
 use steady_subset::prng::SplitMix64;
 use steady_tonic::echo::echo_client::EchoClient;
@@ -142,14 +142,7 @@ fn keyed_pick(c: &mut Criterion) {
                     Balance::from_addresses(BalanceConfig::new(0, TASKS), connect, (0..TASKS).collect())
                         .unwrap();
                 assert!(balance.wait_for_members(TASKS, Duration::from_secs(10)).await);
-                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-                balance.follow_assignments(tokio_stream::wrappers::UnboundedReceiverStream::new(rx));
-                tx.send(Ok::<_, steady_balance::AssignmentError>(spread_assignment(1, SLICES, TASKS, 3)))
-                    .unwrap();
-                while balance.stats().assignment_generation != Some(1) {
-                    let v = balance.stats().version;
-                    balance.wait_for_version(v + 1).await;
-                }
+                let tx = hold_assignment(&balance, spread_assignment(1, SLICES, TASKS, 3)).await;
                 (balance, tx)
             });
             if observed {

@@ -46,6 +46,24 @@ where
     start.elapsed()
 }
 
+/// Makes `balance` follow `assignment` and waits until its routing table uses it. Keep
+/// the returned sender: dropping it ends the source (the balancer keeps the assignment),
+/// and a bench may send later generations on it.
+pub async fn hold_assignment<S, K, C>(
+    balance: &steady_balance::Balance<S, K, C>,
+    assignment: steady_balance::Assignment,
+) -> tokio::sync::mpsc::UnboundedSender<Result<steady_balance::Assignment, steady_balance::AssignmentError>> {
+    let generation = assignment.generation();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    balance.follow_assignments(tokio_stream::wrappers::UnboundedReceiverStream::new(rx));
+    tx.send(Ok(assignment)).expect("the balancer follows the source");
+    while balance.stats().assignment_generation != Some(generation) {
+        let version = balance.stats().version;
+        balance.wait_for_version(version + 1).await;
+    }
+    tx
+}
+
 /// The keyed benches' assignment: `slices` evenly spaced slices over `tasks` tasks,
 /// `replicas` each, spread so that every task holds about as many; `generation` shifts
 /// which tasks hold which slice.

@@ -320,24 +320,27 @@ async fn run(
             () = publish.closed() => return,
         }
         let current = tasks.borrow().clone();
-        let outcome = runner.run(&counts.take(), &current);
-        let mut fresh = None;
-        stats.send_modify(|s| {
-            s.runs += 1;
-            match &outcome {
-                Ok(outcome) => {
-                    s.imbalance = Some(outcome.report.imbalance_after);
-                    if !outcome.report.unchanged {
-                        s.key_churn = Some(outcome.report.key_churn);
-                        fresh = Some(outcome.assignment.clone());
+        let fresh = match runner.run(&counts.take(), &current) {
+            Ok(outcome) => {
+                let report = outcome.report;
+                stats.send_modify(|s| {
+                    s.runs += 1;
+                    s.imbalance = Some(report.imbalance_after);
+                    if !report.unchanged {
+                        s.key_churn = Some(report.key_churn);
                     }
-                }
-                Err(error) => {
-                    s.errors += 1;
-                    tracing::warn!(%error, "local assignments: run failed; the last assignment stays");
-                }
+                });
+                (!report.unchanged).then_some(outcome.assignment)
             }
-        });
+            Err(error) => {
+                tracing::warn!(%error, "local assignments: run failed; the last assignment stays");
+                stats.send_modify(|s| {
+                    s.runs += 1;
+                    s.errors += 1;
+                });
+                None
+            }
+        };
         if let Some(assignment) = fresh {
             let generation = assignment.generation();
             if publish.send(Ok(assignment.clone())).await.is_err() {
