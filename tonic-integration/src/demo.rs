@@ -34,7 +34,7 @@ pub async fn serve_echo(task: u32) -> std::io::Result<(SocketAddr, oneshot::Send
     let (stop, stopped) = oneshot::channel::<()>();
     tokio::spawn(
         Server::builder().add_service(EchoServer::new(EchoTask(task))).serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
             async {
                 let _ = stopped.await;
             },

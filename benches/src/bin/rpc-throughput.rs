@@ -246,9 +246,9 @@ async fn serve_slow(task: u32, delay: Duration) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     tokio::spawn(
-        Server::builder()
-            .add_service(EchoServer::new(SlowEcho { task, delay }))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        Server::builder().add_service(EchoServer::new(SlowEcho { task, delay })).serve_with_incoming(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+        ),
     );
     Ok(addr)
 }
@@ -281,7 +281,9 @@ async fn serve_faulty(task: u32, share: Option<f64>) -> std::io::Result<SocketAd
     tokio::spawn(
         Server::builder()
             .add_service(EchoServer::new(FaultyEcho { task, share, calls: AtomicUsize::new(0) }))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+            .serve_with_incoming(
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            ),
     );
     Ok(addr)
 }

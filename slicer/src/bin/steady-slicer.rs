@@ -466,7 +466,7 @@ async fn run(cli: Cli, checked: Checked) -> Result<(), Failure> {
     let server = builder
         .add_service(distributor.service())
         .add_service(collector.service())
-        .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener));
+        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)));
     let status = async {
         // At most one line a second, whatever the cadence.
         let mut tick = tokio::time::interval(config.cadence.max(Duration::from_secs(1)));
