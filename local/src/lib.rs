@@ -9,7 +9,8 @@
 //! 1. it asks the balancer to count its keyed requests per bin
 //!    (`Balance::count_keys`: one relaxed atomic increment per keyed request, as the
 //!    Slicelet pays);
-//! 2. every period (1 s by default) it takes the counts, folds them into a smoothed load
+//! 2. every period (1 s by default), and at once when discovery's tasks change (a task
+//!    drains, leaves or joins: its keys move now, not a period later), it takes the counts, folds them into a smoothed load
 //!    (`memory` times the previous load plus the new counts), and runs its assigner
 //!    (Rudolph's [`Rotation`] by default; any [`Assigner`] will do) with the previous
 //!    assignment, the job's [`Tasks`] and that load;
@@ -305,7 +306,7 @@ impl LocalRunner {
 async fn run(
     mut runner: LocalRunner,
     counts: KeyCounts,
-    tasks: watch::Receiver<Tasks>,
+    mut tasks: watch::Receiver<Tasks>,
     publish: mpsc::Sender<Result<Assignment, Infallible>>,
     stats: watch::Sender<LocalStats>,
     in_force: watch::Sender<Option<Assignment>>,
@@ -313,13 +314,18 @@ async fn run(
 ) {
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Whether discovery can still change the tasks (its sender may be dropped: then the
+    // last view holds and only the cadence runs the assigner).
+    let mut watching = true;
     loop {
         tokio::select! {
             _ = ticks.tick() => {}
+            // A task drains, leaves or joins: run at once, so its keys move now.
+            changed = tasks.changed(), if watching => watching = changed.is_ok(),
             // The balancer is gone.
             () = publish.closed() => return,
         }
-        let current = tasks.borrow().clone();
+        let current = tasks.borrow_and_update().clone();
         let fresh = match runner.run(&counts.take(), &current) {
             Ok(outcome) => {
                 let report = outcome.report;

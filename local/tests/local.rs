@@ -113,6 +113,33 @@ async fn without_a_serving_task_a_run_fails_and_the_last_assignment_stays() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_drains_loses_its_keys_at_once_not_at_the_next_period() {
+    let balance = balancer(4).await;
+    let (job, tasks) = watch::channel(Tasks::serving(0..4).unwrap());
+    // A period of an hour: only discovery's change can cause the second run.
+    let mut local =
+        LocalAssignments::rudolph().every(Duration::from_secs(3600)).start(&balance, tasks).unwrap();
+    local.wait_for_generation(1).await;
+    assert!(local.assignment().unwrap().slices_of(2).next().is_some());
+    job.send_replace(
+        Tasks::new((0..4).map(|t| {
+            (t, if t == 2 { steady_local::TaskState::Draining } else { steady_local::TaskState::Serving })
+        }))
+        .unwrap(),
+    );
+    tokio::time::timeout(Duration::from_secs(10), local.wait_for_generation(2))
+        .await
+        .expect("no run followed the drain within 10 s");
+    let moved = local.assignment().unwrap();
+    assert_eq!(moved.slices_of(2).count(), 0, "the draining task still owns keys");
+    // Discovery going away leaves the last view in force; the assigner keeps running.
+    drop(job);
+    assert!(!local.is_finished());
+    assert_eq!(local.stats().errors, 0);
+    assert_eq!(balance.stats().assignment_generation, Some(moved.generation()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_assigner_ends_with_its_balancer() {
     let balance = balancer(4).await;
     let (_job, tasks) = watch::channel(Tasks::serving(0..4).unwrap());
