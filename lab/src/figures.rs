@@ -48,7 +48,7 @@ fn stroke(i: usize, n: usize) -> u32 {
 }
 
 /// Tick labels without float noise: `20`, `0.1`, `0.25`.
-pub(crate) fn tick(v: &f64) -> String {
+pub fn tick(v: &f64) -> String {
     let rounded = (v * 1e6).round() / 1e6;
     if rounded.fract() == 0.0 {
         format!("{rounded:.0}")
@@ -57,8 +57,10 @@ pub(crate) fn tick(v: &f64) -> String {
     }
 }
 
-pub(crate) const FONT: (&str, u32) = ("sans-serif", 15);
-pub(crate) const CAPTION: (&str, u32) = ("sans-serif", 17);
+/// The labels' font.
+pub const FONT: (&str, u32) = ("sans-serif", 15);
+/// The captions' font.
+pub const CAPTION: (&str, u32) = ("sans-serif", 17);
 
 /// Draws every figure into `dir` (created if needed) and lists them.
 ///
@@ -211,7 +213,11 @@ where
 }
 
 /// The legend box.
-pub(crate) fn legend<'a, X, Y>(
+///
+/// # Errors
+///
+/// Drawing errors.
+pub fn legend<'a, X, Y>(
     chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
     position: SeriesLabelPosition,
 ) -> DrawResult<()>

@@ -11,6 +11,9 @@
 //!   Deterministic.
 //! * `steady-lab slicer [--store memory|etcd --endpoints ...]` runs the keyed Slicer loop
 //!   end to end on real tonic servers (load reports, Assigner, faults).
+//! * `steady-lab cache [--quick]` measures what keyed routing buys on real tonic servers
+//!   (cache hits, database reads, tail latency) for every routing strategy, and through a
+//!   rolling restart; prints the tables and writes the figures.
 //! * `steady-lab assign --algorithm NAME --tasks T --load FILE [--previous FILE]
 //!   [--max-replicas R]` runs one assigner run: the next assignment as one line of JSON
 //!   on stdout, the report on stderr. **Also a contract**: see `assign.rs`.
@@ -39,6 +42,7 @@ use steady_subset::quality::Scenario;
 use steady_subset::Algorithm;
 
 mod assign;
+mod cache;
 mod grid;
 mod quality;
 mod resize;
@@ -79,6 +83,11 @@ enum Command {
     /// Assigner rebalances, frontends follow; with the Assigner killed and a backend
     /// drained on the way. Prints a row per step and writes an SVG.
     Slicer(slicer_demo::SlicerArgs),
+    /// What keyed routing buys, on real tonic servers: backends with bounded caches over a
+    /// database, and every routing strategy (p2c, static and consistent hashing, Rudolph
+    /// in process, the Slicer loop with one replica and with up to three) side by side on
+    /// the same keys; a rolling restart. Prints the tables, writes the figures.
+    Cache(cache::CacheArgs),
     /// Run one assigner run: the next assignment as one line of JSON on stdout, the
     /// run's report on stderr.
     Assign(assign::AssignArgs),
@@ -142,14 +151,23 @@ impl RunArgs {
     }
 }
 
+/// `arg` accepts a negative number as its value, when it takes one (clap refuses the
+/// setting on flags such as `--quick`).
+fn negative_values(arg: clap::Arg) -> clap::Arg {
+    if arg.get_action().takes_values() {
+        arg.allow_negative_numbers(true)
+    } else {
+        arg
+    }
+}
+
 /// The command line, or the process ends: help and the version print as usual (so does
 /// the help clap prints when no command is given), and anything clap refuses is one line on
 /// stderr and exit code 2.
 fn parse_args() -> Cli {
     // A negative number is a value (`--tasks -1` is a bad `--tasks`, not an unknown flag).
-    let command = Cli::command()
-        .mut_args(|arg| arg.allow_negative_numbers(true))
-        .mut_subcommands(|sub| sub.mut_args(|arg| arg.allow_negative_numbers(true)));
+    let command =
+        Cli::command().mut_args(negative_values).mut_subcommands(|sub| sub.mut_args(negative_values));
     // The `--help` to point at: the subcommand's, when one was named.
     let path = match std::env::args_os().nth(1) {
         Some(sub) if command.find_subcommand(&sub).is_some() => {
@@ -189,6 +207,7 @@ fn main() -> ExitCode {
         Command::Assign(args) => assign::run(&mut out, &args),
         Command::Sharding(args) => sharding_command::run(&mut out, &args),
         Command::Slicer(args) => slicer_demo::run(&mut out, &args),
+        Command::Cache(args) => cache::run(&mut out, &args),
         Command::Figures { out: dir, run } => run.measure().and_then(|results| {
             for f in figures::draw_all(&results, &dir)? {
                 writeln!(out, "{}", dir.join(&f.file).display())?;

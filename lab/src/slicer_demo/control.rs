@@ -15,7 +15,7 @@ use steady_tonic::echo::echo_server::EchoServer;
 use tokio::sync::{oneshot, watch};
 use tonic::transport::{Endpoint, Server};
 
-use super::{DemoStore, SlicerArgs, JOB};
+use super::{DemoStore, JOB};
 
 pub(super) async fn serve(
     task: u32,
@@ -28,9 +28,12 @@ pub(super) async fn serve(
         Server::builder()
             .layer(slicelet.layer())
             .add_service(EchoServer::new(steady_tonic::demo::EchoTask(task)))
-            .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), async {
-                let _ = stopped.await;
-            }),
+            .serve_with_incoming_shutdown(
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+                async {
+                    let _ = stopped.await;
+                },
+            ),
     );
     Ok((address, stop))
 }
@@ -38,8 +41,8 @@ pub(super) async fn serve(
 /// The control plane: Distributor and load collector served on one address, and the
 /// store the Assigners use.
 #[derive(Debug)]
-pub(super) struct ControlPlane {
-    pub(super) distributor: Distributor,
+pub(crate) struct ControlPlane {
+    pub(crate) distributor: Distributor,
     pub(super) book: LoadBook,
     pub(super) collector: LoadCollector,
     address: SocketAddr,
@@ -49,7 +52,10 @@ pub(super) struct ControlPlane {
 }
 
 impl ControlPlane {
-    pub(super) async fn start(args: &SlicerArgs) -> Result<Self, Box<dyn std::error::Error>> {
+    pub(crate) async fn start(
+        store: DemoStore,
+        endpoints: &[String],
+    ) -> Result<Self, Box<dyn std::error::Error>> {
         let distributor = Distributor::new();
         let book = LoadBook::new();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -59,26 +65,26 @@ impl ControlPlane {
             Server::builder()
                 .add_service(distributor.service())
                 .add_service(collector.service())
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+                .serve_with_incoming(
+                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+                ),
         );
         // On etcd each Assigner connects on its own (see `assigner`); in memory they share.
-        let store = match args.store {
+        let store = match store {
             DemoStore::Memory => Some(Arc::new(MemoryStore::new()) as Arc<dyn AssignmentStore>),
-            DemoStore::Etcd if args.endpoints.is_empty() => {
-                return Err("--store etcd needs --endpoints".into())
-            }
+            DemoStore::Etcd if endpoints.is_empty() => return Err("--store etcd needs --endpoints".into()),
             DemoStore::Etcd => None,
         };
-        Ok(Self { distributor, book, collector, address, store, endpoints: args.endpoints.clone() })
+        Ok(Self { distributor, book, collector, address, store, endpoints: endpoints.to_vec() })
     }
 
-    pub(super) fn endpoint(&self) -> Endpoint {
+    pub(crate) fn endpoint(&self) -> Endpoint {
         Endpoint::from_shared(format!("http://{}", self.address)).expect("a valid address")
     }
 
     /// An Assigner named `candidate`; on etcd with a connection of its own, as on
     /// another machine.
-    pub(super) async fn assigner(
+    pub(crate) async fn assigner(
         &self,
         candidate: &str,
         config: &AssignerConfig,

@@ -32,15 +32,15 @@ use tonic::transport::Endpoint;
 
 use crate::LabResult;
 
-mod control;
+pub(crate) mod control;
 mod summary;
-mod workload;
+pub(crate) mod workload;
 
 use control::ControlPlane;
 use workload::Popularity;
 
 /// The demo's job name.
-const JOB: &str = "demo";
+pub(crate) const JOB: &str = "demo";
 
 /// Where the demo's Assigner stores assignments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -148,7 +148,7 @@ async fn demo(out: &mut impl Write, args: &SlicerArgs) -> LabResult {
         return Err("--backends must be at least 2, --frontends and --keys at least 1".into());
     }
     let step = Duration::from_millis(args.step_ms.max(100));
-    let control = ControlPlane::start(args).await?;
+    let control = ControlPlane::start(args.store, &args.endpoints).await?;
     let mut backends = Vec::new();
     for task in 0..args.backends {
         // Rates decay over two steps: Slicer's window is five minutes, with steps of one.

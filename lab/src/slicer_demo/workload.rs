@@ -9,15 +9,15 @@ use steady_lab::sharding::workload::{Popularity as Zipf, Shift};
 
 /// Zipf popularity over `keys` named keys (`key-<i>`) whose ranking changes each epoch.
 #[derive(Debug)]
-pub(super) struct Popularity {
+pub(crate) struct Popularity {
     zipf: Zipf,
     /// Per epoch so far: the cumulative share of keys `0..=i`, for sampling.
     cumulative: Mutex<Vec<Vec<f64>>>,
-    pub(super) epoch: AtomicU64,
+    pub(crate) epoch: AtomicU64,
 }
 
 impl Popularity {
-    pub(super) fn new(keys: usize, exponent: f64) -> Self {
+    pub(crate) fn new(keys: usize, exponent: f64) -> Self {
         // One simulator step per epoch; the rate only scales the shares.
         let zipf = Zipf::new(keys, exponent, 1.0, Shift::Every { steps: 1 }, 0xD3_40);
         Self { zipf, cumulative: Mutex::new(Vec::new()), epoch: AtomicU64::new(0) }
@@ -25,6 +25,11 @@ impl Popularity {
 
     /// The key name for a uniform draw `u` in [0, 1).
     pub(super) fn key(&self, u: f64) -> String {
+        format!("key-{}", self.index(u))
+    }
+
+    /// The index of the key for a uniform draw `u` in [0, 1).
+    pub(crate) fn index(&self, u: f64) -> usize {
         let epoch = self.epoch.load(Ordering::Relaxed) as usize;
         let mut cumulative = self.cumulative.lock().expect("not poisoned");
         while cumulative.len() <= epoch {
@@ -36,6 +41,6 @@ impl Popularity {
             cumulative.push(shares.collect());
         }
         let shares = &cumulative[epoch];
-        format!("key-{}", shares.partition_point(|&c| c < u).min(shares.len() - 1))
+        shares.partition_point(|&c| c < u).min(shares.len() - 1)
     }
 }

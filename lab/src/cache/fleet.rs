@@ -1,0 +1,300 @@
+//! One strategy's fleet: the database, the backends with their Slicelets, the control
+//! plane, the frontends' channels and whatever makes their assignments.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::ValueEnum;
+use steady_assigner::{ReplicaLimits, TaskState as AssignerState, Tasks};
+use steady_balance::{BalanceConfig, JobView, TaskState};
+use steady_local::{LocalAssignments, LocalHandle};
+use steady_slicelet::{LoadReporter, MeterConfig, Slicelet};
+use steady_slicer::assigner::{AssignerConfig, AssignerHandle};
+use steady_tonic::{SteadyChannel, TaskEndpoint};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tonic::transport::Endpoint;
+
+use super::backend::{Backend, BackendConfig, DatabaseConfig, DatabaseServer};
+use super::hashing;
+use crate::slicer_demo::control::ControlPlane;
+use crate::slicer_demo::{DemoStore, JOB};
+
+/// How frontends pick the backend for a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Strategy {
+    /// No key: power of two choices over the least loaded (Rudolph's round-robin column).
+    P2c,
+    /// One equal range of the key space per task of the job, fixed.
+    StaticHashing,
+    /// A ring of 100 virtual nodes per serving task, rebuilt when one drains or returns.
+    ConsistentHashing,
+    /// Rudolph's mode: each frontend runs the rotation over its own counts (steady-local).
+    Rudolph,
+    /// The Slicer loop: Slicelets report load, an Assigner runs weighted-move, one replica.
+    Slicer,
+    /// The same with hot slices replicated (up to 3 replicas).
+    SlicerReplicated,
+}
+
+impl Strategy {
+    pub(crate) const ALL: [Strategy; 6] = [
+        Strategy::P2c,
+        Strategy::StaticHashing,
+        Strategy::ConsistentHashing,
+        Strategy::Rudolph,
+        Strategy::Slicer,
+        Strategy::SlicerReplicated,
+    ];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Strategy::P2c => "p2c (unkeyed)",
+            Strategy::StaticHashing => "static hashing",
+            Strategy::ConsistentHashing => "consistent hashing",
+            Strategy::Rudolph => "Rudolph (in process)",
+            Strategy::Slicer => "Slicer, 1 replica",
+            Strategy::SlicerReplicated => "Slicer, <=3 replicas",
+        }
+    }
+
+    /// Whether requests carry their key for routing.
+    pub(crate) fn keyed(self) -> bool {
+        self != Strategy::P2c
+    }
+
+    /// Whether every backend knows the assignment the frontends route by, so that
+    /// misroutes can be counted (Rudolph's frontends each have their own).
+    pub(crate) fn shared_assignment(self) -> bool {
+        !matches!(self, Strategy::P2c | Strategy::Rudolph)
+    }
+
+    fn slicer_replicas(self) -> Option<usize> {
+        match self {
+            Strategy::Slicer => Some(1),
+            Strategy::SlicerReplicated => Some(3),
+            _ => None,
+        }
+    }
+}
+
+/// Sizes and timings of a fleet.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FleetConfig {
+    pub(crate) backends: u32,
+    pub(crate) frontends: usize,
+    pub(crate) backend: BackendConfig,
+    pub(crate) database: DatabaseConfig,
+    /// How often assignments are remade (the Assigner's cadence, Rudolph's period).
+    pub(crate) assign_every: Duration,
+}
+
+/// A running fleet for one strategy.
+pub(crate) struct Fleet {
+    pub(crate) strategy: Strategy,
+    pub(crate) database: DatabaseServer,
+    pub(crate) backends: Vec<Backend>,
+    pub(crate) channels: Vec<SteadyChannel>,
+    tasks: watch::Sender<Tasks>,
+    job: watch::Sender<JobView<TaskEndpoint>>,
+    _control: ControlPlane,
+    _assigner: Option<AssignerHandle>,
+    _reporters: Vec<LoadReporter>,
+    _local: Vec<LocalHandle>,
+    hashing: Option<JoinHandle<()>>,
+}
+
+impl Fleet {
+    /// Starts the servers and frontends of `strategy` and waits until every frontend
+    /// routes by an assignment (keyed strategies) and has a connection to every backend.
+    pub(crate) async fn start(
+        strategy: Strategy,
+        config: &FleetConfig,
+    ) -> Result<Self, Box<dyn std::error::Error>> {
+        let control = ControlPlane::start(DemoStore::Memory, &[]).await?;
+        let database = DatabaseServer::start(config.database).await?;
+        let replicas = strategy.slicer_replicas();
+        let mut backends = Vec::new();
+        let mut reporters = Vec::new();
+        for task in 0..config.backends {
+            let meter = MeterConfig { half_life: config.assign_every * 2, ..MeterConfig::default() };
+            let slicelet = Slicelet::with_meter(task, meter)?;
+            if strategy.shared_assignment() {
+                slicelet.follow(steady_tonic::watch_assignments(
+                    control.endpoint(),
+                    JOB,
+                    Default::default(),
+                )?);
+            }
+            if replicas.is_some() {
+                reporters.push(slicelet.report_to(control.endpoint(), JOB, config.assign_every / 4));
+            }
+            backends.push(Backend::start(task, config.backend, database.address, slicelet).await?);
+        }
+        let (tasks, tasks_rx) = watch::channel(Tasks::serving(0..config.backends)?);
+        let endpoints: Vec<TaskEndpoint> = backends
+            .iter()
+            .map(|b| Endpoint::from_shared(format!("http://{}", b.address)).map(TaskEndpoint))
+            .collect::<Result<_, _>>()?;
+        let (job, views) = watch::channel(JobView::serving(endpoints));
+
+        let mut hashing = None;
+        let mut assigner = None;
+        match strategy {
+            Strategy::StaticHashing => {
+                control.distributor.publish(JOB, hashing::static_hashing(config.backends));
+            }
+            Strategy::ConsistentHashing => {
+                let (distributor, mut tasks_rx) = (control.distributor.clone(), tasks_rx.clone());
+                hashing = Some(tokio::spawn(async move {
+                    let mut generation = 1;
+                    loop {
+                        let ring = hashing::consistent_hashing(&tasks_rx.borrow_and_update(), generation);
+                        if let Some(ring) = ring {
+                            distributor.publish(JOB, ring);
+                            generation += 1;
+                        }
+                        if tasks_rx.changed().await.is_err() {
+                            return;
+                        }
+                    }
+                }));
+            }
+            Strategy::Slicer | Strategy::SlicerReplicated => {
+                let config = AssignerConfig {
+                    cadence: config.assign_every,
+                    min_interval: config.assign_every / 4,
+                    stale_after: config.assign_every * 3,
+                    replicas: ReplicaLimits::new(1, replicas.unwrap_or(1))?,
+                    ..AssignerConfig::default()
+                };
+                assigner = Some(control.assigner("cache-assigner", &config, tasks_rx.clone()).await?);
+            }
+            Strategy::P2c | Strategy::Rudolph => {}
+        }
+        let mut channels = Vec::new();
+        let mut local = Vec::new();
+        for m in 0..config.frontends {
+            let channel = SteadyChannel::builder(BalanceConfig::new(m, config.backends as usize))
+                .from_job(views.clone())?;
+            match strategy {
+                Strategy::P2c => {}
+                Strategy::Rudolph => local.push(
+                    LocalAssignments::rudolph()
+                        .every(config.assign_every)
+                        .start(channel.balance(), tasks_rx.clone())?,
+                ),
+                _ => channel.follow_assignments(steady_tonic::watch_assignments(
+                    control.endpoint(),
+                    JOB,
+                    Default::default(),
+                )?),
+            }
+            channels.push(channel);
+        }
+        let fleet = Self {
+            strategy,
+            database,
+            backends,
+            channels,
+            tasks,
+            job,
+            _control: control,
+            _assigner: assigner,
+            _reporters: reporters,
+            _local: local,
+            hashing,
+        };
+        fleet.ready(config.backends as usize).await?;
+        Ok(fleet)
+    }
+
+    /// Waits (at most 10 s) until every frontend follows an assignment, when keyed, and
+    /// every backend's server answers.
+    async fn ready(&self, backends: usize) -> Result<(), Box<dyn std::error::Error>> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for channel in &self.channels {
+            while self.strategy.keyed() && channel.stats().assignment_generation.is_none() {
+                if Instant::now() > deadline {
+                    return Err(
+                        format!("{}: a frontend got no assignment in 10 s", self.strategy.name()).into()
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        for b in &self.backends {
+            while tokio::net::TcpStream::connect(b.address).await.is_err() {
+                if Instant::now() > deadline {
+                    return Err(format!("backend {} does not accept connections", b.task).into());
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        debug_assert_eq!(self.backends.len(), backends);
+        Ok(())
+    }
+
+    /// Discovery (the frontends' view and the assigners' task set) puts `task` in `state`.
+    pub(crate) fn set_state(&self, task: u32, serving: bool) {
+        let (view_state, assigner_state) = if serving {
+            (TaskState::Serving, AssignerState::Serving)
+        } else {
+            (TaskState::Draining, AssignerState::Draining)
+        };
+        self.job.send_modify(|v| *v = v.clone().with_state(task as usize, view_state));
+        self.tasks.send_modify(|t| {
+            *t = Tasks::new(t.iter().map(|(i, s)| (i, if i == task { assigner_state } else { s })))
+                .expect("the same task indices")
+        });
+    }
+
+    /// Waits (at most 10 s) until every frontend has `task` among the members it sends
+    /// to (`member`) or none has.
+    pub(crate) async fn wait_for_members(&self, task: u32, member: bool) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let is_member = |c: &SteadyChannel| c.stats().members.iter().any(|m| m.task == task as usize);
+        while !self.channels.iter().all(|c| is_member(c) == member) {
+            if Instant::now() > deadline {
+                let what = if member { "took back" } else { "let go of" };
+                return Err(format!(
+                    "{}: not every frontend {what} task {task} in 10 s",
+                    self.strategy.name()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok(())
+    }
+
+    /// Misrouted keyed requests the backends counted so far.
+    pub(crate) fn misrouted(&self) -> u64 {
+        self.backends.iter().map(|b| b.slicelet.misrouted()).sum()
+    }
+
+    /// The counters a per-second sampler reads, without borrowing the fleet.
+    pub(crate) fn counters(&self) -> Counters {
+        Counters { caches: self.backends.iter().map(|b| b.counts.clone()).collect() }
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        if let Some(h) = self.hashing.take() {
+            h.abort();
+        }
+    }
+}
+
+/// Shared handles on the backends' cache counters.
+#[derive(Clone)]
+pub(crate) struct Counters {
+    caches: Vec<Arc<super::backend::CacheCounts>>,
+}
+
+impl Counters {
+    pub(crate) fn hits_misses(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.caches.iter().fold((0, 0), |(h, m), c| (h + c.hits.load(Relaxed), m + c.misses.load(Relaxed)))
+    }
+}
