@@ -11,6 +11,11 @@
 //! * [`LoadReporter`]: the task [`Slicelet::report_to`] starts, streaming load reports
 //!   to the Assigner's `LoadCollector` and reconnecting with backoff.
 //! * [`report`]: the [`LoadReport`] itself, validated and bounded, and its wire message.
+//! * [`Ownership`], [`SliceChanges`]: for the application, what the task holds and since
+//!   which generation without a break ([`Slicelet::held_since`],
+//!   [`Slicelet::is_assigned_continuously`]), and the slices it acquires and releases
+//!   ([`Slicelet::slice_changes`]), so a cache can load, warm and flush, and never serve an
+//!   entry another owner may have overwritten.
 //!
 //! Inside: `meter` keeps per-slice request counters tied to the assignment in force, a
 //! sampled heavy-hitters sketch (`sketch`: Space-Saving), and the reader-side decay that
@@ -56,12 +61,13 @@ mod layer;
 mod meter;
 #[cfg(feature = "metrics")]
 mod metrics;
+mod ownership;
 pub mod report;
 mod reporter;
 mod sketch;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::{ArcSwapOption, RefCnt};
@@ -74,6 +80,7 @@ use tonic::transport::Endpoint;
 
 pub use layer::{SliceletLayer, SliceletService};
 pub use meter::{MeterConfig, MeterConfigError};
+pub use ownership::{Ownership, SliceChange, SliceChanges};
 pub use report::LoadReport;
 pub use reporter::{LoadReporter, MIN_REPORT_INTERVAL};
 
@@ -83,6 +90,11 @@ use meter::{LoadMeter, MeteredAssignment};
 struct State {
     /// The assignment in force with its per-slice counters: swapped as one.
     assignment: ArcSwapOption<MeteredAssignment>,
+    /// Held while an assignment is installed, so that each ownership follows the one
+    /// before it (installs are rare: the request path never takes it).
+    installs: Mutex<()>,
+    /// The ownership of the generation in force, for the application.
+    ownership: tokio::sync::watch::Sender<Option<Arc<Ownership>>>,
     keyed: AtomicU64,
     misrouted: AtomicU64,
     meter: LoadMeter,
@@ -133,6 +145,8 @@ impl Slicelet {
     pub fn with_meter(task: u32, config: MeterConfig) -> Result<Self, MeterConfigError> {
         let state = State {
             assignment: ArcSwapOption::empty(),
+            installs: Mutex::new(()),
+            ownership: tokio::sync::watch::Sender::new(None),
             keyed: AtomicU64::new(0),
             misrouted: AtomicU64::new(0),
             meter: LoadMeter::new(config)?,
@@ -156,16 +170,52 @@ impl Slicelet {
     /// wins, and the generation held never goes down. Costs `O(slices)` (fresh load
     /// counters, 8 bytes per slice).
     pub fn set_assignment(&self, assignment: Assignment) -> bool {
-        if self
-            .state
-            .assignment
-            .load()
-            .as_ref()
-            .is_some_and(|c| c.assignment.generation() >= assignment.generation())
-        {
+        let newer = |s: &State| {
+            s.assignment.load().as_ref().is_none_or(|c| c.assignment.generation() < assignment.generation())
+        };
+        if !newer(&self.state) {
             return false;
         }
-        install_if_newer(&self.state.assignment, MeteredAssignment::new(assignment, self.task), || {})
+        let _installing = self.state.installs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !newer(&self.state) {
+            return false;
+        }
+        let ownership = Ownership::next(self.state.ownership.borrow().as_deref(), &assignment, self.task);
+        if !install_if_newer(&self.state.assignment, MeteredAssignment::new(assignment, self.task), || {}) {
+            return false;
+        }
+        self.state.ownership.send_replace(Some(Arc::new(ownership)));
+        true
+    }
+
+    /// What this task holds in the generation in force, and since when (`None` before
+    /// the first assignment). Made when the assignment is installed, off the request path.
+    pub fn ownership(&self) -> Option<Arc<Ownership>> {
+        self.state.ownership.borrow().clone()
+    }
+
+    /// The generation since which this task has held `key` in every generation it
+    /// installed; `None` if it does not hold `key` now (or has no assignment). A skipped
+    /// generation breaks continuity (see [`Slicelet::is_assigned_continuously`]).
+    pub fn held_since(&self, key: SliceKey) -> Option<u64> {
+        self.state.ownership.borrow().as_ref().and_then(|o| o.held_since(key))
+    }
+
+    /// Whether this task has held `key` without a break since generation `since` (Dicer's
+    /// `isAssignedContinuously`): a cache entry for `key` written at generation `since` or
+    /// later is still the only copy that anyone wrote. Conservative: when this Slicelet
+    /// skipped a generation (5, then 8), it does not know what 6 and 7 said, so keys count
+    /// as held since 8.
+    pub fn is_assigned_continuously(&self, key: SliceKey, since: u64) -> bool {
+        self.held_since(key).is_some_and(|held| held <= since)
+    }
+
+    /// The slice changes (acquired, released) of every generation installed from now on,
+    /// starting with what is held now, for the application to load, warm or flush state.
+    /// Any number of these may be open; each folds the generations it has not read yet
+    /// into one change, so none is lost and memory stays bounded.
+    pub fn slice_changes(&self) -> SliceChanges {
+        SliceChanges::new(self.state.ownership.subscribe())
     }
 
     /// Follows an assignment source on a task of its own (invalid items are logged and
