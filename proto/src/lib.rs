@@ -30,7 +30,7 @@ mod watch;
 
 #[allow(deprecated)]
 pub use convert::{from_proto, to_proto};
-pub use watch::{watch_assignments, WatchError};
+pub use watch::{watch_assignments, watch_assignments_any, WatchError};
 
 /// The metadata key a request's slice key is read from by default, by the client
 /// channel (`steady_tonic::SteadyChannel`) and by the backends' Slicelets alike: the key

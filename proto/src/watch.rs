@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt};
 use steady_core::{Backoff, ConfigError};
 use steady_slice::{Assignment, AssignmentError};
 use steady_subset::prng::SplitMix64;
@@ -156,6 +156,50 @@ pub fn watch_assignments(
                 }
             }
         }
+    }))
+}
+
+/// The assignments of `job` from whichever of `endpoints` has the newest: the
+/// distributor and any number of backends whose Slicelets serve the assignment they hold
+/// (`steady_slicelet::Slicelet::assignment_service`), so a frontend keeps up, and a new
+/// one starts, while the distributor is unreachable.
+///
+/// Each endpoint is watched as [`watch_assignments`] watches one (reconnecting with
+/// `backoff`, on its own); the stream yields an assignment only when its generation is
+/// newer than every one yielded before, so the same generation arriving from several
+/// endpoints comes through once. Invalid assignments come through as
+/// [`WatchError::Invalid`]; an endpoint that refuses the watch for good yields its
+/// [`WatchError::Refused`] and is watched no more, and the stream ends when every
+/// endpoint has.
+///
+/// # Errors
+///
+/// A [`ConfigError`] for no endpoint at all, or as [`watch_assignments`] for `backoff`;
+/// nothing is started.
+pub fn watch_assignments_any(
+    endpoints: impl IntoIterator<Item = Endpoint>,
+    job: impl Into<String>,
+    backoff: Backoff,
+) -> Result<impl Stream<Item = Result<Assignment, WatchError>> + Send + 'static, ConfigError> {
+    let job = job.into();
+    let watches = endpoints
+        .into_iter()
+        .map(|endpoint| watch_assignments(endpoint, job.clone(), backoff).map(Box::pin))
+        .collect::<Result<Vec<_>, _>>()?;
+    if watches.is_empty() {
+        return Err(ConfigError::new("endpoints", 0, "at least one endpoint"));
+    }
+    let mut newest = 0u64;
+    Ok(futures_util::stream::select_all(watches).filter_map(move |item| {
+        let keep = match &item {
+            Ok(a) if a.generation() <= newest => false,
+            Ok(a) => {
+                newest = a.generation();
+                true
+            }
+            Err(_) => true,
+        };
+        std::future::ready(keep.then_some(item))
     }))
 }
 

@@ -64,6 +64,7 @@ mod metrics;
 mod ownership;
 pub mod report;
 mod reporter;
+mod serve;
 mod sketch;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -83,6 +84,7 @@ pub use meter::{MeterConfig, MeterConfigError};
 pub use ownership::{Ownership, SliceChange, SliceChanges};
 pub use report::LoadReport;
 pub use reporter::{LoadReporter, MIN_REPORT_INTERVAL};
+pub use serve::{AssignmentService, SliceletWatchStream, MAX_SLICELET_WATCHERS};
 
 use meter::{LoadMeter, MeteredAssignment};
 
@@ -208,6 +210,14 @@ impl Slicelet {
     /// as held since 8.
     pub fn is_assigned_continuously(&self, key: SliceKey, since: u64) -> bool {
         self.held_since(key).is_some_and(|held| held <= since)
+    }
+
+    /// The `AssignmentDistributor.Watch` service for `job`, re-serving every assignment
+    /// this Slicelet installs, for frontends that watch backends beside the distributor
+    /// (`steady_proto::watch_assignments_any`). Add it to the backend's own server:
+    /// `Server::builder().add_service(slicelet.assignment_service("users").into_server())`.
+    pub fn assignment_service(&self, job: impl Into<String>) -> AssignmentService {
+        AssignmentService::new(self.clone(), job.into())
     }
 
     /// The slice changes (acquired, released) of every generation installed from now on,
