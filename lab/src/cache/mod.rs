@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Args;
-use serde::Serialize;
+use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::slicer_demo::workload::Popularity;
 use crate::LabResult;
@@ -107,6 +107,9 @@ pub struct CacheArgs {
     /// Also write every result as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Run nothing: draw the figures of a run saved with `--json`.
+    #[arg(long)]
+    redraw: Option<PathBuf>,
 }
 
 impl CacheArgs {
@@ -203,7 +206,7 @@ impl Settings {
 }
 
 /// The phases each strategy runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 enum Phase {
     /// Open loop, the key ranking redrawn every `--reshuffle-every` seconds.
@@ -243,9 +246,9 @@ impl Phase {
 }
 
 /// One strategy's result in one phase.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Outcome {
-    strategy: &'static str,
+    strategy: String,
     phase: Phase,
     seconds: f64,
     answered: u64,
@@ -254,23 +257,42 @@ pub(crate) struct Outcome {
     p50_ms: f64,
     p90_ms: f64,
     p99_ms: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     hit_rate: f64,
     db_reads_per_second: f64,
     /// Keyed requests served by a backend the shared assignment did not name; `None`
     /// where there is no shared assignment (p2c, Rudolph's per-frontend ones).
     misrouted: Option<u64>,
     /// For each key, the share of its requests answered by its most common backend.
+    #[serde(deserialize_with = "nan_if_null")]
     key_affinity: f64,
     /// Each backend's p95 latency, ms.
     backend_p95_ms: Vec<f64>,
     /// The hit rate in each second measured (NaN in a second without a lookup).
+    #[serde(deserialize_with = "nans_if_null")]
     hit_rate_per_second: Vec<f64>,
     /// Failed requests in each second measured.
     failed_per_second: Vec<u64>,
 }
 
+/// JSON writes NaN as `null`: read it back as NaN.
+fn nan_if_null<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
+fn nans_if_null<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
+    Ok(Vec::<Option<f64>>::deserialize(d)?.into_iter().map(|x| x.unwrap_or(f64::NAN)).collect())
+}
+
 /// Runs the experiment.
 pub fn run(out: &mut impl Write, args: &CacheArgs) -> LabResult {
+    if let Some(saved) = &args.redraw {
+        let outcomes: Vec<Outcome> = serde_json::from_str(&std::fs::read_to_string(saved)?)?;
+        for file in report::draw(&args.figures, &outcomes)? {
+            writeln!(out, "# wrote {}", file.display())?;
+        }
+        return Ok(());
+    }
     let settings = args.settings();
     settings.validate()?;
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
@@ -371,7 +393,7 @@ async fn measure(
     latencies.sort_unstable();
     let ms = |p: f64| f64::from(steady_tonic::demo::percentile(&latencies, p)) / 1000.0;
     Ok(Outcome {
-        strategy: strategy.name(),
+        strategy: strategy.name().to_owned(),
         phase,
         seconds,
         answered: latencies.len() as u64,

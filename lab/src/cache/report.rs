@@ -84,7 +84,7 @@ pub(super) fn print(out: &mut impl Write, s: &Settings, outcomes: &[Outcome]) ->
         if phase == Phase::Restart {
             writeln!(out)?;
             writeln!(out, "## Restart, second by second: hit % (failed requests)")?;
-            let header: Vec<&str> = rows.iter().map(|o| o.strategy).collect();
+            let header: Vec<&str> = rows.iter().map(|o| o.strategy.as_str()).collect();
             writeln!(out, "| s | {} |", header.join(" | "))?;
             writeln!(out, "|---:|{}", "---:|".repeat(rows.len()))?;
             let seconds = rows.iter().map(|o| o.hit_rate_per_second.len()).max().unwrap_or(0);
@@ -153,24 +153,30 @@ fn hit_rate_against_p99(dir: &Path, outcomes: &[Outcome]) -> DrawResult<PathBuf>
     root.fill(&WHITE)?;
     let points: Vec<&Outcome> =
         outcomes.iter().filter(|o| matches!(o.phase, Phase::Reshuffled | Phase::Steady)).collect();
-    let x_max = points.iter().map(|o| o.p99_ms).fold(1.0, f64::max) * 1.15;
+    // Log scale: the p99s span three orders of magnitude.
+    let x_max = points.iter().map(|o| o.p99_ms).fold(1.0, f64::max) * 1.5;
+    let x_min = points.iter().map(|o| o.p99_ms).filter(|p| *p > 0.0).fold(x_max, f64::min) * 0.7;
     let y_min = points.iter().map(|o| o.hit_rate * 100.0).filter(|h| h.is_finite()).fold(100.0, f64::min);
     let mut chart = ChartBuilder::on(&root)
         .caption("Hit rate against p99 (filled: keys reshuffled; hollow: one ranking)", CAPTION)
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d(0.0..x_max, (y_min - 5.0).max(0.0)..100.0)?;
+        .build_cartesian_2d((x_min..x_max).log_scale(), (y_min - 5.0).max(0.0)..100.0)?;
     chart
         .configure_mesh()
-        .x_desc("p99 latency, ms")
+        .x_desc("p99 latency, ms (log scale)")
         .y_desc("cache hit rate, %")
         .label_style(FONT)
         .x_label_formatter(&tick)
         .y_label_formatter(&tick)
         .draw()?;
-    let mut names: Vec<&'static str> = points.iter().map(|o| o.strategy).collect();
-    names.dedup();
+    let mut names: Vec<&str> = Vec::new();
+    for o in &points {
+        if !names.contains(&o.strategy.as_str()) {
+            names.push(&o.strategy);
+        }
+    }
     for name in names {
         let c = colour(name);
         let mine = points.iter().filter(|o| o.strategy == name);
@@ -192,26 +198,29 @@ fn backend_p95(dir: &Path, rows: &[&Outcome]) -> DrawResult<PathBuf> {
     let path = dir.join("cache-backend-p95.svg");
     let root = SVGBackend::new(&path, (1000, 600)).into_drawing_area();
     root.fill(&WHITE)?;
-    let y_max = rows.iter().flat_map(|o| o.backend_p95_ms.iter().copied()).fold(1.0, f64::max) * 1.15;
+    let y_max = rows.iter().flat_map(|o| o.backend_p95_ms.iter().copied()).fold(1.0, f64::max) * 1.5;
+    let y_min =
+        rows.iter().flat_map(|o| o.backend_p95_ms.iter().copied()).filter(|p| *p > 0.0).fold(y_max, f64::min)
+            * 0.7;
     let n = rows.len() as f64;
     let mut chart = ChartBuilder::on(&root)
         .caption("Each backend's p95 latency per strategy, keys reshuffled (open loop)", CAPTION)
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d(-0.5..n - 0.5, 0.0..y_max)?;
-    let names: Vec<&'static str> = rows.iter().map(|o| o.strategy).collect();
+        .build_cartesian_2d(-0.5..n - 0.5, (y_min..y_max).log_scale())?;
+    let names: Vec<&str> = rows.iter().map(|o| o.strategy.as_str()).collect();
     chart
         .configure_mesh()
         .disable_x_mesh()
         .x_labels(rows.len())
         .x_label_formatter(&|x| names.get(x.round() as usize).map_or(String::new(), |s| (*s).to_owned()))
-        .y_desc("p95 latency, ms")
+        .y_desc("p95 latency, ms (log scale)")
         .label_style(FONT)
         .y_label_formatter(&tick)
         .draw()?;
     for (i, o) in rows.iter().enumerate() {
-        let c = colour(o.strategy);
+        let c = colour(&o.strategy);
         chart.draw_series(o.backend_p95_ms.iter().map(|&p| Circle::new((i as f64, p), 6, c.filled())))?;
     }
     root.present()?;
@@ -244,7 +253,7 @@ fn over_time(dir: &Path, rows: &[&Outcome], file: &str, title: &str) -> DrawResu
         .y_label_formatter(&tick)
         .draw()?;
     for o in rows {
-        let c = colour(o.strategy);
+        let c = colour(&o.strategy);
         let points = o
             .hit_rate_per_second
             .iter()
@@ -253,10 +262,10 @@ fn over_time(dir: &Path, rows: &[&Outcome], file: &str, title: &str) -> DrawResu
             .map(|(t, h)| ((t + 1) as f64, h * 100.0));
         chart
             .draw_series(LineSeries::new(points, c.stroke_width(3)))?
-            .label(o.strategy)
+            .label(o.strategy.as_str())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(3)));
     }
-    legend(&mut chart, SeriesLabelPosition::LowerRight)?;
+    legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     root.present()?;
     Ok(path.clone())
 }
