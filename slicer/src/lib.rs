@@ -68,7 +68,9 @@ mod metrics;
 pub mod status;
 pub mod store;
 
-pub use distributor::{Distributor, WatchStream, MAX_JOB_NAME_LEN, MAX_UNPUBLISHED_JOBS, MAX_WATCHERS};
+pub use distributor::{
+    Distributor, DistributorServer, WatchStream, MAX_JOB_NAME_LEN, MAX_UNPUBLISHED_JOBS, MAX_WATCHERS,
+};
 // The Slicelet is `steady-slicelet`'s; these paths stay for one release.
 pub use steady_slicelet::{
     LoadReporter, MeterConfig, MeterConfigError, Slicelet, SliceletLayer, SliceletService,

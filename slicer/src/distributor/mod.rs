@@ -5,15 +5,18 @@ use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use bytes::Bytes;
 use futures_util::Stream;
+use prost::Message;
 use steady_core::valid_job_name;
-use steady_proto::assignment::assignment_distributor_server::{
-    AssignmentDistributor, AssignmentDistributorServer,
-};
 use steady_proto::assignment::{AssignmentUpdate, WatchRequest};
 use steady_slice::Assignment;
 use tokio::sync::watch;
-use tonic::{Request, Response, Status};
+use tonic::Status;
+
+mod server;
+
+pub use server::DistributorServer;
 
 /// The longest job name, in bytes, that a watcher may name or a publisher may publish
 /// (`steady_core`'s, re-exported here where it was first defined). A Watch request
@@ -59,13 +62,32 @@ pub struct Distributor {
 /// at least one watcher.
 #[derive(Debug, Default)]
 pub(crate) struct Jobs {
-    pub(crate) by_name: HashMap<String, watch::Sender<Option<Assignment>>>,
+    pub(crate) by_name: HashMap<String, watch::Sender<Option<Published>>>,
     /// How many entries of `by_name` hold no assignment yet.
     unpublished: usize,
     /// Watch streams open now, over all jobs.
     pub(crate) watchers: usize,
     /// Assignments published (newer than the one held) so far.
     pub(crate) publications: u64,
+}
+
+/// A published assignment and its `AssignmentUpdate` message, encoded once for every
+/// watcher: each stream sends these bytes as they are.
+#[derive(Debug, Clone)]
+pub(crate) struct Published {
+    pub(crate) assignment: Assignment,
+    pub(crate) encoded: Bytes,
+}
+
+impl Published {
+    fn new(assignment: Assignment) -> Self {
+        let encoded = Bytes::from(AssignmentUpdate::from(&assignment).encode_to_vec());
+        Self { assignment, encoded }
+    }
+
+    fn generation(&self) -> u64 {
+        self.assignment.generation()
+    }
 }
 
 impl Default for Distributor {
@@ -119,6 +141,8 @@ impl Distributor {
             tracing::warn!(job_len = job.len(), "distributor: job name refused, nothing published");
             return false;
         }
+        // Encoded once here, outside the lock, for every watcher of every stream.
+        let assignment = Published::new(assignment);
         // The whole publish holds the lock: otherwise the last watcher of an unpublished
         // job could remove its entry between our finding it and filling it, and the
         // assignment would be lost with the entry.
@@ -149,7 +173,7 @@ impl Distributor {
 
     /// The current assignment of `job` (`None` if nothing was published for it).
     pub fn current(&self, job: &str) -> Option<Assignment> {
-        self.lock().by_name.get(job).and_then(|sender| sender.borrow().clone())
+        self.lock().by_name.get(job).and_then(|sender| sender.borrow().as_ref().map(|p| p.assignment.clone()))
     }
 
     /// How many watchers `job` has now.
@@ -173,9 +197,11 @@ impl Distributor {
         self.lock().by_name.len()
     }
 
-    /// The tonic service to add to a server.
-    pub fn service(&self) -> AssignmentDistributorServer<Self> {
-        AssignmentDistributorServer::new(self.clone())
+    /// The tonic service to add to a server: `AssignmentDistributor.Watch`, sending each
+    /// generation's message as encoded once at [`Distributor::publish`] (the cost of a
+    /// new generation is one encoding and a copy per watcher, whatever its size).
+    pub fn service(&self) -> DistributorServer {
+        DistributorServer::new(self.clone())
     }
 
     /// A new watcher of `job`: joins its entry, or adds one if there is room for another
@@ -214,13 +240,13 @@ impl Distributor {
 #[derive(Debug)]
 struct Subscription {
     /// `Some` until dropped.
-    updates: Option<watch::Receiver<Option<Assignment>>>,
+    updates: Option<watch::Receiver<Option<Published>>>,
     job: String,
     pub(crate) jobs: Arc<Mutex<Jobs>>,
 }
 
 impl Subscription {
-    fn updates(&mut self) -> &mut watch::Receiver<Option<Assignment>> {
+    fn updates(&mut self) -> &mut watch::Receiver<Option<Published>> {
         self.updates.as_mut().expect("taken only on drop")
     }
 }
@@ -242,22 +268,21 @@ impl Drop for Subscription {
     }
 }
 
-/// The stream a watcher receives.
-pub type WatchStream = Pin<Box<dyn Stream<Item = Result<AssignmentUpdate, Status>> + Send>>;
+/// The stream a watcher receives: each item an `AssignmentUpdate` message as encoded
+/// once at publication.
+pub type WatchStream = Pin<Box<dyn Stream<Item = Result<Bytes, Status>> + Send>>;
 
-#[tonic::async_trait]
-impl AssignmentDistributor for Distributor {
-    type WatchStream = WatchStream;
-
-    /// Streams `job`'s assignments newer than `known_generation`.
+impl Distributor {
+    /// Streams `job`'s assignments newer than `known_generation`, encoded.
     ///
     /// # Errors
     ///
     /// `INVALID_ARGUMENT` for an empty job name or one longer than [`MAX_JOB_NAME_LEN`];
     /// `RESOURCE_EXHAUSTED` when the job is unpublished, has no watchers, and watchers
-    /// already hold the most unpublished jobs allowed.
-    async fn watch(&self, request: Request<WatchRequest>) -> Result<Response<WatchStream>, Status> {
-        let WatchRequest { job, known_generation } = request.into_inner();
+    /// already hold the most unpublished jobs allowed, or when [`MAX_WATCHERS`] (or
+    /// [`Distributor::with_max_watchers`]) streams are open.
+    pub(crate) fn watch(&self, request: WatchRequest) -> Result<WatchStream, Status> {
+        let WatchRequest { job, known_generation } = request;
         if !valid_job_name(&job) {
             return Err(Status::invalid_argument(format!(
                 "job name of {} bytes: it must have 1 to {MAX_JOB_NAME_LEN}",
@@ -276,15 +301,18 @@ impl AssignmentDistributor for Distributor {
                         changed = subscription.updates().changed() => changed.ok()?,
                         _ = closed.changed() => return None,
                     }
-                    let newer =
-                        subscription.updates().borrow_and_update().clone().filter(|a| a.generation() > known);
-                    if let Some(a) = newer {
-                        let generation = a.generation();
-                        return Some((Ok(AssignmentUpdate::from(&a)), (subscription, closed, generation)));
+                    let newer = subscription
+                        .updates()
+                        .borrow_and_update()
+                        .as_ref()
+                        .filter(|p| p.generation() > known)
+                        .map(|p| (p.generation(), p.encoded.clone()));
+                    if let Some((generation, encoded)) = newer {
+                        return Some((Ok(encoded), (subscription, closed, generation)));
                     }
                 }
             });
-        Ok(Response::new(Box::pin(stream)))
+        Ok(Box::pin(stream))
     }
 }
 
