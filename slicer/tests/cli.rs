@@ -33,6 +33,44 @@ async fn the_binary_serves_the_first_generation_to_a_watcher() {
     assert_eq!(tasks.into_iter().collect::<Vec<_>>(), [0, 1, 2]);
 }
 
+/// With `--registry` the binary follows the backend job as the registry has it: a task
+/// that drains there loses its slices, and one that registers gets some, while the
+/// process runs (before, `--tasks N` was fixed until a restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_follows_the_backend_job_in_the_registry() {
+    use steady_discovery::registry::{Registry, RegistryConfig};
+    let Some(etcd) = steady_testing::Etcd::start() else { return };
+    let config = RegistryConfig::new([etcd.endpoint()]).lease_ttl(Duration::from_secs(5));
+    let registry = Registry::connect(config).await.unwrap();
+    let mut registrations = Vec::new();
+    for i in 0..3 {
+        registrations.push(registry.register("users", i, &format!("10.0.0.{i}:50051")).await.unwrap());
+    }
+    let (_running, address, _stderr) = start(&["--job", "users", "--registry", &etcd.endpoint()]);
+    let endpoint = Endpoint::from_shared(format!("http://{address}")).unwrap();
+    let mut watch = Box::pin(steady_tonic::watch_assignments(endpoint, "users", Default::default()).unwrap());
+    // The tasks that own slices in the next assignment that satisfies `done`.
+    let mut until = async |what: &str, done: &dyn Fn(&[u32]) -> bool| {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let next = tokio::time::timeout_at(deadline, watch.next()).await;
+            let a =
+                next.unwrap_or_else(|_| panic!("no assignment where {what} within 20 s")).unwrap().unwrap();
+            let owners: std::collections::BTreeSet<u32> =
+                a.slices().iter().flat_map(|s| s.replicas.iter().copied()).collect();
+            let owners: Vec<u32> = owners.into_iter().collect();
+            if done(&owners) {
+                return owners;
+            }
+        }
+    };
+    assert_eq!(until("the three registered tasks own slices", &|o| o == [0, 1, 2]).await, [0, 1, 2]);
+    registrations[1].drain().await.unwrap();
+    assert_eq!(until("task 1 has drained", &|o| !o.contains(&1)).await, [0, 2]);
+    registrations.push(registry.register("users", 3, "10.0.0.3:50051").await.unwrap());
+    assert!(until("task 3 has joined", &|o| o.contains(&3)).await.contains(&3));
+}
+
 /// Runs the binary on `args` (on loopback, port 0), killed after 60 s at most: it must
 /// have exited by itself by then.
 fn refused(args: &[&str]) -> (std::process::ExitStatus, String) {
@@ -80,11 +118,21 @@ fn bad_arguments_exit_non_zero_with_one_line() {
         vec!["--job", "users", "--tasks", "3", "--cadence-ms", "0"],
         // Every write of this job would be too large for the store.
         vec!["--job", "users", "--tasks", "1024"],
+        vec!["--job", "users", "--dns", ""],
+        // Nothing answers there: one line, not a process that serves nothing.
+        vec!["--job", "users", "--registry", "http://127.0.0.1:1"],
     ] {
         let (status, stderr) = refused(&args);
         assert!(!status.success(), "{args:?}");
         assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
         assert!(stderr.starts_with("steady-slicer: --"), "{args:?}: {stderr}");
+    }
+    // The backend job is exactly one of --tasks, --registry, --dns (clap says so: exit 2).
+    for args in [vec!["--job", "users"], vec!["--job", "users", "--tasks", "3", "--dns", "users.local."]] {
+        let (status, stderr) = refused(&args);
+        assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains("--tasks") && stderr.contains("--dns"), "{args:?}: {stderr}");
     }
 }
 

@@ -10,7 +10,15 @@
 //! steady-slicer --job users --tasks 8 --store etcd --endpoints https://etcd-0:2379 \
 //!     --etcd-ca etcd-ca.pem --etcd-cert slicer-etcd.pem --etcd-key slicer-etcd.key \
 //!     --etcd-user steady-slicer --etcd-password-file /run/secrets/etcd-password
+//! steady-slicer --job users --registry http://etcd-0:2379 --store etcd --endpoints http://etcd-0:2379
+//! steady-slicer --job users --dns users.prod.svc.cluster.local.
 //! ```
+//!
+//! The backend job is `--tasks N` (tasks `0..N`, all serving, for good), or followed through
+//! discovery: `--registry URLS`, the etcd registry of `--job` (tasks registered under
+//! `/steady/jobs/<job>/tasks/<i>`: a task that drains or leaves there loses its slices at
+//! once, one that registers gets some), or `--dns NAME`, a name re-resolved on a period with
+//! indices from StatefulSet-style ordinals (`users-3`). Exactly one of the three.
 //!
 //! With `--tls-cert` and `--tls-key` it serves over TLS. With `--tls-client-ca` it also
 //! verifies client certificates (required of every peer with `--require-client-cert`,
@@ -53,8 +61,9 @@ use clap::error::ErrorKind;
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use futures_util::StreamExt;
 use steady_assigner::{by_name, Assigner, ReplicaLimits, RunInput, Tasks, NAMES};
+use steady_discovery::{dns, registry, Discovery};
 use steady_slice::MAX_TASK;
-use steady_slicer::assigner::{estimate, AssignerConfig, AssignerService};
+use steady_slicer::assigner::{estimate, follow_job, AssignerConfig, AssignerService};
 use steady_slicer::load::{LoadBook, LoadCollector, ReporterNames};
 use steady_slicer::status::{MetricsRegistry, StatusServer, StatusSources};
 use steady_slicer::store::{
@@ -77,13 +86,20 @@ enum StoreKind {
 /// Run one job's Assigner and Distributor against an assignment store.
 #[derive(Debug, Parser)]
 #[command(name = "steady-slicer", version, about)]
+#[command(group = clap::ArgGroup::new("backends").required(true).multiple(false))]
 struct Cli {
     /// The backend job.
     #[arg(long)]
     job: String,
-    /// The job's tasks, `0..TASKS`, all serving.
-    #[arg(long)]
-    tasks: u32,
+    /// The job's tasks, `0..TASKS`, all serving (or follow the job: `--registry`, `--dns`).
+    #[arg(long, group = "backends")]
+    tasks: Option<u32>,
+    /// Follow the job's tasks in the etcd registry at these endpoints (plain connections).
+    #[arg(long, group = "backends", value_delimiter = ',', value_name = "URLS")]
+    registry: Vec<String>,
+    /// Follow the job's tasks by resolving this DNS name (indices from host-name ordinals).
+    #[arg(long, group = "backends", value_name = "NAME")]
+    dns: Option<String>,
     /// Where to serve the Distributor.
     #[arg(long, default_value = "127.0.0.1:50070")]
     listen: SocketAddr,
@@ -205,7 +221,8 @@ fn parse_args() -> Cli {
 /// What the checked command line asks for.
 struct Checked {
     assigner: Box<dyn Assigner + Send + Sync>,
-    tasks: Tasks,
+    /// With `--tasks`; `None` when discovery gives the tasks.
+    tasks: Option<Tasks>,
     config: AssignerConfig,
     tls: ServingTls,
     /// How to reach etcd (with `--store etcd`).
@@ -230,13 +247,17 @@ fn check(cli: &Cli) -> Result<Checked, Failure> {
     let assigner = by_name(&cli.algorithm).ok_or_else(|| {
         format!("--algorithm: unknown algorithm {:?}: one of {}", cli.algorithm, NAMES.join(", "))
     })?;
-    // Checked before the task set is built: `Tasks` would list every task first.
-    if cli.tasks == 0 || cli.tasks > MAX_TASK + 1 {
-        return Err(
-            format!("--tasks {}: it must be 1 to {} (tasks 0..TASKS)", cli.tasks, MAX_TASK + 1).into()
-        );
+    let tasks = match cli.tasks {
+        // Checked before the task set is built: `Tasks` would list every task first.
+        Some(n) if n == 0 || n > MAX_TASK + 1 => {
+            return Err(format!("--tasks {n}: it must be 1 to {} (tasks 0..TASKS)", MAX_TASK + 1).into())
+        }
+        Some(n) => Some(Tasks::serving(0..n)?),
+        None => None,
+    };
+    if cli.dns.as_deref() == Some("") {
+        return Err("--dns: a name to resolve, e.g. users.prod.svc.cluster.local.".into());
     }
-    let tasks = Tasks::serving(0..cli.tasks)?;
     match cli.store {
         StoreKind::Memory if !cli.endpoints.is_empty() => {
             return Err("--endpoints is for --store etcd".into())
@@ -255,21 +276,25 @@ fn check(cli: &Cli) -> Result<Checked, Failure> {
     };
     config.validate().map_err(|e| format!("--cadence-ms: {e}"))?;
     // The first run's assignment (every task serving, no load reported yet) must fit in the
-    // store, or every write would be refused: the slices grow with the tasks.
-    let load = estimate(&[], None, &tasks.serving_ids());
-    let first = assigner
-        .assign(&RunInput { previous: None, tasks: &tasks, load: &load, replicas })
-        .map_err(|e| format!("--algorithm {}: its first run failed: {e}", cli.algorithm))?;
-    let bytes = first.assignment.encode().len();
-    if bytes > MAX_ASSIGNMENT_BYTES {
-        return Err(format!(
-            "--tasks {} with --algorithm {}: the first assignment has {} slices, {bytes} bytes encoded, above the \
-             store's limit of {MAX_ASSIGNMENT_BYTES}; use fewer tasks or another algorithm",
-            cli.tasks,
-            cli.algorithm,
-            first.assignment.slices().len()
-        )
-        .into());
+    // store, or every write would be refused: the slices grow with the tasks. (A job that
+    // discovery gives is not known yet: an assignment too large is refused by the store
+    // and counted as the Assigner's error.)
+    if let Some(tasks) = &tasks {
+        let load = estimate(&[], None, &tasks.serving_ids());
+        let first = assigner
+            .assign(&RunInput { previous: None, tasks, load: &load, replicas })
+            .map_err(|e| format!("--algorithm {}: its first run failed: {e}", cli.algorithm))?;
+        let bytes = first.assignment.encode().len();
+        if bytes > MAX_ASSIGNMENT_BYTES {
+            return Err(format!(
+                "--tasks {} with --algorithm {}: the first assignment has {} slices, {bytes} bytes encoded, above \
+                 the store's limit of {MAX_ASSIGNMENT_BYTES}; use fewer tasks or another algorithm",
+                cli.tasks.unwrap_or_default(),
+                cli.algorithm,
+                first.assignment.slices().len()
+            )
+            .into());
+        }
     }
     let tls = check_tls(cli)?;
     let etcd_access = check_etcd_access(cli)?;
@@ -372,8 +397,34 @@ fn read(flag: &str, path: &Path) -> Result<Vec<u8>, Failure> {
     std::fs::read(path).map_err(|e| format!("{flag} {}: {e}", path.display()).into())
 }
 
+/// The Assigner's task set: `--tasks` (with the sender that keeps it), or discovery's view
+/// of the job (with the source that keeps it running).
+async fn backend_job(
+    cli: &Cli,
+    tasks: Option<Tasks>,
+) -> Result<(Option<watch::Sender<Tasks>>, Option<Discovery>, watch::Receiver<Tasks>), Failure> {
+    if let Some(tasks) = tasks {
+        let (fixed, rx) = watch::channel(tasks);
+        return Ok((Some(fixed), None, rx));
+    }
+    let discovery = if let Some(name) = &cli.dns {
+        // The port is not used: the Assigner needs the tasks' indices and states only.
+        dns::discover(dns::DnsConfig::new(name.clone(), 1)).await.map_err(|e| format!("--dns {name}: {e}"))?
+    } else {
+        let config = registry::RegistryConfig::new(cli.registry.clone());
+        let etcd = registry::Registry::connect(config).await.map_err(|e| format!("--registry: {e}"))?;
+        registry::watch_job(&etcd, &cli.job).await.map_err(|e| format!("--registry: {e}"))?
+    };
+    let tasks = follow_job(discovery.views());
+    Ok((None, Some(discovery), tasks))
+}
+
 async fn run(cli: Cli, checked: Checked) -> Result<(), Failure> {
     let Checked { assigner, tasks, config, tls, etcd_access } = checked;
+    // The backend job: fixed, or followed through discovery (kept for as long as the
+    // process runs: dropping a discovery source stops it). First: a source that cannot be
+    // read is one line before anything else happens.
+    let (_fixed, _discovery, tasks_rx) = backend_job(&cli, tasks).await?;
     let store: Arc<dyn AssignmentStore> = match cli.store {
         StoreKind::Memory => Arc::new(MemoryStore::new()),
         StoreKind::Etcd => {
@@ -405,7 +456,6 @@ async fn run(cli: Cli, checked: Checked) -> Result<(), Failure> {
             }
         }
     });
-    let (_tasks_tx, tasks_rx) = watch::channel(tasks);
     let pages_tasks = tasks_rx.clone();
     let service = AssignerService::new(
         &cli.job,
