@@ -237,7 +237,7 @@ impl Phase {
                 s.callers * s.fleet.frontends
             ),
             Phase::Restart => format!(
-                "{keys}, one ranking, open loop at {} req/s; each backend in turn drains {} ms, restarts empty, rejoins",
+                "{keys}, one ranking, open loop at {} req/s; each backend in turn drains (then a {} ms grace), restarts empty, rejoins",
                 s.rate,
                 s.restart.as_millis()
             ),
