@@ -449,3 +449,90 @@ async fn a_watch_survives_an_etcd_restart_and_converges_whether_or_not_a_compact
     println!("after an etcd restart and a compaction: {counts:?}");
     assert!(staying.is_held(), "the lease was kept through a 3 s outage with a 10 s TTL");
 }
+
+/// The tasks of `job` whose records say draining, read from etcd now.
+async fn draining_now(client: &mut etcd_client::Client, registry: &Registry, job: &str) -> usize {
+    let prefix = registry.tasks_prefix(job);
+    let got = client.get(prefix.as_str(), Some(etcd_client::GetOptions::new().with_prefix())).await.unwrap();
+    got.kvs().iter().filter(|kv| kv.value().starts_with(b"draining ")).count()
+}
+
+/// A maintenance storm: six tasks of a job ask to drain at once with a budget of two.
+/// Sampled from etcd every few milliseconds, never more than two are draining; every task
+/// gets its turn (drains, is restarted: leaves and registers again, serving) within the
+/// bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_maintenance_storm_drains_at_most_the_budget_at_once_and_every_drain_completes() {
+    let Some(etcd) = Etcd::start() else { return };
+    let registry = connect(&etcd, TTL).await;
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        tasks.push(registry.register("storm", i, &format!("10.0.0.{i}:50051")).await.unwrap());
+    }
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let monitor = {
+        let (registry, done) = (registry.clone(), done.clone());
+        let mut client = etcd_client::Client::connect([etcd.endpoint()], None).await.unwrap();
+        tokio::spawn(async move {
+            let mut most = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                most = most.max(draining_now(&mut client, &registry, "storm").await);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            most
+        })
+    };
+    let restarts: Vec<_> = tasks
+        .into_iter()
+        .map(|task| {
+            let registry = registry.clone();
+            tokio::spawn(async move {
+                task.drain_within_budget(2, Duration::from_secs(30)).await.unwrap();
+                assert_eq!(task.state(), TaskState::Draining);
+                // Requests in flight finish; then the process restarts.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let index = task.index();
+                task.release().await.unwrap();
+                registry.register("storm", index, &format!("10.0.0.{index}:50051")).await.unwrap()
+            })
+        })
+        .collect();
+    let mut back = Vec::new();
+    for r in restarts {
+        back.push(within("a restart", r).await.unwrap());
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let most = monitor.await.unwrap();
+    assert!((1..=2).contains(&most), "{most} tasks were draining at once (budget 2)");
+    assert!(back.iter().all(|t| t.state() == TaskState::Serving));
+    assert_eq!(within("size", registry.job_size("storm")).await.unwrap(), 6);
+}
+
+/// A drain that does not get its turn in time is refused with the reason, and the task
+/// stays serving; once the draining task has left, the same drain goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_past_the_budget_is_refused_by_name_and_goes_through_once_there_is_room() {
+    let Some(etcd) = Etcd::start() else { return };
+    let registry = connect(&etcd, TTL).await;
+    let first = registry.register("upkeep", 0, "10.0.0.1:50051").await.unwrap();
+    let second = registry.register("upkeep", 1, "10.0.0.2:50051").await.unwrap();
+    first.drain_within_budget(1, Duration::from_secs(5)).await.unwrap();
+    match second.drain_within_budget(1, Duration::from_millis(300)).await {
+        Err(RegistryError::DrainRefused { job, draining, max }) => {
+            assert_eq!((job.as_str(), draining, max), ("upkeep", vec![0], 1));
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(second.state(), TaskState::Serving);
+    let mut client = etcd_client::Client::connect([etcd.endpoint()], None).await.unwrap();
+    assert_eq!(draining_now(&mut client, &registry, "upkeep").await, 1, "the refused task still serves");
+    assert!(matches!(
+        second.drain_within_budget(0, Duration::ZERO).await,
+        Err(RegistryError::InvalidArgument { what: "max_draining", .. })
+    ));
+    // Draining twice is harmless; the first task leaves and the second gets its turn.
+    first.drain_within_budget(1, Duration::ZERO).await.unwrap();
+    first.release().await.unwrap();
+    second.drain_within_budget(1, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(draining_now(&mut client, &registry, "upkeep").await, 1);
+}

@@ -73,6 +73,7 @@ use std::time::Duration;
 use etcd_client::{Client, GetOptions};
 pub use steady_etcd::{ConnectError, EtcdAccess, EtcdTls};
 
+mod maintenance;
 mod record;
 mod registration;
 mod watch;
@@ -231,6 +232,17 @@ pub enum RegistryError {
     /// The registration is no longer ours: its lease lapsed or was revoked, or another
     /// task registered at the same index.
     Lost,
+    /// A budgeted drain ([`Registration::drain_within_budget`]) did not get its turn in
+    /// the time it was given: this many tasks of the job were draining. The task is left
+    /// serving.
+    DrainRefused {
+        /// The job.
+        job: String,
+        /// The tasks draining when the wait ran out.
+        draining: Vec<usize>,
+        /// The most that may drain at once.
+        max: usize,
+    },
 }
 
 impl fmt::Display for RegistryError {
@@ -245,6 +257,11 @@ impl fmt::Display for RegistryError {
                 write!(f, "registry: job {job:?}: no free index won in {attempts} attempts")
             }
             Self::Lost => f.write_str("registry: the registration's lease or key is no longer ours"),
+            Self::DrainRefused { job, draining, max } => write!(
+                f,
+                "registry: job {job:?}: tasks {draining:?} are draining and at most {max} may drain at once: \
+                 not drained, still serving"
+            ),
         }
     }
 }
@@ -296,6 +313,13 @@ impl Registry {
     /// The prefix of `job`'s task keys, `P J /tasks/`.
     pub fn tasks_prefix(&self, job: &str) -> String {
         format!("{}{job}/tasks/", self.config.key_prefix)
+    }
+
+    /// The key every admitted budgeted drain of `job` rewrites
+    /// ([`Registration::drain_within_budget`]), `P J /maintenance`: outside the tasks'
+    /// prefix, so watchers of the job never see it.
+    pub fn maintenance_key(&self, job: &str) -> String {
+        format!("{}{job}/maintenance", self.config.key_prefix)
     }
 
     /// The key of task `index` of `job`, `P J /tasks/ index`.

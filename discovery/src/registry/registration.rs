@@ -171,6 +171,16 @@ impl Registration {
         Ok(())
     }
 
+    /// The registry this registration is held in.
+    pub(super) fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Records that the key now says draining.
+    pub(super) fn mark_draining(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
     /// Revokes the lease and waits for etcd's answer: the key is deleted at once, and a
     /// claimed index is free for the next claimant. Dropping the registration does the
     /// same without waiting (when a tokio runtime is running; else the lease lapses).
