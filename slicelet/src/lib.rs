@@ -220,6 +220,17 @@ impl Slicelet {
         AssignmentService::new(self.clone(), job.into())
     }
 
+    /// Waits until the assignment in force gives this task no slice (at once if it
+    /// holds none): on shutdown, after the task drained, so that it stops only once the
+    /// Assigner has moved every slice it held to other tasks and no slice is left without
+    /// a serving replica. Bound it with a timeout: an Assigner that is down moves nothing.
+    /// Before the first assignment it waits for one.
+    pub async fn wait_until_released(&self) {
+        let mut installs = self.state.ownership.subscribe();
+        // The sender lives in `self.state`: the wait ends only by the condition.
+        let _ = installs.wait_for(|o| o.as_ref().is_some_and(|o| o.holds_nothing())).await;
+    }
+
     /// The slice changes (acquired, released) of every generation installed from now on,
     /// starting with what is held now, for the application to load, warm or flush state.
     /// Any number of these may be open; each folds the generations it has not read yet

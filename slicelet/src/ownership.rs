@@ -114,6 +114,11 @@ impl Ownership {
         self.piece(key).map(|p| p.since)
     }
 
+    /// Whether this task holds no key at all.
+    pub fn holds_nothing(&self) -> bool {
+        self.pieces.is_empty()
+    }
+
     /// The held key ranges, ascending (adjacent ranges held since different generations
     /// are listed apart).
     pub fn held(&self) -> impl Iterator<Item = KeyRange> + '_ {

@@ -220,3 +220,25 @@ fn no_change_is_lost_or_reordered_under_rapid_generation_changes() {
         assert!(received.len() >= 2, "seed {seed}: {} changes", received.len());
     }
 }
+
+/// The shutdown wait: a task that still holds slices waits until an assignment gives it
+/// none, and returns at once when it holds none.
+#[tokio::test]
+async fn a_draining_task_waits_until_every_slice_it_held_has_moved() {
+    let slicelet = Slicelet::new(ME);
+    slicelet.set_assignment(assignment(1, 0)); // one slice, owner 0: held
+    let waiting = tokio::spawn({
+        let slicelet = slicelet.clone();
+        async move { slicelet.wait_until_released().await }
+    });
+    // Generation 2 still gives it slice [0, 2^40); generation 3 moves everything away.
+    slicelet.set_assignment(assignment(2, 0b1 | (0b10 << 8) | (1 << 10)));
+    assert_eq!(slicelet.held_since(SliceKey(0)), Some(1), "generation 2 keeps slice [0, 2^40) on task {ME}");
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!waiting.is_finished(), "returned while task {ME} still held a slice");
+    slicelet.set_assignment(assignment(3, 1 << 8)); // one slice, owner 1
+    tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("released within 10 s").unwrap();
+    tokio::time::timeout(Duration::from_secs(10), slicelet.wait_until_released()).await.expect("at once");
+}
