@@ -142,9 +142,9 @@ impl Ownership {
     /// and ranges released (held at `before` and not held continuously since).
     pub(crate) fn changes_since(&self, before: Option<&Ownership>) -> SliceChange {
         let from = before.map(|b| b.generation);
-        let kept = |p: &&Piece| from.is_some_and(|g| p.since <= g);
-        let acquired = merged(self.pieces.iter().filter(|p| !kept(p)).map(|p| p.span));
-        let kept: Vec<Span> = merged(self.pieces.iter().filter(kept).map(|p| p.span));
+        let held_throughout = |p: &&Piece| from.is_some_and(|g| p.since <= g);
+        let acquired = merged(self.pieces.iter().filter(|p| !held_throughout(p)).map(|p| p.span));
+        let kept = merged(self.pieces.iter().filter(held_throughout).map(|p| p.span));
         let released = match before {
             None => Vec::new(),
             Some(b) => subtract(&merged(b.pieces.iter().map(|p| p.span)), &kept),

@@ -10,7 +10,7 @@ use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpR
 use steady_core::TaskState;
 use tokio::time::Instant;
 
-use super::record::TaskRecord;
+use super::record::{index_of, TaskRecord};
 use super::{bounded, Registration, RegistryError, MAX_TASKS};
 
 /// How often a waiting drain looks again.
@@ -97,7 +97,7 @@ impl Registration {
             .iter()
             .flat_map(|get| get.kvs())
             .filter_map(|kv| {
-                let index = std::str::from_utf8(kv.key().get(prefix.len()..)?).ok()?.parse::<usize>().ok()?;
+                let index = index_of(kv.key().get(prefix.len()..)?, MAX_TASKS)?;
                 let record = TaskRecord::decode(kv.value()).ok()?;
                 (record.state == TaskState::Draining).then_some(index)
             })

@@ -5,11 +5,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::ValueEnum;
-use steady_assigner::{ReplicaLimits, TaskState as AssignerState, Tasks};
+use steady_assigner::ReplicaLimits;
 use steady_balance::{BalanceConfig, JobView, TaskState};
 use steady_local::{LocalAssignments, LocalHandle};
 use steady_slicelet::{LoadReporter, MeterConfig, Slicelet};
-use steady_slicer::assigner::{AssignerConfig, AssignerHandle};
+use steady_slicer::assigner::{follow_job, AssignerConfig, AssignerHandle};
 use steady_tonic::{SteadyChannel, TaskEndpoint};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -95,7 +95,6 @@ pub(crate) struct Fleet {
     pub(crate) database: DatabaseServer,
     pub(crate) backends: Vec<Backend>,
     pub(crate) channels: Vec<SteadyChannel>,
-    tasks: watch::Sender<Tasks>,
     job: watch::Sender<JobView<TaskEndpoint>>,
     _control: ControlPlane,
     _assigner: Option<AssignerHandle>,
@@ -131,12 +130,14 @@ impl Fleet {
             }
             backends.push(Backend::start(task, config.backend, database.address, slicelet).await?);
         }
-        let (tasks, tasks_rx) = watch::channel(Tasks::serving(0..config.backends)?);
         let endpoints: Vec<TaskEndpoint> = backends
             .iter()
             .map(|b| Endpoint::from_shared(format!("http://{}", b.address)).map(TaskEndpoint))
             .collect::<Result<_, _>>()?;
+        // One discovery view: the frontends follow it, and the assigners' task set is made
+        // from it, as an Assigner fed by `steady-discovery` would be.
         let (job, views) = watch::channel(JobView::serving(endpoints));
+        let tasks_rx = follow_job(views.clone());
 
         let mut hashing = None;
         let mut assigner = None;
@@ -197,7 +198,6 @@ impl Fleet {
             database,
             backends,
             channels,
-            tasks,
             job,
             _control: control,
             _assigner: assigner,
@@ -234,18 +234,11 @@ impl Fleet {
         Ok(())
     }
 
-    /// Discovery (the frontends' view and the assigners' task set) puts `task` in `state`.
+    /// Discovery puts `task` serving or draining (the frontends see it, and the assigners'
+    /// task set follows).
     pub(crate) fn set_state(&self, task: u32, serving: bool) {
-        let (view_state, assigner_state) = if serving {
-            (TaskState::Serving, AssignerState::Serving)
-        } else {
-            (TaskState::Draining, AssignerState::Draining)
-        };
-        self.job.send_modify(|v| *v = v.clone().with_state(task as usize, view_state));
-        self.tasks.send_modify(|t| {
-            *t = Tasks::new(t.iter().map(|(i, s)| (i, if i == task { assigner_state } else { s })))
-                .expect("the same task indices")
-        });
+        let state = if serving { TaskState::Serving } else { TaskState::Draining };
+        self.job.send_modify(|v| *v = v.clone().with_state(task as usize, state));
     }
 
     /// Waits (at most 10 s) until every frontend has `task` among the members it sends

@@ -386,10 +386,10 @@ async fn measure(
     let misrouted = fleet.misrouted() - start_misrouted;
     traffic.stop().await;
 
-    let recorder = std::mem::replace(&mut *recorder.lock().expect("not poisoned"), Recorder::new(0, 0));
+    let mut recorder = std::mem::replace(&mut *recorder.lock().expect("not poisoned"), Recorder::new(0, 0));
     let (first, last) = (samples[0], samples[samples.len() - 1]);
     let hit_rate_per_second = samples.windows(2).map(|w| hit_rate(w[0], w[1])).collect();
-    let mut latencies = recorder.latencies_us.clone();
+    let mut latencies = std::mem::take(&mut recorder.latencies_us);
     latencies.sort_unstable();
     let ms = |p: f64| f64::from(steady_tonic::demo::percentile(&latencies, p)) / 1000.0;
     Ok(Outcome {
@@ -409,17 +409,15 @@ async fn measure(
         db_reads_per_second: reads as f64 / seconds,
         misrouted: strategy.shared_assignment().then_some(misrouted),
         key_affinity: recorder.key_affinity(),
-        backend_p95_ms: recorder
-            .per_backend_us
-            .iter()
-            .map(|v| {
-                let mut v = v.clone();
+        backend_p95_ms: std::mem::take(&mut recorder.per_backend_us)
+            .into_iter()
+            .map(|mut v| {
                 v.sort_unstable();
                 f64::from(steady_tonic::demo::percentile(&v, 0.95)) / 1000.0
             })
             .collect(),
         hit_rate_per_second,
-        failed_per_second: recorder.failed_per_second.clone(),
+        failed_per_second: std::mem::take(&mut recorder.failed_per_second),
     })
 }
 
