@@ -177,9 +177,12 @@ fn serve_keys(
 #[test]
 fn metrics_parse_as_prometheus_text_and_carry_the_control_plane_s_instruments() {
     let running = start();
-    let samples = scrape_until(&running.pages, "the first generation and the leadership", |s| {
+    // The Assigner records its generation when the store has it, and publishes it to the
+    // Distributor after: wait for the publication itself, not for the generation.
+    let samples = scrape_until(&running.pages, "the first generation published, and the leadership", |s| {
         value(s, "steady_assigner_generation", &[("steady_job", "users")]).is_some_and(|g| g >= 1.0)
             && value(s, "steady_assigner_leader", &[]) == Some(1.0)
+            && value(s, "steady_distributor_publications_total", &[]).is_some_and(|p| p >= 1.0)
     });
     for name in [
         "steady_assigner_runs_total",
