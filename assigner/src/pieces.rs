@@ -99,7 +99,7 @@ pub(crate) fn to_slices(pieces: &[Piece]) -> Vec<Slice> {
         .map(|p| {
             let mut replicas = p.replicas.clone();
             replicas.sort_unstable();
-            Slice { start: SliceKey(p.start), replicas }
+            Slice::new(SliceKey(p.start), replicas)
         })
         .collect()
 }

@@ -181,14 +181,14 @@ fn weighted_move_escapes_a_hot_key_stuck_on_too_few_replicas() {
     let mut points: Vec<(SliceKey, f64)> = warm.iter().map(|&k| (SliceKey(k), 59.0 / 140.0)).collect();
     points.push((SliceKey(hot), 41.0));
     let load = Load::from_points(points).unwrap();
-    let mut slices = vec![Slice { start: SliceKey(0), replicas: vec![3] }];
+    let mut slices = vec![Slice::new(SliceKey(0), vec![3])];
     for (j, &k) in warm.iter().enumerate() {
         let task = 3 + (j % 7) as u32;
-        slices.push(Slice { start: SliceKey(k), replicas: vec![task] });
-        slices.push(Slice { start: SliceKey(k + 1), replicas: vec![task] });
+        slices.push(Slice::new(SliceKey(k), vec![task]));
+        slices.push(Slice::new(SliceKey(k + 1), vec![task]));
     }
-    slices.push(Slice { start: SliceKey(hot), replicas: vec![0, 1, 2] });
-    slices.push(Slice { start: SliceKey(hot + 1), replicas: vec![9] });
+    slices.push(Slice::new(SliceKey(hot), vec![0, 1, 2]));
+    slices.push(Slice::new(SliceKey(hot + 1), vec![9]));
     let previous = Assignment::new(1, slices).unwrap();
     let tasks = Tasks::serving(0..10).unwrap();
     let limits = ReplicaLimits::new(1, 10).unwrap();

@@ -50,7 +50,7 @@ async fn settle() {
 }
 
 fn slice(start: u64, replicas: &[u32]) -> Slice {
-    Slice { start: SliceKey(start), replicas: replicas.to_vec() }
+    Slice::new(SliceKey(start), replicas.to_vec())
 }
 
 async fn send<S, K>(b: &Balance<S, K>, req: Req) -> Result<usize, BoxError>

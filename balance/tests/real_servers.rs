@@ -291,10 +291,10 @@ async fn keyed_traffic_reaches_only_the_assigned_servers() {
         .unwrap()
         .with_key_extractor(header_key as fn(&http::Request<_>) -> Option<SliceKey>);
     let slices = vec![
-        Slice { start: SliceKey(0), replicas: vec![0, 5] },
-        Slice { start: SliceKey(1 << 62), replicas: vec![6] },
-        Slice { start: SliceKey(1 << 63), replicas: vec![2, 3, 7] },
-        Slice { start: SliceKey(3 << 62), replicas: vec![4] },
+        Slice::new(SliceKey(0), vec![0, 5]),
+        Slice::new(SliceKey(1 << 62), vec![6]),
+        Slice::new(SliceKey(1 << 63), vec![2, 3, 7]),
+        Slice::new(SliceKey(3 << 62), vec![4]),
     ];
     let assignment = Assignment::new(1, slices).unwrap();
     let (_tx, rx) = watch::channel(assignment.clone());

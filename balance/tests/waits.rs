@@ -153,8 +153,8 @@ async fn a_fallen_back_keyed_request_moves_to_another_member_like_any_other() {
     let assignment = Assignment::new(
         1,
         vec![
-            Slice { start: SliceKey(0), replicas: vec![answering as u32] },
-            Slice { start: SliceKey(1 << 63), replicas: vec![away as u32] },
+            Slice::new(SliceKey(0), vec![answering as u32]),
+            Slice::new(SliceKey(1 << 63), vec![away as u32]),
         ],
     )
     .unwrap();

@@ -24,9 +24,8 @@ const TASKS: u32 = 100;
 
 fn previous() -> Assignment {
     let width = u64::MAX / SLICES;
-    let slices = (0..SLICES)
-        .map(|i| Slice { start: SliceKey(i * width), replicas: vec![(i % u64::from(TASKS)) as u32] })
-        .collect();
+    let slices =
+        (0..SLICES).map(|i| Slice::new(SliceKey(i * width), vec![(i % u64::from(TASKS)) as u32])).collect();
     Assignment::new(1, slices).expect("valid by construction")
 }
 

@@ -36,9 +36,11 @@ const REQUESTS: usize = 1 << 16;
 fn assignment() -> Assignment {
     let step = u64::MAX / SLICES as u64;
     let slices = (0..SLICES)
-        .map(|i| Slice {
-            start: SliceKey(i as u64 * step),
-            replicas: (0..3).map(|r| ((i * 7 + r * 101) % TASKS) as u32).collect(),
+        .map(|i| {
+            Slice::new(
+                SliceKey(i as u64 * step),
+                (0..3).map(|r| ((i * 7 + r * 101) % TASKS) as u32).collect(),
+            )
         })
         .collect();
     Assignment::new(1, slices).unwrap()

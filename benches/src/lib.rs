@@ -76,11 +76,11 @@ pub fn spread_assignment(
     use steady_balance::{Assignment, Slice, SliceKey};
     let step = u64::MAX / slices as u64;
     let slices = (0..slices)
-        .map(|i| Slice {
-            start: SliceKey(i as u64 * step),
-            replicas: (0..replicas)
-                .map(|r| ((i * 7 + r * 101 + generation as usize) % tasks) as u32)
-                .collect(),
+        .map(|i| {
+            Slice::new(
+                SliceKey(i as u64 * step),
+                (0..replicas).map(|r| ((i * 7 + r * 101 + generation as usize) % tasks) as u32).collect(),
+            )
         })
         .collect();
     Assignment::new(generation, slices).expect("a spread assignment is valid")

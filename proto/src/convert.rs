@@ -11,7 +11,11 @@ impl From<&Assignment> for proto::AssignmentUpdate {
             slices: a
                 .slices()
                 .iter()
-                .map(|s| proto::Slice { start: s.start.get(), replicas: s.replicas.clone() })
+                .map(|s| proto::Slice {
+                    start: s.start.get(),
+                    replicas: s.replicas.clone(),
+                    warming: s.warming.clone(),
+                })
                 .collect(),
         }
     }
@@ -25,7 +29,10 @@ impl TryFrom<proto::AssignmentUpdate> for Assignment {
     fn try_from(m: proto::AssignmentUpdate) -> Result<Self, AssignmentError> {
         Assignment::new(
             m.generation,
-            m.slices.into_iter().map(|s| Slice { start: SliceKey(s.start), replicas: s.replicas }).collect(),
+            m.slices
+                .into_iter()
+                .map(|s| Slice { start: SliceKey(s.start), replicas: s.replicas, warming: s.warming })
+                .collect(),
         )
     }
 }
@@ -55,8 +62,8 @@ mod tests {
         let a = Assignment::new(
             4,
             vec![
-                Slice { start: SliceKey(0), replicas: vec![2, 1] },
-                Slice { start: SliceKey(9), replicas: vec![3] },
+                Slice { warming: vec![4], ..Slice::new(SliceKey(0), vec![2, 1]) },
+                Slice::new(SliceKey(9), vec![3]),
             ],
         )
         .unwrap();
@@ -64,5 +71,22 @@ mod tests {
         assert_eq!(Assignment::try_from(message), Ok(a));
         let empty = proto::AssignmentUpdate { generation: 1, slices: vec![] };
         assert_eq!(Assignment::try_from(empty), Err(AssignmentError::NoSlices));
+    }
+
+    /// The protobuf bytes are a frozen contract too: field 3 (`warming`) is new, and a
+    /// slice without warming tasks encodes as it did before it existed.
+    #[test]
+    fn the_protobuf_encoding_is_frozen() {
+        use prost::Message;
+        let hex = |a: &Assignment| -> String {
+            proto::AssignmentUpdate::from(a).encode_to_vec().iter().map(|b| format!("{b:02x}")).collect()
+        };
+        let plain =
+            Assignment::new(4, vec![Slice::new(SliceKey(0), vec![2, 1]), Slice::new(SliceKey(9), vec![3])])
+                .unwrap();
+        assert_eq!(hex(&plain), "08041204 12020201 120c 090900000000000000 120103".replace(' ', ""));
+        let warming =
+            Assignment::new(4, vec![Slice { warming: vec![5], ..Slice::new(SliceKey(0), vec![2]) }]).unwrap();
+        assert_eq!(hex(&warming), "08041206 120102 1a0105".replace(' ', ""));
     }
 }

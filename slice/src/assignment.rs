@@ -15,7 +15,14 @@ pub const MAX_REPLICAS: usize = 1024;
 pub const MAX_TASK: u32 = (1 << 24) - 1;
 
 /// One slice: the keys from `start` up to the next slice's start (or the end of the key
-/// space), served by `replicas` (backend task indices, in no particular order).
+/// space), served by `replicas` (backend task indices, in no particular order), and
+/// being handed to `warming` tasks.
+///
+/// A *warming* task is about to serve the slice (the first step of a handover): clients
+/// send it nothing for the slice, and its Slicelet announces the slice so the
+/// application can load state before the switch makes it a replica. Most slices have
+/// none; the field is left out of every encoding then, so assignments without warming
+/// tasks encode exactly as before it existed.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Slice {
@@ -23,6 +30,17 @@ pub struct Slice {
     pub start: SliceKey,
     /// The backend tasks that serve it: not empty, no duplicates.
     pub replicas: Vec<u32>,
+    /// The tasks warming up to serve it: no duplicates, none of them a replica. Usually
+    /// empty.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Vec::is_empty"))]
+    pub warming: Vec<u32>,
+}
+
+impl Slice {
+    /// A slice from `start` served by `replicas`, with no warming task.
+    pub fn new(start: SliceKey, replicas: Vec<u32>) -> Self {
+        Self { start, replicas, warming: Vec::new() }
+    }
 }
 
 /// A generation of the key space's division into slices, each with its replicas.
@@ -114,6 +132,20 @@ pub enum AssignmentError {
         /// The task index.
         task: u32,
     },
+    /// More than [`MAX_REPLICAS`] warming tasks in a slice.
+    TooManyWarming {
+        /// The slice's position.
+        slice: usize,
+        /// How many there were.
+        count: usize,
+    },
+    /// A task both serving and warming the same slice, or warming it twice.
+    DuplicateWarming {
+        /// The slice's position.
+        slice: usize,
+        /// The task.
+        task: u32,
+    },
 }
 
 impl fmt::Display for AssignmentError {
@@ -133,6 +165,12 @@ impl fmt::Display for AssignmentError {
             Self::DuplicateReplica { slice, task } => write!(f, "slice {slice} lists task {task} twice"),
             Self::TaskOutOfRange { slice, task } => {
                 write!(f, "slice {slice} names task {task} (limit {MAX_TASK})")
+            }
+            Self::TooManyWarming { slice, count } => {
+                write!(f, "slice {slice} has {count} warming tasks (limit {MAX_REPLICAS})")
+            }
+            Self::DuplicateWarming { slice, task } => {
+                write!(f, "slice {slice} lists task {task} as warming twice or as both replica and warming")
             }
         }
     }
@@ -184,6 +222,20 @@ impl Assignment {
             if let Some(w) = seen.windows(2).find(|w| w[0] == w[1]) {
                 return Err(AssignmentError::DuplicateReplica { slice: i, task: w[0] });
             }
+            if slice.warming.is_empty() {
+                continue;
+            }
+            if slice.warming.len() > MAX_REPLICAS {
+                return Err(AssignmentError::TooManyWarming { slice: i, count: slice.warming.len() });
+            }
+            if let Some(&task) = slice.warming.iter().find(|&&t| t > MAX_TASK) {
+                return Err(AssignmentError::TaskOutOfRange { slice: i, task });
+            }
+            seen.extend_from_slice(&slice.warming);
+            seen.sort_unstable();
+            if let Some(w) = seen.windows(2).find(|w| w[0] == w[1]) {
+                return Err(AssignmentError::DuplicateWarming { slice: i, task: w[0] });
+            }
         }
         Ok(Self { generation, slices })
     }
@@ -194,7 +246,24 @@ impl Assignment {
     ///
     /// As [`Assignment::new`].
     pub fn single(generation: u64, replicas: Vec<u32>) -> Result<Self, AssignmentError> {
-        Self::new(generation, vec![Slice { start: SliceKey::MIN, replicas }])
+        Self::new(generation, vec![Slice::new(SliceKey::MIN, replicas)])
+    }
+
+    /// The same slices under another generation.
+    ///
+    /// # Errors
+    ///
+    /// [`AssignmentError::ZeroGeneration`] for generation 0.
+    pub fn renumbered(&self, generation: u64) -> Result<Self, AssignmentError> {
+        if generation == 0 {
+            return Err(AssignmentError::ZeroGeneration);
+        }
+        Ok(Self { generation, slices: self.slices.clone() })
+    }
+
+    /// Whether any slice has a warming task (a handover in progress).
+    pub fn has_warming(&self) -> bool {
+        self.slices.iter().any(|s| !s.warming.is_empty())
     }
 
     /// The generation, at least 1: higher replaces lower.
@@ -236,6 +305,14 @@ impl Assignment {
             .filter(move |&i| self.slices[i].replicas.contains(&task))
             .map(|i| self.range(i))
     }
+
+    /// The key ranges `task` is warming, in key order, with each slice's replicas (the
+    /// owners the state can be loaded from); `O(slices)`.
+    pub fn warming_of(&self, task: u32) -> impl Iterator<Item = (KeyRange, &[u32])> + '_ {
+        (0..self.slices.len())
+            .filter(move |&i| self.slices[i].warming.contains(&task))
+            .map(|i| (self.range(i), self.slices[i].replicas.as_slice()))
+    }
 }
 
 #[cfg(test)]
@@ -243,7 +320,42 @@ mod tests {
     use super::*;
 
     fn slice(start: u64, replicas: &[u32]) -> Slice {
-        Slice { start: SliceKey(start), replicas: replicas.to_vec() }
+        Slice::new(SliceKey(start), replicas.to_vec())
+    }
+
+    fn warm(start: u64, replicas: &[u32], warming: &[u32]) -> Slice {
+        Slice { warming: warming.to_vec(), ..slice(start, replicas) }
+    }
+
+    #[test]
+    fn warming_tasks_are_validated_and_found() {
+        use AssignmentError::*;
+        assert_eq!(
+            Assignment::new(1, vec![warm(0, &[1], &[2, 2])]),
+            Err(DuplicateWarming { slice: 0, task: 2 })
+        );
+        assert_eq!(
+            Assignment::new(1, vec![warm(0, &[1], &[1])]),
+            Err(DuplicateWarming { slice: 0, task: 1 })
+        );
+        assert_eq!(
+            Assignment::new(1, vec![warm(0, &[1], &[MAX_TASK + 1])]),
+            Err(TaskOutOfRange { slice: 0, task: MAX_TASK + 1 })
+        );
+        let many: Vec<u32> = (10..=10 + MAX_REPLICAS as u32).collect();
+        assert_eq!(
+            Assignment::new(1, vec![warm(0, &[1], &many)]),
+            Err(TooManyWarming { slice: 0, count: MAX_REPLICAS + 1 })
+        );
+        let a = Assignment::new(2, vec![warm(0, &[1], &[2]), slice(100, &[2]), warm(200, &[1, 3], &[2])])
+            .unwrap();
+        assert!(a.has_warming());
+        let warming: Vec<_> = a.warming_of(2).collect();
+        assert_eq!(warming, [(a.range(0), &[1][..]), (a.range(2), &[1, 3][..])]);
+        // Warming is not serving.
+        assert_eq!(a.slices_of(2).collect::<Vec<_>>(), [a.range(1)]);
+        assert!(!a.renumbered(3).unwrap().slices().iter().zip(a.slices()).any(|(x, y)| x != y));
+        assert_eq!(a.renumbered(0), Err(ZeroGeneration));
     }
 
     #[test]

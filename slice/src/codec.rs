@@ -12,6 +12,13 @@
 //!   replicas   u16       count, then that many u32 task indices
 //! ```
 //!
+//! Version 2 is version 1 with each slice's warming tasks after its replicas (`warming
+//! u16` count, then that many u32 task indices). An assignment with no warming task is
+//! always written as version 1, byte for byte what it was before version 2 existed, so
+//! readers that know only version 1 keep reading every assignment outside a handover;
+//! one with warming tasks is written as version 2, which such readers refuse by name
+//! ([`Malformed::UnsupportedVersion`]) and keep their last good assignment.
+//!
 //! Decoding checks every length against the bytes left before allocating, rejects
 //! trailing bytes, and then validates the assignment as [`Assignment::new`] does, so
 //! any input gives either a valid assignment or a typed error, never a panic. The two
@@ -26,6 +33,7 @@ use crate::key::SliceKey;
 
 const MAGIC: &[u8; 4] = b"STAS";
 const VERSION: u8 = 1;
+const VERSION_WARMING: u8 = 2;
 
 /// Why bytes could not be decoded as an assignment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,7 +75,7 @@ impl fmt::Display for Malformed {
         match self {
             Self::BadMagic => write!(f, "not an assignment (bad magic)"),
             Self::UnsupportedVersion(v) => {
-                write!(f, "unsupported version {v} (this library reads {VERSION})")
+                write!(f, "unsupported version {v} (this library reads {VERSION} and {VERSION_WARMING})")
             }
             Self::Truncated => write!(f, "truncated"),
             Self::TooManySlices(n) => write!(f, "{n} slices (limit {MAX_SLICES})"),
@@ -105,25 +113,35 @@ impl From<AssignmentError> for DecodeError {
 }
 
 impl Assignment {
-    /// The assignment in the version-1 wire format.
+    /// The assignment in the wire format: version 1, or version 2 when a slice has
+    /// warming tasks.
     pub fn encode(&self) -> Vec<u8> {
-        let size = 17 + self.slices().iter().map(|s| 10 + 4 * s.replicas.len()).sum::<usize>();
+        let warming = self.has_warming();
+        let per_slice =
+            |s: &Slice| 10 + 4 * s.replicas.len() + if warming { 2 + 4 * s.warming.len() } else { 0 };
+        let size = 17 + self.slices().iter().map(per_slice).sum::<usize>();
         let mut out = Vec::with_capacity(size);
         out.extend_from_slice(MAGIC);
-        out.push(VERSION);
+        out.push(if warming { VERSION_WARMING } else { VERSION });
         out.extend_from_slice(&self.generation().to_le_bytes());
         out.extend_from_slice(&(self.slices().len() as u32).to_le_bytes());
+        let tasks = |out: &mut Vec<u8>, tasks: &[u32]| {
+            out.extend_from_slice(&(tasks.len() as u16).to_le_bytes());
+            for task in tasks {
+                out.extend_from_slice(&task.to_le_bytes());
+            }
+        };
         for slice in self.slices() {
             out.extend_from_slice(&slice.start.get().to_le_bytes());
-            out.extend_from_slice(&(slice.replicas.len() as u16).to_le_bytes());
-            for task in &slice.replicas {
-                out.extend_from_slice(&task.to_le_bytes());
+            tasks(&mut out, &slice.replicas);
+            if warming {
+                tasks(&mut out, &slice.warming);
             }
         }
         out
     }
 
-    /// Reads an assignment in the version-1 wire format.
+    /// Reads an assignment in the wire format (version 1 or 2).
     ///
     /// # Errors
     ///
@@ -137,32 +155,28 @@ impl Assignment {
             return Err(r.malformed_at(0, Malformed::BadMagic));
         }
         let version = r.u8()?;
-        if version != VERSION {
+        if version != VERSION && version != VERSION_WARMING {
             return Err(r.malformed_at(4, Malformed::UnsupportedVersion(version)));
         }
+        let warming = version == VERSION_WARMING;
+        let min_slice = if warming { 12 } else { 10 };
         let generation = r.u64()?;
         let count = r.u32()?;
         let count_at = r.at - 4;
         if count as usize > MAX_SLICES {
             return Err(r.malformed_at(count_at, Malformed::TooManySlices(count)));
         }
-        // Each slice takes at least 10 bytes: do not trust the count further than that.
-        if count as usize > r.left() / 10 {
+        // Each slice takes at least 10 bytes (12 in version 2): do not trust the count
+        // further than that.
+        if count as usize > r.left() / min_slice {
             return Err(r.malformed_at(count_at, Malformed::SliceCountBeyondInput(count)));
         }
         let mut slices = Vec::with_capacity(count as usize);
         for _ in 0..count {
             let start = SliceKey(r.u64()?);
-            let n = r.u16()?;
-            if n as usize > MAX_REPLICAS {
-                return Err(r.malformed_at(r.at - 2, Malformed::TooManyReplicas(n)));
-            }
-            let n = n as usize;
-            let mut replicas = Vec::with_capacity(n.min(r.left() / 4));
-            for _ in 0..n {
-                replicas.push(r.u32()?);
-            }
-            slices.push(Slice { start, replicas });
+            let replicas = r.tasks()?;
+            let warming = if warming { r.tasks()? } else { Vec::new() };
+            slices.push(Slice { start, replicas, warming });
         }
         if r.left() != 0 {
             return Err(r.malformed_at(r.at, Malformed::TrailingBytes));
@@ -209,6 +223,20 @@ impl<'a> Reader<'a> {
     fn u64(&mut self) -> Result<u64, DecodeError> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
+
+    /// A count (at most [`MAX_REPLICAS`]), then that many task indices.
+    fn tasks(&mut self) -> Result<Vec<u32>, DecodeError> {
+        let n = self.u16()?;
+        if n as usize > MAX_REPLICAS {
+            return Err(self.malformed_at(self.at - 2, Malformed::TooManyReplicas(n)));
+        }
+        let n = n as usize;
+        let mut tasks = Vec::with_capacity(n.min(self.left() / 4));
+        for _ in 0..n {
+            tasks.push(self.u32()?);
+        }
+        Ok(tasks)
+    }
 }
 
 #[cfg(test)]
@@ -219,10 +247,7 @@ mod tests {
     fn the_wire_format_is_frozen() {
         let a = Assignment::new(
             7,
-            vec![
-                Slice { start: SliceKey(0), replicas: vec![1, 2] },
-                Slice { start: SliceKey(1 << 63), replicas: vec![3] },
-            ],
+            vec![Slice::new(SliceKey(0), vec![1, 2]), Slice::new(SliceKey(1 << 63), vec![3])],
         )
         .unwrap();
         let golden: Vec<u8> = [
@@ -241,6 +266,59 @@ mod tests {
         .concat();
         assert_eq!(a.encode(), golden);
         assert_eq!(Assignment::decode(&golden).unwrap(), a);
+    }
+
+    #[test]
+    fn warming_tasks_make_version_2_and_only_they_do() {
+        let a = Assignment::new(
+            8,
+            vec![
+                Slice { warming: vec![5], ..Slice::new(SliceKey(0), vec![1]) },
+                Slice::new(SliceKey(1 << 63), vec![3]),
+            ],
+        )
+        .unwrap();
+        let golden: Vec<u8> = [
+            &b"STAS"[..],
+            &[2],
+            &8u64.to_le_bytes(),
+            &2u32.to_le_bytes(),
+            &0u64.to_le_bytes(),
+            &1u16.to_le_bytes(),
+            &1u32.to_le_bytes(),
+            &1u16.to_le_bytes(),
+            &5u32.to_le_bytes(),
+            &(1u64 << 63).to_le_bytes(),
+            &1u16.to_le_bytes(),
+            &3u32.to_le_bytes(),
+            &0u16.to_le_bytes(),
+        ]
+        .concat();
+        assert_eq!(a.encode(), golden);
+        assert_eq!(Assignment::decode(&golden).unwrap(), a);
+        // Version 2 bytes without warming tasks read as the same assignment as version 1.
+        let plain = Assignment::single(4, vec![2]).unwrap();
+        let v2 = [&b"STAS"[..], &[2], &4u64.to_le_bytes(), &1u32.to_le_bytes(), &0u64.to_le_bytes()]
+            .into_iter()
+            .chain([&1u16.to_le_bytes()[..], &2u32.to_le_bytes(), &0u16.to_le_bytes()])
+            .collect::<Vec<_>>()
+            .concat();
+        assert_eq!(Assignment::decode(&v2), Ok(plain.clone()));
+        assert_eq!(plain.encode()[4], 1, "no warming task: written as version 1");
+        // A warming task that is also a replica is refused as invalid, not malformed.
+        let mut both = golden.clone();
+        both[33..37].copy_from_slice(&1u32.to_le_bytes());
+        assert_eq!(
+            Assignment::decode(&both),
+            Err(DecodeError::Invalid(AssignmentError::DuplicateWarming { slice: 0, task: 1 }))
+        );
+        // Truncated anywhere: a typed error, never a panic.
+        for cut in 0..golden.len() {
+            assert!(
+                matches!(Assignment::decode(&golden[..cut]), Err(DecodeError::Malformed { .. })),
+                "cut {cut}"
+            );
+        }
     }
 
     #[test]
@@ -269,8 +347,8 @@ mod tests {
         bad_magic[0] = b'X';
         assert_eq!(Assignment::decode(&bad_magic), malformed(0, Malformed::BadMagic));
         let mut bad_version = good.clone();
-        bad_version[4] = 2;
-        assert_eq!(Assignment::decode(&bad_version), malformed(4, Malformed::UnsupportedVersion(2)));
+        bad_version[4] = 3;
+        assert_eq!(Assignment::decode(&bad_version), malformed(4, Malformed::UnsupportedVersion(3)));
         let mut many_replicas = good.clone();
         many_replicas[25..27].copy_from_slice(&(MAX_REPLICAS as u16 + 1).to_le_bytes());
         assert_eq!(

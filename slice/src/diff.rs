@@ -92,11 +92,8 @@ mod tests {
     use crate::{Assignment, KeyRange, Slice, SliceKey};
 
     fn assignment(slices: &[(u64, &[u32])]) -> Assignment {
-        Assignment::new(
-            1,
-            slices.iter().map(|&(start, r)| Slice { start: SliceKey(start), replicas: r.to_vec() }).collect(),
-        )
-        .unwrap()
+        Assignment::new(1, slices.iter().map(|&(start, r)| Slice::new(SliceKey(start), r.to_vec())).collect())
+            .unwrap()
     }
 
     #[test]

@@ -38,8 +38,8 @@
 //!
 //! // Two slices: keys below 2^63 on tasks 1 and 2, the rest on task 3.
 //! let a = Assignment::new(7, vec![
-//!     Slice { start: SliceKey::MIN, replicas: vec![1, 2] },
-//!     Slice { start: SliceKey(1 << 63), replicas: vec![3] },
+//!     Slice::new(SliceKey::MIN, vec![1, 2]),
+//!     Slice::new(SliceKey(1 << 63), vec![3]),
 //! ])?;
 //! let key = SliceKey::of("user:42");
 //! assert!(!a.slice_for(key).replicas.is_empty());

@@ -4,19 +4,29 @@ use proptest::prelude::*;
 use steady_slice::{Assignment, AssignmentError, Slice, SliceKey, MAX_TASK};
 
 /// Valid assignments: any generation from 1, 1..200 slices, the first at 0, starts
-/// strictly increasing, 1..6 distinct replicas each.
+/// strictly increasing, 1..6 distinct tasks each; in even generations the last 0..2 of
+/// a slice's tasks are warming instead of replicas (a handover: wire version 2).
 fn any_assignment() -> impl Strategy<Value = Assignment> {
     (
         1u64..,
         prop::collection::btree_set(1u64.., 0..200),
-        prop::collection::vec(prop::collection::btree_set(0u32..=MAX_TASK, 1..6), 200),
+        prop::collection::vec((prop::collection::btree_set(0u32..=MAX_TASK, 1..6), 0usize..3), 200),
     )
-        .prop_map(|(generation, starts, replicas)| {
+        .prop_map(|(generation, starts, tasks)| {
             let starts: Vec<u64> = std::iter::once(0).chain(starts).collect();
             let slices = starts
                 .iter()
-                .zip(replicas)
-                .map(|(&start, r)| Slice { start: SliceKey(start), replicas: r.into_iter().collect() })
+                .zip(tasks)
+                .map(|(&start, (t, warming))| {
+                    let mut replicas: Vec<u32> = t.into_iter().collect();
+                    let keep = if generation % 2 == 0 {
+                        replicas.len().saturating_sub(warming).max(1)
+                    } else {
+                        replicas.len()
+                    };
+                    let warming = replicas.split_off(keep);
+                    Slice { warming, ..Slice::new(SliceKey(start), replicas) }
+                })
                 .collect();
             Assignment::new(generation, slices).expect("valid by construction")
         })
@@ -47,7 +57,7 @@ fn small_assignment() -> impl Strategy<Value = Assignment> {
             let slices = starts
                 .iter()
                 .zip(replicas)
-                .map(|(&start, r)| Slice { start: SliceKey(start), replicas: r.into_iter().rev().collect() })
+                .map(|(&start, r)| Slice::new(SliceKey(start), r.into_iter().rev().collect()))
                 .collect();
             Assignment::new(1, slices).expect("valid by construction")
         })

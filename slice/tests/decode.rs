@@ -18,7 +18,7 @@ fn decode_fuzz_logic_holds_on_fixed_seeds() {
         let mut parts: Vec<Slice> = Vec::new();
         let mut start = 0u64;
         for _ in 0..slices {
-            parts.push(Slice { start: SliceKey(start), replicas: vec![below(100) as u32] });
+            parts.push(Slice::new(SliceKey(start), vec![below(100) as u32]));
             start += below(1 << 40) + 1;
         }
         let mut bytes = Assignment::new(below(u64::MAX) + 1, parts).unwrap().encode();

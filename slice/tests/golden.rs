@@ -48,14 +48,25 @@ fn slicing_file() -> String {
     let a = Assignment::new(
         9,
         vec![
-            Slice { start: SliceKey(0), replicas: vec![3, 1] },
-            Slice { start: SliceKey(1 << 40), replicas: vec![7] },
-            Slice { start: SliceKey(u64::MAX), replicas: vec![0, 2, 4] },
+            Slice::new(SliceKey(0), vec![3, 1]),
+            Slice::new(SliceKey(1 << 40), vec![7]),
+            Slice::new(SliceKey(u64::MAX), vec![0, 2, 4]),
         ],
     )
     .unwrap();
     let hex: String = a.encode().iter().map(|b| format!("{b:02x}")).collect();
     writeln!(out, "assignment v1: {hex}").unwrap();
+    let handover = Assignment::new(
+        10,
+        vec![
+            Slice { warming: vec![5], ..Slice::new(SliceKey(0), vec![3, 1]) },
+            Slice::new(SliceKey(1 << 40), vec![7]),
+            Slice { warming: vec![6, 8], ..Slice::new(SliceKey(u64::MAX), vec![0]) },
+        ],
+    )
+    .unwrap();
+    let hex: String = handover.encode().iter().map(|b| format!("{b:02x}")).collect();
+    writeln!(out, "assignment v2 (warming tasks): {hex}").unwrap();
     out
 }
 

@@ -346,7 +346,7 @@ mod tests {
         let step = 1u64 << 62;
         Assignment::new(
             generation,
-            (0..4).map(|i| Slice { start: SliceKey(i * step), replicas: vec![(i % 2) as u32] }).collect(),
+            (0..4).map(|i| Slice::new(SliceKey(i * step), vec![(i % 2) as u32])).collect(),
         )
         .unwrap()
     }
@@ -420,11 +420,8 @@ mod tests {
     fn a_report_keeps_the_heaviest_slices_when_the_task_holds_too_many() {
         let n = MAX_REPORTED_SLICES as u64 + 10;
         let step = u64::MAX / n;
-        let a = Assignment::new(
-            1,
-            (0..n).map(|i| Slice { start: SliceKey(i * step), replicas: vec![0] }).collect(),
-        )
-        .unwrap();
+        let a =
+            Assignment::new(1, (0..n).map(|i| Slice::new(SliceKey(i * step), vec![0])).collect()).unwrap();
         let current = Arc::new(MeteredAssignment::new(a, 0));
         // Slices 0..10 get no requests; every other slice one.
         for i in 10..n {

@@ -292,11 +292,7 @@ mod tests {
 
     /// An assignment of slices starting at `starts` (the first must be 0), owned by `owners`.
     fn assignment(generation: u64, starts: &[u64], owners: &[u32]) -> Assignment {
-        let slices = starts
-            .iter()
-            .zip(owners)
-            .map(|(&s, &o)| Slice { start: SliceKey(s), replicas: vec![o] })
-            .collect();
+        let slices = starts.iter().zip(owners).map(|(&s, &o)| Slice::new(SliceKey(s), vec![o])).collect();
         Assignment::new(generation, slices).unwrap()
     }
 

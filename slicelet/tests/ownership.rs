@@ -32,7 +32,7 @@ fn assignment(generation: u64, choice: u64) -> Assignment {
     let slices = starts
         .iter()
         .enumerate()
-        .map(|(j, &s)| Slice { start: SliceKey(s), replicas: vec![((choice >> (8 + 2 * j)) % 3) as u32] })
+        .map(|(j, &s)| Slice::new(SliceKey(s), vec![((choice >> (8 + 2 * j)) % 3) as u32]))
         .collect();
     Assignment::new(generation, slices).unwrap()
 }

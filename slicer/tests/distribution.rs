@@ -105,14 +105,9 @@ async fn clients_keep_the_last_good_assignment_while_the_distributor_restarts() 
 async fn slicelets_count_no_misroutes_when_clients_follow_the_assignment() {
     let distributor = Distributor::new();
     let (distributor_addr, _stop_d) = serve(distributor.service()).await;
-    let assignment = Assignment::new(
-        1,
-        vec![
-            Slice { start: SliceKey(0), replicas: vec![0] },
-            Slice { start: SliceKey(1 << 63), replicas: vec![1] },
-        ],
-    )
-    .unwrap();
+    let assignment =
+        Assignment::new(1, vec![Slice::new(SliceKey(0), vec![0]), Slice::new(SliceKey(1 << 63), vec![1])])
+            .unwrap();
     distributor.publish("echo", assignment);
     // Two backends, each with a slicelet following the distributor.
     let mut addrs = Vec::new();
@@ -226,7 +221,10 @@ async fn every_published_assignment_reaches_a_watcher_and_generation_zero_cannot
     watcher.abort();
     assert_eq!(Assignment::single(0, vec![0]), Err(AssignmentError::ZeroGeneration));
     // Nor can one be received.
-    let zero = AssignmentUpdate { generation: 0, slices: vec![ProtoSlice { start: 0, replicas: vec![0] }] };
+    let zero = AssignmentUpdate {
+        generation: 0,
+        slices: vec![ProtoSlice { start: 0, replicas: vec![0], warming: vec![] }],
+    };
     assert_eq!(Assignment::try_from(zero), Err(AssignmentError::ZeroGeneration));
 }
 

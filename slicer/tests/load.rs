@@ -26,7 +26,7 @@ use tower::{service_fn, Layer, Service, ServiceExt};
 fn four_slices(generation: u64) -> Assignment {
     Assignment::new(
         generation,
-        (0..4u64).map(|i| Slice { start: SliceKey(i << 62), replicas: vec![(i % 2) as u32] }).collect(),
+        (0..4u64).map(|i| Slice::new(SliceKey(i << 62), vec![(i % 2) as u32])).collect(),
     )
     .unwrap()
 }

@@ -36,9 +36,8 @@ fn fast() -> Backoff {
 
 /// Generation `g`: 12 slices, slice `i` on task `(i + g) % 3`.
 fn generation(g: u64) -> Assignment {
-    let slices = (0..12u64)
-        .map(|i| Slice { start: SliceKey(i * (u64::MAX / 12)), replicas: vec![((i + g) % 3) as u32] })
-        .collect();
+    let slices =
+        (0..12u64).map(|i| Slice::new(SliceKey(i * (u64::MAX / 12)), vec![((i + g) % 3) as u32])).collect();
     Assignment::new(g, slices).unwrap()
 }
 

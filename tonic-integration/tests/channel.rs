@@ -50,10 +50,10 @@ async fn keyed_requests_land_on_the_servers_their_assignment_names() {
     let assignment = Assignment::new(
         1,
         vec![
-            Slice { start: SliceKey(0), replicas: vec![5] },
-            Slice { start: SliceKey(1 << 62), replicas: vec![1, 2] },
-            Slice { start: SliceKey(1 << 63), replicas: vec![0] },
-            Slice { start: SliceKey(3 << 62), replicas: vec![3, 4] },
+            Slice::new(SliceKey(0), vec![5]),
+            Slice::new(SliceKey(1 << 62), vec![1, 2]),
+            Slice::new(SliceKey(1 << 63), vec![0]),
+            Slice::new(SliceKey(3 << 62), vec![3, 4]),
         ],
     )
     .unwrap();

@@ -195,11 +195,9 @@ mod tests {
                 starts.push(0);
                 starts.sort_unstable();
                 starts.dedup();
-                let a = Assignment::new(
-                    1,
-                    starts.iter().map(|&s| Slice { start: SliceKey(s), replicas: vec![0] }).collect(),
-                )
-                .unwrap();
+                let a =
+                    Assignment::new(1, starts.iter().map(|&s| Slice::new(SliceKey(s), vec![0])).collect())
+                        .unwrap();
                 let t = SliceTable::<()>::build(&a, 0, 3, &HashMap::new(), &|_| true);
                 // Every start and its neighbours, every bucket edge, random keys.
                 let edges: Vec<u64> = (0..t.first.len() as u64 - 1)

@@ -169,10 +169,7 @@ async fn watchers(addr: SocketAddr, n: usize, arrivals: Arc<Arrivals>) -> Vec<to
 fn assignment(generation: u64, slices: usize, tasks: u32) -> Assignment {
     let step = u64::MAX / slices as u64;
     let slices = (0..slices)
-        .map(|i| Slice {
-            start: SliceKey(i as u64 * step),
-            replicas: vec![(i as u32 + generation as u32) % tasks],
-        })
+        .map(|i| Slice::new(SliceKey(i as u64 * step), vec![(i as u32 + generation as u32) % tasks]))
         .collect();
     Assignment::new(generation, slices).unwrap()
 }

@@ -15,8 +15,7 @@ pub(crate) const VIRTUAL_NODES: usize = 100;
 pub(crate) fn static_hashing(tasks: u32) -> Assignment {
     let tasks = tasks.max(1);
     let width = u64::MAX / u64::from(tasks);
-    let slices =
-        (0..tasks).map(|t| Slice { start: SliceKey(u64::from(t) * width), replicas: vec![t] }).collect();
+    let slices = (0..tasks).map(|t| Slice::new(SliceKey(u64::from(t) * width), vec![t])).collect();
     Assignment::new(1, slices).expect("equal ranges from 0 are a valid assignment")
 }
 
@@ -36,7 +35,7 @@ pub(crate) fn consistent_hashing(tasks: &Tasks, generation: u64) -> Option<Assig
     points.sort_unstable();
     points.dedup_by_key(|p| p.0);
     // Range [0, p0] belongs to p0's task, (p_{i-1}, p_i] to p_i's, (p_last, MAX] wraps to p0's.
-    let mut slices = vec![Slice { start: SliceKey::MIN, replicas: vec![points[0].1] }];
+    let mut slices = vec![Slice::new(SliceKey::MIN, vec![points[0].1])];
     let owners = points.iter().skip(1).map(|p| p.1).chain(std::iter::once(points[0].1));
     for (&(point, _), owner) in points.iter().zip(owners) {
         if point == u64::MAX {
@@ -45,7 +44,7 @@ pub(crate) fn consistent_hashing(tasks: &Tasks, generation: u64) -> Option<Assig
         if slices.last().is_some_and(|s| s.replicas[0] == owner) {
             continue;
         }
-        slices.push(Slice { start: SliceKey(point + 1), replicas: vec![owner] });
+        slices.push(Slice::new(SliceKey(point + 1), vec![owner]));
     }
     Some(Assignment::new(generation, slices).expect("a ring's arcs are a valid assignment"))
 }

@@ -98,10 +98,7 @@ mod tests {
 
     /// Generation 3: keys below 2^63 on task 0, the rest on task 1.
     fn two_halves() -> Arc<Assignment> {
-        let slices = vec![
-            Slice { start: SliceKey(0), replicas: vec![0] },
-            Slice { start: SliceKey(1 << 63), replicas: vec![1] },
-        ];
+        let slices = vec![Slice::new(SliceKey(0), vec![0]), Slice::new(SliceKey(1 << 63), vec![1])];
         Arc::new(Assignment::new(3, slices).unwrap())
     }
 

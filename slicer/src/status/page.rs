@@ -261,9 +261,7 @@ mod tests {
         let step = u64::MAX / slices as u64;
         let assignment = Assignment::new(
             7,
-            (0..slices)
-                .map(|i| Slice { start: SliceKey(i as u64 * step), replicas: vec![(i as u32) % tasks] })
-                .collect(),
+            (0..slices).map(|i| Slice::new(SliceKey(i as u64 * step), vec![(i as u32) % tasks])).collect(),
         )
         .unwrap();
         Snapshot {
