@@ -53,6 +53,7 @@
 
 mod baselines;
 mod error;
+pub mod handover;
 pub mod initial;
 mod load;
 mod lpt;
@@ -65,6 +66,7 @@ mod weighted_move;
 pub use baselines::consistent::ConsistentHashing;
 pub use baselines::static_ranges::StaticRanges;
 pub use error::AssignError;
+pub use handover::warming_step;
 pub use load::{Load, ReplicaLimits};
 pub use lpt::Lpt;
 pub use pieces::imbalance;

@@ -160,6 +160,48 @@ async fn a_draining_task_loses_its_slices_at_once_and_publications_are_rate_limi
 }
 
 #[tokio::test]
+async fn with_handover_a_drained_task_keeps_its_slices_while_their_new_owners_warm_then_switches() {
+    let job = Job::new(Arc::new(MemoryStore::new()), 4);
+    let warm_up = Duration::from_secs(1);
+    let config = AssignerConfig { cadence: Duration::from_secs(3600), handover: Some(warm_up), ..config() };
+    let assigner = job.spawn("a", config);
+    let first = job.until("the first generation", |_| true).await;
+    assert!(!first.has_warming(), "the first generation has nothing to hand over from");
+    job.tasks.send_replace(
+        Tasks::new((0..4).map(|t| (t, if t == 3 { TaskState::Draining } else { TaskState::Serving })))
+            .unwrap(),
+    );
+    let warming = job.until("the warming step", |a| a.has_warming()).await;
+    let seen = Instant::now();
+    assert_eq!(warming.generation(), first.generation() + 1);
+    assert_eq!(assigner.stats().handovers(), 1);
+    // Every key task 3 served is still served by it, and warms on another task; keys
+    // it did not serve are as they were.
+    let probes: Vec<SliceKey> =
+        (0..4096u64).map(|i| SliceKey(i.wrapping_mul(0x9E37_79B9_7F4A_7C15))).collect();
+    for &key in &probes {
+        let (before, now) = (first.slice_for(key), warming.slice_for(key));
+        assert_eq!(now.replicas, before.replicas, "key {key}: the old owners serve until the switch");
+        assert_eq!(now.warming.is_empty(), !before.replicas.contains(&3), "key {key}");
+        assert!(!now.warming.contains(&3));
+    }
+    // The switch waits for the warm-up.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(job.distributor.current(JOB).map(|a| a.generation()), Some(warming.generation()));
+    let switched = job.until("the switch", |a| a.generation() > warming.generation()).await;
+    assert!(seen.elapsed() >= warm_up - Duration::from_millis(300), "switched after {:?}", seen.elapsed());
+    assert_eq!(switched.generation(), warming.generation() + 1);
+    assert!(!switched.has_warming());
+    for &key in &probes {
+        let (step, now) = (warming.slice_for(key), switched.slice_for(key));
+        if !step.warming.is_empty() {
+            assert_eq!(now.replicas, step.warming, "key {key}: the warmed owner takes over");
+        }
+        assert!(!now.replicas.contains(&3));
+    }
+}
+
+#[tokio::test]
 async fn a_quiet_job_publishes_nothing_new_and_a_killed_assigner_leaves_the_last_assignment() {
     let job = Job::new(Arc::new(MemoryStore::new()), 3);
     let assigner = job.spawn("a", config());

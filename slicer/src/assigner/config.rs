@@ -20,6 +20,13 @@ pub struct AssignerConfig {
     /// The backoff after a store error, doubled up to 16 times this (default 100 ms; at
     /// least [`MIN_BACKOFF`]).
     pub backoff: Duration,
+    /// Moves in two steps (default `None`: one step). With `Some(warm_up)`, a run that
+    /// gives a key range a new owner first publishes a warming step (the range's current
+    /// owners keep serving it, the new ones are named warming and get no client traffic;
+    /// see `steady_assigner::handover`), then, `warm_up` later, the run's assignment
+    /// itself. Runs wait while a handover is under way, so a switch is at most `warm_up`
+    /// late. At most an hour.
+    pub handover: Option<Duration>,
 }
 
 /// The shortest cadence: runs cost a full assigner pass, so the loop must not spin.
@@ -39,6 +46,7 @@ impl Default for AssignerConfig {
             stale_after: Duration::from_secs(30),
             replicas: ReplicaLimits::default(),
             backoff: Duration::from_millis(100),
+            handover: None,
         }
     }
 }
@@ -76,6 +84,9 @@ impl AssignerConfig {
         }
         if self.stale_after.is_zero() {
             return bad("stale_after", "more than zero");
+        }
+        if self.handover.is_some_and(|w| w > Duration::from_secs(3600)) {
+            return bad("handover", "at most an hour");
         }
         Ok(())
     }

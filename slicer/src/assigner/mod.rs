@@ -8,6 +8,9 @@
 //!         load  = estimate(fresh reports in the LoadBook)
 //!         next  = assigner.assign(previous, tasks, load)      (steady-assigner)
 //!         unchanged? publish nothing
+//!         handover on and a range gains an owner?
+//!           next = warming step (old owners serve, new ones warm); the switch to the
+//!           run's assignment is written `handover` later, before any other run
 //!         store.write(leadership, snapshot, next)              (fenced, conditioned)
 //!           ok        ► Distributor.publish, LoadBook.published
 //!           conflict  ► re-read the store, run again
@@ -39,7 +42,7 @@ use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use steady_assigner::{Assigner, Assignment, RunInput, Tasks};
+use steady_assigner::{warming_step, Assigner, Assignment, RunInput, Tasks};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -248,6 +251,8 @@ impl AssignerService {
     ) {
         let mut snapshot = None;
         let mut conflicts = 0u32;
+        // A handover under way: the assignment to switch to, and when.
+        let mut switch: Option<(Assignment, Instant)> = None;
         loop {
             if !leadership.is_held() {
                 return;
@@ -272,8 +277,14 @@ impl AssignerService {
             }
             let view = tasks.borrow_and_update().clone();
             self.book.set_tasks(&self.job, known_tasks(&view, current.assignment()));
-            stats.runs.fetch_add(1, Ordering::Relaxed);
-            match self.run_once(leadership, &current, &view, stats).await {
+            let step = match switch.take() {
+                Some((target, _)) => self.switch_to(leadership, &current, target).await,
+                None => {
+                    stats.runs.fetch_add(1, Ordering::Relaxed);
+                    self.run_once(leadership, &current, &view, stats, &mut switch).await
+                }
+            };
+            match step {
                 Ok(Some(written)) => {
                     (*failures, conflicts) = (0, 0);
                     stats.published.fetch_add(1, Ordering::Relaxed);
@@ -300,6 +311,14 @@ impl AssignerService {
                     continue;
                 }
             }
+            // A handover under way switches when its warm-up is over, before any run.
+            if let Some((_, at)) = &switch {
+                tokio::select! {
+                    biased;
+                    () = leadership.lost() => return,
+                    () = tokio::time::sleep_until(*at) => continue,
+                }
+            }
             // Wait for the cadence, a task-set change or the end of the term. Biased:
             // the end of the term is checked first, so a deposed leader never runs again.
             tokio::select! {
@@ -317,13 +336,16 @@ impl AssignerService {
     }
 
     /// One assigner run on `current`; the written snapshot, or `None` when nothing
-    /// changed (or the run failed: the assignment in force stays).
+    /// changed (or the run failed: the assignment in force stays). With handover on, what
+    /// is written may be the run's warming step; `switch` then holds the run's assignment
+    /// and when to write it.
     async fn run_once(
         &self,
         leadership: &Leadership,
         current: &Snapshot,
         tasks: &Tasks,
         stats: &AssignerStats,
+        switch: &mut Option<(Assignment, Instant)>,
     ) -> Result<Option<Snapshot>, StoreError> {
         let serving = tasks.serving_ids();
         let fresh = self.book.fresh(&self.job, self.config.stale_after);
@@ -353,7 +375,23 @@ impl AssignerService {
             return Ok(None);
         }
         tracing::debug!(job = %self.job, report = %report, "assigner: run");
-        let written = self.store.write(leadership, current, &outcome.assignment).await?;
+        let target = &outcome.assignment;
+        let warming = match (self.config.handover, current.assignment()) {
+            (Some(warm_up), Some(previous)) => warming_step(previous, target, tasks, target.generation())
+                .and_then(|step| {
+                    Some((step, target.renumbered(target.generation().checked_add(1)?).ok()?, warm_up))
+                }),
+            _ => None,
+        };
+        let written = match warming {
+            Some((step, then, warm_up)) => {
+                let written = self.store.write(leadership, current, &step).await?;
+                stats.handovers.fetch_add(1, Ordering::Relaxed);
+                *switch = Some((then, Instant::now() + warm_up));
+                written
+            }
+            None => self.store.write(leadership, current, target).await?,
+        };
         stats.record(RunRecord {
             generation: written.generation(),
             at: std::time::SystemTime::now(),
@@ -364,6 +402,21 @@ impl AssignerService {
             elapsed: report.elapsed,
         });
         Ok(Some(written))
+    }
+
+    /// The second step of a handover: writes `target` (the run's assignment, numbered
+    /// after its warming step) over `current`.
+    async fn switch_to(
+        &self,
+        leadership: &Leadership,
+        current: &Snapshot,
+        target: Assignment,
+    ) -> Result<Option<Snapshot>, StoreError> {
+        // Another writer may have moved the store on: number the switch after it.
+        let generation = current.assignment().map_or(1, |a| a.generation().saturating_add(1));
+        let Ok(target) = target.renumbered(generation) else { return Ok(None) };
+        tracing::debug!(job = %self.job, generation, "assigner: handover switch");
+        self.store.write(leadership, current, &target).await.map(Some)
     }
 
     /// Gives the assignment of `snapshot` to the Distributor and tells the LoadBook.

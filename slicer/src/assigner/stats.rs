@@ -38,6 +38,7 @@ pub struct AssignerStats {
     pub(super) conflicts: AtomicU64,
     pub(super) errors: AtomicU64,
     pub(super) generation: AtomicU64,
+    pub(super) handovers: AtomicU64,
     pub(super) leading: AtomicBool,
     /// Total time spent in assigner runs, in nanoseconds.
     pub(super) run_nanos: AtomicU64,
@@ -59,6 +60,10 @@ impl AssignerStats {
     /// Generations written and handed to the Distributor.
     pub fn published(&self) -> u64 {
         self.published.load(Ordering::Relaxed)
+    }
+    /// Handovers begun: warming steps published (see `AssignerConfig::handover`).
+    pub fn handovers(&self) -> u64 {
+        self.handovers.load(Ordering::Relaxed)
     }
     /// Writes that lost a race (then re-read and retried).
     pub fn conflicts(&self) -> u64 {
