@@ -248,6 +248,38 @@ impl<S, K, C> Balance<S, K, C> {
         BalanceStats::read(&self.shared)
     }
 
+    /// The generation of the assignment keyed requests are routed by now (`None` before
+    /// the first): one table read, cheap enough for every request.
+    #[inline]
+    pub fn assignment_generation(&self) -> Option<u64> {
+        self.shared.table.load().slices.as_ref().map(|s| s.generation)
+    }
+
+    /// Waits until keyed requests are routed by generation `generation` or a newer one,
+    /// or `timeout` passes; returns whether it happened. A backend that refused a request
+    /// because the assignment moved on names the generation to wait for.
+    pub fn wait_for_generation(
+        &self,
+        generation: u64,
+        timeout: Duration,
+    ) -> impl std::future::Future<Output = bool> + Send + 'static
+    where
+        S: Send + Sync + 'static,
+    {
+        let shared = self.shared.clone();
+        async move {
+            let mut versions = shared.versions.subscribe();
+            let reached = || shared.table.load().slices.as_ref().is_some_and(|s| s.generation >= generation);
+            let wait = async {
+                while !reached() {
+                    // The sender lives in `shared`: this returns once a table is published.
+                    let _ = versions.changed().await;
+                }
+            };
+            tokio::time::timeout(timeout, wait).await.is_ok()
+        }
+    }
+
     /// Waits until the routing table's version is at least `version` (tests, tooling).
     /// Waits forever if the balancer never publishes that version: wrap it in a timeout.
     pub async fn wait_for_version(&self, version: u64) {

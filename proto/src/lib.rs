@@ -37,6 +37,21 @@ pub use watch::{watch_assignments, watch_assignments_any, WatchError};
 /// as text, hashed with `steady_slice::SliceKey::of` on both sides.
 pub const DEFAULT_KEY_HEADER: &str = "x-slice-key";
 
+/// Request metadata: the generation of the assignment the client routed a keyed request
+/// by (decimal). A backend that is behind the client serves the request whatever it
+/// holds: the client knows better. Sent by `steady_tonic::SteadyChannel`.
+pub const GENERATION_HEADER: &str = "x-steady-generation";
+
+/// Response metadata of a keyed request refused because its key moved: the generation
+/// of the backend's assignment (decimal), which no longer gives it the key. The status is
+/// `FAILED_PRECONDITION`; a client routes again once its assignment is at least that
+/// generation (`steady_tonic::SteadyChannel` does, once).
+pub const MOVED_HEADER: &str = "x-steady-moved";
+
+/// Request metadata: how many times a backend already forwarded this request to the
+/// key's owner. A forwarded request is never forwarded again.
+pub const FORWARDED_HEADER: &str = "x-steady-forwarded";
+
 /// Generated code of `proto/assignment.proto` (package `steady.assignment.v1`).
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod assignment {

@@ -61,6 +61,7 @@ mod layer;
 mod meter;
 #[cfg(feature = "metrics")]
 mod metrics;
+mod misroute;
 mod ownership;
 pub mod report;
 mod reporter;
@@ -79,14 +80,16 @@ use steady_proto::DEFAULT_KEY_HEADER;
 use steady_slice::{Assignment, SliceKey};
 use tonic::transport::Endpoint;
 
-pub use layer::{SliceletLayer, SliceletService};
+pub use layer::{SliceletFuture, SliceletLayer, SliceletService};
 pub use meter::{MeterConfig, MeterConfigError};
-pub use ownership::{Ownership, SliceChange, SliceChanges};
+pub use misroute::{ForwardService, OnMisroute};
+pub use ownership::{Ownership, SliceChange, SliceChanges, Warming, MAX_RECENT_RELEASES};
 pub use report::LoadReport;
 pub use reporter::{LoadReporter, MIN_REPORT_INTERVAL};
 pub use serve::{AssignmentService, SliceletWatchStream, MAX_SLICELET_WATCHERS};
 
 use meter::{LoadMeter, MeteredAssignment};
+use misroute::{Misroute, MisrouteCounters, MisroutePolicy, Verdict};
 
 #[derive(Debug)]
 struct State {
@@ -99,6 +102,7 @@ struct State {
     ownership: tokio::sync::watch::Sender<Option<Arc<Ownership>>>,
     keyed: AtomicU64,
     misrouted: AtomicU64,
+    misroutes: MisrouteCounters,
     meter: LoadMeter,
 }
 
@@ -151,6 +155,7 @@ impl Slicelet {
             ownership: tokio::sync::watch::Sender::new(None),
             keyed: AtomicU64::new(0),
             misrouted: AtomicU64::new(0),
+            misroutes: MisrouteCounters::default(),
             meter: LoadMeter::new(config)?,
         };
         Ok(Self { task, state: Arc::new(state) })
@@ -297,6 +302,64 @@ impl Slicelet {
         }
         self.state.meter.sample(key);
         misrouted
+    }
+
+    /// Records a keyed request and decides, under `policy`, whether to serve, refuse or
+    /// forward it (see the `misroute` module); `request` is read only for a misroute.
+    pub(crate) fn verdict(
+        &self,
+        key: SliceKey,
+        policy: &MisroutePolicy,
+        request: impl FnOnce() -> Misroute,
+    ) -> Verdict {
+        if !self.record(key) || !policy.acts() {
+            return Verdict::Serve;
+        }
+        let Some(own) = self.generation() else { return Verdict::Serve };
+        let request = request();
+        if request.client_generation.is_some_and(|g| g >= own) {
+            return Verdict::Serve;
+        }
+        if !policy.grace.is_zero() {
+            let released = self.state.ownership.borrow().as_ref().and_then(|o| o.released_at(key));
+            if released.is_some_and(|at| at.elapsed() < policy.grace) {
+                self.state.misroutes.in_grace.fetch_add(1, Ordering::Relaxed);
+                return Verdict::Serve;
+            }
+        }
+        match &policy.on_misroute {
+            OnMisroute::Reject => {
+                self.state.misroutes.rejected.fetch_add(1, Ordering::Relaxed);
+                Verdict::Reject { generation: own }
+            }
+            OnMisroute::Forward(_) if !request.forwarded => {
+                self.state.misroutes.forwarded.fetch_add(1, Ordering::Relaxed);
+                Verdict::Forward
+            }
+            // Forwarded once already: one hop at most, serve it here.
+            OnMisroute::Forward(_) | OnMisroute::Serve => Verdict::Serve,
+        }
+    }
+
+    /// Misrouted requests refused with the newer generation ([`OnMisroute::Reject`]).
+    pub fn misroutes_rejected(&self) -> u64 {
+        self.state.misroutes.rejected.load(Ordering::Relaxed)
+    }
+
+    /// Misrouted requests forwarded to their key's owner ([`OnMisroute::Forward`]).
+    pub fn misroutes_forwarded(&self) -> u64 {
+        self.state.misroutes.forwarded.load(Ordering::Relaxed)
+    }
+
+    /// Misrouted requests served because this task released their key less than the
+    /// grace period ago ([`SliceletLayer::grace`]).
+    pub fn misroutes_in_grace(&self) -> u64 {
+        self.state.misroutes.in_grace.load(Ordering::Relaxed)
+    }
+
+    /// The key ranges this task warms in the generation in force (see [`Warming`]).
+    pub fn warming(&self) -> Vec<Warming> {
+        self.state.ownership.borrow().as_ref().map(|o| o.warming().to_vec()).unwrap_or_default()
     }
 
     /// Keyed requests recorded.

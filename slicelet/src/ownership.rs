@@ -15,9 +15,14 @@ use std::sync::Arc;
 
 use steady_slice::{Assignment, KeyRange, SliceKey};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 /// The end of the key space as a half-open bound.
 const END: u128 = 1 << 64;
+
+/// The most released ranges remembered for the old owner's grace period; the oldest go
+/// first (a release older than the grace is of no use anyway).
+pub const MAX_RECENT_RELEASES: usize = 1024;
 
 /// A half-open range of keys `[start, end)`, `end` up to `2^64`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,18 +50,43 @@ struct Piece {
     since: u64,
 }
 
+/// A key range this task is warming up to serve (the first step of a handover): no
+/// client sends it these keys yet; load their state now, from `owners` (the replicas
+/// serving the range meanwhile) or from storage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Warming {
+    /// The keys.
+    pub range: KeyRange,
+    /// The tasks serving them until the switch.
+    pub owners: Vec<u32>,
+}
+
 /// What one task held in one generation: the held key ranges, ascending, each with the
-/// generation since which it has been held continuously.
+/// generation since which it has been held continuously; the ranges it warms; and the
+/// ranges it released lately, with when (for the old owner's grace period).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ownership {
     generation: u64,
     pieces: Vec<Piece>,
+    warming: Vec<Warming>,
+    /// Released ranges, oldest first, at most [`MAX_RECENT_RELEASES`].
+    released: Vec<(Span, Instant)>,
 }
 
 impl Ownership {
     /// Task `task`'s ownership under `assignment`, following `previous` (the ownership of
     /// the generation installed before it, if any).
     pub(crate) fn next(previous: Option<&Ownership>, assignment: &Assignment, task: u32) -> Self {
+        Self::next_at(previous, assignment, task, Instant::now())
+    }
+
+    /// As [`Ownership::next`], installed at `now`.
+    pub(crate) fn next_at(
+        previous: Option<&Ownership>,
+        assignment: &Assignment,
+        task: u32,
+        now: Instant,
+    ) -> Self {
         let generation = assignment.generation();
         // Continuity carries over only from the generation just before.
         let carried: &[Piece] = match previous {
@@ -95,7 +125,40 @@ impl Ownership {
         if pieces.len() > 2 * held.len() + 16 {
             pieces = coarsen(&pieces, &held);
         }
-        Self { generation, pieces }
+        let mut warming: Vec<Warming> = Vec::new();
+        for (range, owners) in assignment.warming_of(task) {
+            match warming.last_mut() {
+                Some(last) if last.owners == owners && last.range.end() == Some(range.start()) => {
+                    last.range = KeyRange::new(last.range.start(), range.end());
+                }
+                _ => warming.push(Warming { range, owners: owners.to_vec() }),
+            }
+        }
+        let mut released = previous.map(|p| p.released.clone()).unwrap_or_default();
+        if let Some(p) = previous {
+            let gone = subtract(&merged(p.pieces.iter().map(|p| p.span)), &merged(held.iter().copied()));
+            released.extend(gone.into_iter().map(|span| (span, now)));
+        }
+        if released.len() > MAX_RECENT_RELEASES {
+            released.drain(..released.len() - MAX_RECENT_RELEASES);
+        }
+        Self { generation, pieces, warming, released }
+    }
+
+    /// The key ranges this task warms in this generation (ascending; adjacent ranges with
+    /// the same owners merged).
+    pub fn warming(&self) -> &[Warming] {
+        &self.warming
+    }
+
+    /// When this task last released `key`, if it did lately and does not hold it now
+    /// (the most recent [`MAX_RECENT_RELEASES`] releases are remembered).
+    pub fn released_at(&self, key: SliceKey) -> Option<Instant> {
+        if self.holds(key) {
+            return None;
+        }
+        let k = u128::from(key.0);
+        self.released.iter().rev().find(|(span, _)| span.start <= k && k < span.end).map(|(_, at)| *at)
     }
 
     /// The generation this is the ownership of.
@@ -154,6 +217,7 @@ impl Ownership {
             to: self.generation,
             acquired: acquired.into_iter().map(Span::range).collect(),
             released: released.into_iter().map(Span::range).collect(),
+            warming: self.warming.clone(),
         }
     }
 }
@@ -234,10 +298,14 @@ pub struct SliceChange {
     pub acquired: Vec<KeyRange>,
     /// Ranges held at `from` and not held continuously since.
     pub released: Vec<KeyRange>,
+    /// Every range warming at `to` (not only the new ones): load them before the switch
+    /// makes them acquired. A change is returned when this list differs from the last
+    /// one returned, even with nothing acquired or released.
+    pub warming: Vec<Warming>,
 }
 
 impl SliceChange {
-    /// Whether nothing was acquired or released.
+    /// Whether nothing was acquired or released (warming aside).
     pub fn is_empty(&self) -> bool {
         self.acquired.is_empty() && self.released.is_empty()
     }
@@ -272,8 +340,10 @@ impl SliceChanges {
             self.updates.changed().await.ok()?;
             let Some(now) = self.updates.borrow_and_update().clone() else { continue };
             let change = now.changes_since(self.seen.as_deref());
+            let warming_changed =
+                self.seen.as_ref().map_or(!now.warming.is_empty(), |s| s.warming != now.warming);
             self.seen = Some(now);
-            if !change.is_empty() {
+            if !change.is_empty() || warming_changed {
                 return Some(change);
             }
         }
@@ -334,6 +404,33 @@ mod tests {
         assert_eq!((c.from, c.to), (Some(1), 3));
         assert_eq!(spans(&c.acquired), [(0, Some(50)), (100, Some(200))]);
         assert_eq!(spans(&c.released), [(0, Some(50)), (200, None)]);
+    }
+
+    #[test]
+    fn warming_ranges_are_announced_and_releases_remembered_with_their_time() {
+        let at = Instant::now();
+        let g1 = Ownership::next_at(None, &assignment(1, &[0, 100, 200], &[0, 1, 0]), 0, at);
+        let step = Assignment::new(
+            2,
+            vec![
+                Slice::new(SliceKey(0), vec![0]),
+                Slice { warming: vec![0], ..Slice::new(SliceKey(100), vec![1]) },
+                Slice { warming: vec![2], ..Slice::new(SliceKey(200), vec![0]) },
+            ],
+        )
+        .unwrap();
+        let g2 = Ownership::next_at(Some(&g1), &step, 0, at);
+        assert_eq!(g2.warming(), [Warming { range: step.range(1), owners: vec![1] }]);
+        let c = g2.changes_since(Some(&g1));
+        assert!(c.is_empty(), "warming is neither acquired nor released");
+        assert_eq!(c.warming, g2.warming());
+        // The switch: [100, 200) acquired, [200, ..) released at `later`.
+        let later = at + std::time::Duration::from_secs(5);
+        let g3 = Ownership::next_at(Some(&g2), &assignment(3, &[0, 200], &[0, 2]), 0, later);
+        assert!(g3.warming().is_empty());
+        assert_eq!(g3.released_at(SliceKey(300)), Some(later));
+        assert_eq!(g3.released_at(SliceKey(150)), None, "held");
+        assert_eq!(g1.released_at(SliceKey(150)), None, "never held");
     }
 
     #[test]

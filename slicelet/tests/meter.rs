@@ -24,15 +24,14 @@ fn slice_of(key: &str) -> usize {
 }
 
 /// A server stack as a backend runs it: the slicelet's layer over a service that answers.
-fn server(slicelet: &Slicelet) -> impl Service<http::Request<()>, Response = (), Error = Infallible> + Clone {
-    slicelet.layer().layer(service_fn(|_: http::Request<()>| async { Ok::<_, Infallible>(()) }))
+fn server(slicelet: &Slicelet) -> impl Service<http::Request<String>, Error = Infallible> + Clone {
+    slicelet
+        .layer()
+        .layer(service_fn(|_: http::Request<String>| async { Ok::<_, Infallible>(http::Response::new(())) }))
 }
 
-async fn send(
-    stack: &mut (impl Service<http::Request<()>, Response = (), Error = Infallible> + Clone),
-    key: &str,
-) {
-    let request = http::Request::builder().header("x-slice-key", key).body(()).unwrap();
+async fn send(stack: &mut (impl Service<http::Request<String>, Error = Infallible> + Clone), key: &str) {
+    let request = http::Request::builder().header("x-slice-key", key).body(String::new()).unwrap();
     stack.ready().await.unwrap().call(request).await.unwrap();
 }
 

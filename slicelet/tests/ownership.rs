@@ -154,7 +154,7 @@ proptest! {
                     }
                     // No change: every sample key must be untouched.
                     _ => {
-                        let none = SliceChange { from: from_generation, to: to_generation, acquired: vec![], released: vec![] };
+                        let none = SliceChange { from: from_generation, to: to_generation, acquired: vec![], released: vec![], warming: vec![] };
                         check(&none, &history, &model, &keys);
                     }
                 }

@@ -6,9 +6,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use futures_util::{Stream, StreamExt};
-use http::HeaderName;
+use http::{HeaderName, HeaderValue};
 use steady_balance::{
     Balance, BalanceConfig, BalanceError, BalanceStats, ConfigError, JobView, KeyExtractor, Task,
 };
@@ -19,7 +21,7 @@ use tonic::body::Body;
 use tonic::transport::{Channel, Endpoint};
 use tower::{BoxError, Service};
 
-use steady_proto::DEFAULT_KEY_HEADER;
+use steady_proto::{DEFAULT_KEY_HEADER, GENERATION_HEADER, MOVED_HEADER};
 
 use crate::classify::GrpcClassifier;
 use crate::endpoint::TaskEndpoint;
@@ -96,7 +98,17 @@ impl KeyExtractor<http::Request<Body>> for MetadataKey {
 #[derive(Clone)]
 pub struct SteadyChannel {
     balance: Balance<MemberChannel, MetadataKey, GrpcClassifier>,
+    key_header: HeaderName,
 }
+
+/// How long a keyed request refused because its key moved (status `FAILED_PRECONDITION`
+/// with [`steady_proto::MOVED_HEADER`]) waits for the channel to follow the generation
+/// the backend named, before it is routed again; past it, the refusal is the answer.
+pub const MOVED_WAIT: Duration = Duration::from_secs(1);
+
+/// Marks a request already routed again after a refusal: it is not routed a third time.
+#[derive(Debug, Clone, Copy)]
+struct Rerouted;
 
 impl fmt::Debug for SteadyChannel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -283,9 +295,9 @@ impl SteadyChannelBuilder {
             None => Balance::new(self.config, connect, views)?,
         };
         let balance = balance
-            .with_key_extractor(MetadataKey { header: self.key_header })
+            .with_key_extractor(MetadataKey { header: self.key_header.clone() })
             .with_classifier(self.classifier);
-        Ok(SteadyChannel { balance })
+        Ok(SteadyChannel { balance, key_header: self.key_header })
     }
 }
 
@@ -322,10 +334,30 @@ fn to_status(error: BoxError) -> BoxError {
 /// refused at readiness does: at most twice, within the same wait budget
 /// (`steady_balance::ResponseFuture::resend`). The balancer has ejected the failed
 /// member by then, so the next pick avoids it.
+///
+/// A keyed request its backend refused because the key moved (`FAILED_PRECONDITION`
+/// naming a newer generation in [`steady_proto::MOVED_HEADER`]: a Slicelet with
+/// `OnMisroute::Reject`) is routed again, once, as soon as the channel follows that
+/// generation (at most [`MOVED_WAIT`]); the refusal was sent before any work was done,
+/// so the request is not run twice.
 pub struct ResponseFuture {
     inner: steady_balance::ResponseFuture<MemberChannel, http::Request<Body>, GrpcClassifier>,
     /// A copy of the request, for another member if this one proves it never got it.
     replay: Option<http::Request<Body>>,
+    /// For a keyed request that may be routed again: the channel.
+    reroute: Option<SteadyChannel>,
+    /// The request routed again after a refusal.
+    rerouted: Option<BoxFuture<'static, Result<http::Response<Body>, BoxError>>>,
+}
+
+/// The generation a refusal names, if `response` is one (see [`MOVED_HEADER`]).
+fn moved_to(response: &http::Response<Body>) -> Option<u64> {
+    let headers = response.headers();
+    let refused = headers.get("grpc-status").is_some_and(|s| s.as_bytes() == b"9");
+    if !refused {
+        return None;
+    }
+    headers.get(MOVED_HEADER)?.to_str().ok()?.parse().ok()
 }
 
 impl fmt::Debug for ResponseFuture {
@@ -338,11 +370,26 @@ impl Future for ResponseFuture {
     type Output = Result<http::Response<Body>, BoxError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if let Some(rerouted) = &mut self.rerouted {
+            return rerouted.as_mut().poll(cx);
+        }
         loop {
             // `steady_balance::ResponseFuture<Channel, _>` is `Unpin` (the channel's future
             // is), so it is polled in place.
             let error = match ready!(Pin::new(&mut self.inner).poll(cx)) {
-                Ok(response) => return Poll::Ready(Ok(response)),
+                Ok(response) => {
+                    match (moved_to(&response), self.reroute.is_some() && self.replay.is_some()) {
+                        (Some(generation), true) => {
+                            let (channel, req) = (self.reroute.take(), self.replay.take());
+                            let (Some(channel), Some(req)) = (channel, req) else { unreachable!("checked") };
+                            let mut rerouted = Box::pin(channel.reroute(req, generation, response));
+                            let poll = rerouted.as_mut().poll(cx);
+                            self.rerouted = Some(rerouted);
+                            return poll;
+                        }
+                        _ => return Poll::Ready(Ok(response)),
+                    }
+                }
                 Err(error) => error,
             };
             let Some(mut req) = self.replay.take().filter(|_| never_sent(&*error)) else {
@@ -369,7 +416,37 @@ impl Service<http::Request<Body>> for SteadyChannel {
     }
 
     fn call(&mut self, mut req: http::Request<Body>) -> Self::Future {
+        let keyed =
+            req.extensions().get::<SliceKey>().is_some() || req.headers().contains_key(&self.key_header);
+        let mut reroute = None;
+        if keyed {
+            if let Some(generation) = self.balance.assignment_generation() {
+                req.headers_mut().insert(GENERATION_HEADER, HeaderValue::from(generation));
+            }
+            if req.extensions().get::<Rerouted>().is_none() {
+                reroute = Some(self.clone());
+            }
+        }
         let replay = replayable(&mut req);
-        ResponseFuture { inner: self.balance.call(req), replay }
+        ResponseFuture { inner: self.balance.call(req), replay, reroute, rerouted: None }
+    }
+}
+
+impl SteadyChannel {
+    /// Routes `req` again once the channel follows `generation` (at most [`MOVED_WAIT`]);
+    /// `refusal` is the answer if it does not.
+    async fn reroute(
+        mut self,
+        mut req: http::Request<Body>,
+        generation: u64,
+        refusal: http::Response<Body>,
+    ) -> Result<http::Response<Body>, BoxError> {
+        if !self.balance.wait_for_generation(generation, MOVED_WAIT).await {
+            return Ok(refusal);
+        }
+        tracing::debug!(generation, "keyed request refused by a former owner: routed again");
+        req.extensions_mut().insert(Rerouted);
+        std::future::poll_fn(|cx| Service::<http::Request<Body>>::poll_ready(&mut self, cx)).await?;
+        self.call(req).await
     }
 }

@@ -49,7 +49,9 @@ mod template;
 
 #[cfg(feature = "call-metrics")]
 pub use call_metrics::{CallMetrics, CallMetricsLayer};
-pub use channel::{MemberChannel, MetadataKey, ResponseFuture, SteadyChannel, SteadyChannelBuilder};
+pub use channel::{
+    MemberChannel, MetadataKey, ResponseFuture, SteadyChannel, SteadyChannelBuilder, MOVED_WAIT,
+};
 pub use classify::{GrpcClassifier, DEFAULT_FAULTS};
 pub use endpoint::TaskEndpoint;
 pub use replay::MAX_REPLAY_BYTES;
