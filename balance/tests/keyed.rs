@@ -316,3 +316,44 @@ async fn a_keyed_request_refused_by_a_replica_moves_only_to_another_replica_of_i
         assert_eq!(send(&b, Some(SliceKey(7))).await.unwrap(), healthy);
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn warming_tasks_get_no_request() {
+    // Every task in the subset: only the assignment keeps requests off task 1.
+    let (b, _, _job) = balancer(BalanceConfig::new(0, 4), 4);
+    let warming = Slice { warming: vec![1, 2], ..slice(0, &[0]) };
+    let (_tx, rx) = watch::channel(Assignment::new(1, vec![warming, slice(1 << 63, &[3])]).unwrap());
+    b.follow_assignment_watch(rx);
+    settle().await;
+    for k in 0..200u64 {
+        let got = send(&b, Some(SliceKey(k << 55))).await.unwrap();
+        assert_eq!(got, if k << 55 < 1 << 63 { 0 } else { 3 }, "key {k}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_draining_owner_keeps_its_keyed_requests_only_when_configured() {
+    for keyed_to_draining in [false, true] {
+        let config = BalanceConfig::new(0, 4).with_keyed_to_draining(keyed_to_draining);
+        let (b, _, job) = balancer(config, 4);
+        let (_tx, rx) = watch::channel(Assignment::new(1, vec![slice(0, &[2])]).unwrap());
+        b.follow_assignment_watch(rx);
+        settle().await;
+        assert_eq!(send(&b, Some(SliceKey(9))).await.unwrap(), 2);
+        job.send_modify(|v| *v = v.clone().with_state(2, steady_balance::TaskState::Draining));
+        settle().await;
+        for k in 0..50u64 {
+            let got = send(&b, Some(SliceKey(k << 58))).await.unwrap();
+            if keyed_to_draining {
+                assert_eq!(got, 2, "the draining owner still answers for its keys");
+            } else {
+                assert_ne!(got, 2, "a draining task gets nothing");
+            }
+            assert_ne!(send(&b, None).await.unwrap(), 2, "unkeyed requests never go to a draining task");
+        }
+        // Gone is gone, configured or not.
+        job.send_modify(|v| *v = v.clone().with_state(2, steady_balance::TaskState::Gone));
+        settle().await;
+        assert_ne!(send(&b, Some(SliceKey(9))).await.unwrap(), 2);
+    }
+}

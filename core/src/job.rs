@@ -77,6 +77,17 @@ impl<T> JobView<T> {
         self.tasks.get(&index).filter(|t| t.state == TaskState::Serving).map(|t| &t.address)
     }
 
+    /// The address of task `index` if it is still up: serving or draining (not gone).
+    pub fn live_task(&self, index: usize) -> Option<&T> {
+        if index >= self.size {
+            return None;
+        }
+        self.tasks
+            .get(&index)
+            .filter(|t| matches!(t.state, TaskState::Serving | TaskState::Draining))
+            .map(|t| &t.address)
+    }
+
     /// Sets task `index`'s state (no effect if the task is unknown); returns the view.
     pub fn with_state(mut self, index: usize, state: TaskState) -> Self
     where

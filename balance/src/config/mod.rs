@@ -138,6 +138,14 @@ pub struct BalanceConfig {
     /// then waits up to `no_backend_wait` more for the subset: `affinity_wait +
     /// no_backend_wait` in all before [`crate::BalanceError::NoReadyBackends`].
     pub affinity_wait: Duration,
+    /// Whether keyed requests still go to a draining task that the assignment in force
+    /// names as a replica (default `false`: a draining task gets no new request at all).
+    /// Turn it on with a handover (the Assigner's `handover` and the Slicelet's grace):
+    /// a draining owner keeps answering for its slices, warm, until the Assigner has
+    /// moved them, instead of its keys falling back to other members cold. The task must
+    /// then wait until it is released (`Slicelet::wait_until_released`) before it stops.
+    /// Unkeyed requests never go to a draining task.
+    pub keyed_to_draining: bool,
     /// Ejection of members that fail markedly more calls than the rest (on by default).
     pub outliers: OutlierDetection,
     /// How members that join or come back take up load (on by default).
@@ -173,6 +181,7 @@ impl BalanceConfig {
             fan_out: 3,
             no_replica: NoReplicaPolicy::FallBackToSubset,
             max_affinity: 16,
+            keyed_to_draining: false,
             affinity_idle: Duration::from_secs(60),
             affinity_wait: Duration::from_millis(250),
             outliers: OutlierDetection::default(),
@@ -246,6 +255,13 @@ impl BalanceConfig {
     /// Sets how long a keyed request waits for an affinity connection.
     pub fn with_affinity_wait(mut self, wait: Duration) -> Self {
         self.affinity_wait = wait;
+        self
+    }
+
+    /// With keyed requests still sent to a draining owner (see
+    /// [`BalanceConfig::keyed_to_draining`]).
+    pub fn with_keyed_to_draining(mut self, on: bool) -> Self {
+        self.keyed_to_draining = on;
         self
     }
 

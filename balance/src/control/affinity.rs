@@ -10,7 +10,6 @@ use tokio::time::Instant;
 
 use super::slots::Slots;
 use crate::connector::Address;
-use steady_core::JobView;
 
 /// When an affinity connection was last seen busy.
 struct AffinityUse {
@@ -44,13 +43,14 @@ impl AffinitySet {
         self.next_sweep
     }
 
-    /// The affinity tasks still worth a connection: serving, and not in the subset.
-    /// A failed task keeps its slot (and its retries) if it has one, but is not
+    /// The affinity tasks still worth a connection: up (`address_of`: serving, or
+    /// draining too when keyed requests may go to draining owners), and not in the
+    /// subset. A failed task keeps its slot (and its retries) if it has one, but is not
     /// reopened before its backoff ends.
-    pub(super) fn wanted<T: Address, S>(
+    pub(super) fn wanted<'v, T: Address + 'v, S>(
         &self,
         subset: &[usize],
-        view: &JobView<T>,
+        address_of: impl Fn(usize) -> Option<&'v T>,
         slots: &Slots<T, S>,
         now: Instant,
     ) -> Vec<usize> {
@@ -60,8 +60,7 @@ impl AffinitySet {
             .copied()
             .filter(|t| {
                 !subset.contains(t)
-                    && view
-                        .serving_task(*t)
+                    && address_of(*t)
                         .is_some_and(|address| slots.contains(*t) || !slots.is_failed(*t, address, now))
             })
             .collect();
@@ -72,11 +71,11 @@ impl AffinitySet {
     /// A keyed request needs `tasks`: keep affinity connections to the serving ones
     /// outside `subset`, within the bound. Over the bound, the least recently active
     /// go first, sparing the ones just requested while others remain.
-    pub(super) fn request<T: Address, S>(
+    pub(super) fn request<'v, T: Address + 'v, S>(
         &mut self,
         tasks: Vec<u32>,
         subset: &[usize],
-        view: &JobView<T>,
+        address_of: impl Fn(usize) -> Option<&'v T>,
         slots: &Slots<T, S>,
         now: Instant,
     ) {
@@ -84,7 +83,7 @@ impl AffinitySet {
         let requested: Vec<usize> = tasks
             .into_iter()
             .map(|t| t as usize)
-            .filter(|t| !subset.contains(t) && view.serving_task(*t).is_some())
+            .filter(|t| !subset.contains(t) && address_of(*t).is_some())
             .collect();
         for &task in &requested {
             self.uses.entry(task).or_insert(AffinityUse { requests: 0, active: now }).active = now;

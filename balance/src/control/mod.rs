@@ -294,7 +294,9 @@ where
             Command::Assignments(source) => self.assignments.follow(source),
             Command::Affinity(tasks) => {
                 let subset = self.shared().table.load().wanted.clone();
-                self.affinity.request(tasks, &subset, &self.view, &self.slots, Instant::now());
+                let (view, draining_too) = (&self.view, self.config.keyed_to_draining);
+                let address_of = |t| keyed_address(view, draining_too, t);
+                self.affinity.request(tasks, &subset, address_of, &self.slots, Instant::now());
             }
         }
         self.reconcile();
@@ -468,7 +470,11 @@ where
         let now = Instant::now();
         self.slots.forget_old_failures(now);
         let subset = self.wanted(now);
-        let affinity = self.affinity.wanted(&subset, &self.view, &self.slots, now);
+        let draining_too = self.config.keyed_to_draining;
+        // Subset members serve; affinity connections reach a draining owner too when
+        // configured (subset members are serving, so one lookup does for both).
+        let affinity =
+            self.affinity.wanted(&subset, |t| keyed_address(&self.view, draining_too, t), &self.slots, now);
         let wanted: Vec<usize> = subset.iter().chain(&affinity).copied().collect();
         let keep: HashSet<usize> = wanted.iter().copied().collect();
         // Close what is no longer wanted, or whose task moved to another address.
@@ -476,7 +482,7 @@ where
             .slots
             .iter()
             .filter(|(task, slot)| {
-                !keep.contains(task) || self.view.serving_task(*task) != Some(&slot.address)
+                !keep.contains(task) || keyed_address(&self.view, draining_too, *task) != Some(&slot.address)
             })
             .map(|(task, _)| task)
             .collect();
@@ -490,7 +496,7 @@ where
             if !self.slots.contains(task) {
                 // A kept subset (for a view no subset can be computed for) may name
                 // tasks that no longer serve: skip them.
-                let Some(address) = self.view.serving_task(task).cloned() else { continue };
+                let Some(address) = keyed_address(&self.view, draining_too, task).cloned() else { continue };
                 let attempt = self.connect(task, address.clone());
                 self.slots.insert_connecting(task, address, attempt);
                 if affinity.contains(&task) {
@@ -508,11 +514,13 @@ where
             if ejected.binary_search(&task).is_ok() {
                 return false;
             }
-            view.serving_task(task).is_some_and(|address| match slots.get(task).map(|s| &s.state) {
-                Some(SlotState::Ready(_) | SlotState::Connecting { .. }) => true,
-                Some(SlotState::Backoff { .. }) => false,
-                // Not connected: an affinity connection would be asked for, if any is allowed.
-                None => max_affinity > 0 && !slots.is_failed(task, address, now),
+            keyed_address(view, draining_too, task).is_some_and(|address| {
+                match slots.get(task).map(|s| &s.state) {
+                    Some(SlotState::Ready(_) | SlotState::Connecting { .. }) => true,
+                    Some(SlotState::Backoff { .. }) => false,
+                    // Not connected: an affinity connection would be asked for, if any is allowed.
+                    None => max_affinity > 0 && !slots.is_failed(task, address, now),
+                }
             })
         };
         let reachability = self.assignments.replica_tasks().iter().fold(0u64, |digest, &t| {
@@ -576,5 +584,15 @@ async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
+    }
+}
+
+/// Where requests may reach `task`: serving, or draining too when keyed requests may go
+/// to draining owners ([`BalanceConfig::keyed_to_draining`]).
+fn keyed_address<T>(view: &JobView<T>, draining_too: bool, task: usize) -> Option<&T> {
+    if draining_too {
+        view.live_task(task)
+    } else {
+        view.serving_task(task)
     }
 }
