@@ -35,16 +35,21 @@ pub(crate) enum Strategy {
     Slicer,
     /// The same with hot slices replicated (up to 3 replicas).
     SlicerReplicated,
+    /// Slicer, 1 replica, with handover: moves in two steps (the new owner warms from the
+    /// old one first), the old owner answers through a grace period, then refuses and
+    /// the frontends route again; a draining owner keeps its keys until they move.
+    SlicerHandover,
 }
 
 impl Strategy {
-    pub(crate) const ALL: [Strategy; 6] = [
+    pub(crate) const ALL: [Strategy; 7] = [
         Strategy::P2c,
         Strategy::StaticHashing,
         Strategy::ConsistentHashing,
         Strategy::Rudolph,
         Strategy::Slicer,
         Strategy::SlicerReplicated,
+        Strategy::SlicerHandover,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -55,7 +60,13 @@ impl Strategy {
             Strategy::Rudolph => "Rudolph (in process)",
             Strategy::Slicer => "Slicer, 1 replica",
             Strategy::SlicerReplicated => "Slicer, <=3 replicas",
+            Strategy::SlicerHandover => "Slicer, 1 replica, handover",
         }
+    }
+
+    /// Whether moves are handed over (see [`Strategy::SlicerHandover`]).
+    pub(crate) fn handover(self) -> bool {
+        self == Strategy::SlicerHandover
     }
 
     /// Whether requests carry their key for routing.
@@ -71,7 +82,7 @@ impl Strategy {
 
     fn slicer_replicas(self) -> Option<usize> {
         match self {
-            Strategy::Slicer => Some(1),
+            Strategy::Slicer | Strategy::SlicerHandover => Some(1),
             Strategy::SlicerReplicated => Some(3),
             _ => None,
         }
@@ -113,6 +124,14 @@ impl Fleet {
         let control = ControlPlane::start(DemoStore::Memory, &[]).await?;
         let database = DatabaseServer::start(config.database).await?;
         let replicas = strategy.slicer_replicas();
+        // Handover: the new owner warms for half an assignment period; the old one
+        // answers for as long after the switch, then refuses.
+        let warm_up = config.assign_every / 2;
+        let backend_config = super::backend::BackendConfig {
+            handover_grace: strategy.handover().then_some(warm_up),
+            ..config.backend
+        };
+        let peers: super::backend::Peers = Arc::default();
         let mut backends = Vec::new();
         let mut reporters = Vec::new();
         for task in 0..config.backends {
@@ -128,8 +147,10 @@ impl Fleet {
             if replicas.is_some() {
                 reporters.push(slicelet.report_to(control.endpoint(), JOB, config.assign_every / 4));
             }
-            backends.push(Backend::start(task, config.backend, database.address, slicelet).await?);
+            backends
+                .push(Backend::start(task, backend_config, database.address, slicelet, peers.clone()).await?);
         }
+        *peers.write().expect("not poisoned") = backends.iter().map(|b| b.address).collect();
         let endpoints: Vec<TaskEndpoint> = backends
             .iter()
             .map(|b| Endpoint::from_shared(format!("http://{}", b.address)).map(TaskEndpoint))
@@ -161,12 +182,13 @@ impl Fleet {
                     }
                 }));
             }
-            Strategy::Slicer | Strategy::SlicerReplicated => {
+            Strategy::Slicer | Strategy::SlicerReplicated | Strategy::SlicerHandover => {
                 let config = AssignerConfig {
                     cadence: config.assign_every,
                     min_interval: config.assign_every / 4,
                     stale_after: config.assign_every * 3,
                     replicas: ReplicaLimits::new(1, replicas.unwrap_or(1))?,
+                    handover: strategy.handover().then_some(warm_up),
                     ..AssignerConfig::default()
                 };
                 assigner = Some(control.assigner("cache-assigner", &config, tasks_rx.clone()).await?);
@@ -176,8 +198,9 @@ impl Fleet {
         let mut channels = Vec::new();
         let mut local = Vec::new();
         for m in 0..config.frontends {
-            let channel = SteadyChannel::builder(BalanceConfig::new(m, config.backends as usize))
-                .from_job(views.clone())?;
+            let balance =
+                BalanceConfig::new(m, config.backends as usize).with_keyed_to_draining(strategy.handover());
+            let channel = SteadyChannel::builder(balance).from_job(views.clone())?;
             match strategy {
                 Strategy::P2c => {}
                 Strategy::Rudolph => local.push(
@@ -261,12 +284,43 @@ impl Fleet {
 
     /// Misrouted keyed requests the backends counted so far.
     pub(crate) fn misrouted(&self) -> u64 {
-        self.backends.iter().map(|b| b.slicelet.misrouted()).sum()
+        self.counters().misrouted()
+    }
+
+    /// Cache entries backends loaded from each other while warming ranges.
+    pub(crate) fn warmed(&self) -> u64 {
+        self.backends.iter().map(|b| b.counts.warmed.load(std::sync::atomic::Ordering::Relaxed)).sum()
+    }
+
+    /// With handover, waits (at most 10 s) until the Assigner has moved every slice off
+    /// `task` and every frontend routes by that generation or a later one, so that no
+    /// keyed request goes to it any more. At once for the other strategies.
+    pub(crate) async fn wait_until_released(&self, task: u32) -> Result<(), String> {
+        if !self.strategy.handover() {
+            return Ok(());
+        }
+        let slicelet = &self.backends[task as usize].slicelet;
+        let timeout = |what: &str| format!("{}: task {task} {what} in 10 s", self.strategy.name());
+        tokio::time::timeout(Duration::from_secs(10), slicelet.wait_until_released())
+            .await
+            .map_err(|_| timeout("was not released"))?;
+        let released = slicelet.generation();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.channels.iter().all(|c| c.balance().assignment_generation() >= released) {
+            if Instant::now() > deadline {
+                return Err(timeout("was released, but not every frontend learnt it"));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok(())
     }
 
     /// The counters a per-second sampler reads, without borrowing the fleet.
     pub(crate) fn counters(&self) -> Counters {
-        Counters { caches: self.backends.iter().map(|b| b.counts.clone()).collect() }
+        Counters {
+            caches: self.backends.iter().map(|b| b.counts.clone()).collect(),
+            slicelets: self.backends.iter().map(|b| b.slicelet.clone()).collect(),
+        }
     }
 }
 
@@ -282,11 +336,17 @@ impl Drop for Fleet {
 #[derive(Clone)]
 pub(crate) struct Counters {
     caches: Vec<Arc<super::backend::CacheCounts>>,
+    slicelets: Vec<Slicelet>,
 }
 
 impl Counters {
     pub(crate) fn hits_misses(&self) -> (u64, u64) {
         use std::sync::atomic::Ordering::Relaxed;
         self.caches.iter().fold((0, 0), |(h, m), c| (h + c.hits.load(Relaxed), m + c.misses.load(Relaxed)))
+    }
+
+    /// Keyed requests the backends counted as misrouted.
+    pub(crate) fn misrouted(&self) -> u64 {
+        self.slicelets.iter().map(Slicelet::misrouted).sum()
     }
 }

@@ -125,6 +125,7 @@ impl CacheArgs {
                 backends: self.backends,
                 frontends: self.frontends,
                 backend: BackendConfig {
+                    handover_grace: None,
                     cache_entries: self.cache_entries,
                     workers: self.workers,
                     work: Duration::from_micros(self.work_us),
@@ -273,6 +274,12 @@ pub(crate) struct Outcome {
     hit_rate_per_second: Vec<f64>,
     /// Failed requests in each second measured.
     failed_per_second: Vec<u64>,
+    /// Misrouted keyed requests in each second measured (empty in runs saved before it).
+    #[serde(default)]
+    misrouted_per_second: Vec<u64>,
+    /// Cache entries backends loaded from each other while warming (handover).
+    #[serde(default)]
+    warmed: u64,
 }
 
 /// JSON writes NaN as `null`: read it back as NaN.
@@ -354,6 +361,7 @@ async fn measure(
         let (reshuffles, every, measure) = (phase.reshuffles(), s.reshuffle_every, s.measure);
         tokio::spawn(async move {
             let mut samples = vec![counters.hits_misses()];
+            let mut misrouted = vec![counters.misrouted()];
             let mut ticks =
                 tokio::time::interval_at(started + Duration::from_secs(1), Duration::from_secs(1));
             let mut next_shuffle = every;
@@ -363,6 +371,7 @@ async fn measure(
                 ticks.tick().await;
                 at += Duration::from_secs(1);
                 samples.push(counters.hits_misses());
+                misrouted.push(counters.misrouted());
                 if restarting.load(std::sync::atomic::Ordering::Relaxed) {
                     end = end.max(at + Duration::from_secs(2));
                 }
@@ -371,15 +380,16 @@ async fn measure(
                     next_shuffle += every;
                 }
             }
-            samples
+            (samples, misrouted)
         })
     };
+    let start_warmed = fleet.warmed();
     if phase == Phase::Restart {
         let done = restart_each(&mut fleet, s.restart).await;
         restarting.store(false, std::sync::atomic::Ordering::Relaxed);
         done?;
     }
-    let samples = sampler.await?;
+    let (samples, misrouted_samples) = sampler.await?;
     let seconds = started.elapsed().as_secs_f64();
     let window = samples.len() - 1;
     let reads = fleet.database.reads() - start_reads;
@@ -418,6 +428,8 @@ async fn measure(
             .collect(),
         hit_rate_per_second,
         failed_per_second: std::mem::take(&mut recorder.failed_per_second),
+        misrouted_per_second: misrouted_samples.windows(2).map(|w| w[1] - w[0]).collect(),
+        warmed: fleet.warmed() - start_warmed,
     })
 }
 
@@ -438,6 +450,7 @@ async fn restart_each(fleet: &mut Fleet, pause: Duration) -> LabResult {
     for i in 0..fleet.backends.len() {
         let task = fleet.backends[i].task;
         fleet.set_state(task, false);
+        fleet.wait_until_released(task).await?;
         fleet.wait_for_members(task, false).await?;
         tokio::time::sleep(pause).await;
         fleet.backends[i].restart().await?;

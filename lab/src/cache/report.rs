@@ -83,7 +83,7 @@ pub(super) fn print(out: &mut impl Write, s: &Settings, outcomes: &[Outcome]) ->
         }
         if phase == Phase::Restart {
             writeln!(out)?;
-            writeln!(out, "## Restart, second by second: hit % (failed requests)")?;
+            writeln!(out, "## Restart, second by second: hit % (misrouted / failed requests)")?;
             let header: Vec<&str> = rows.iter().map(|o| o.strategy.as_str()).collect();
             writeln!(out, "| s | {} |", header.join(" | "))?;
             writeln!(out, "|---:|{}", "---:|".repeat(rows.len()))?;
@@ -94,7 +94,11 @@ pub(super) fn print(out: &mut impl Write, s: &Settings, outcomes: &[Outcome]) ->
                     .map(|o| {
                         let hit = o.hit_rate_per_second.get(t).copied().unwrap_or(f64::NAN);
                         let failed = o.failed_per_second.get(t).copied().unwrap_or(0);
-                        format!("{} ({failed})", percent(hit))
+                        let misrouted = match o.misrouted {
+                            Some(_) => o.misrouted_per_second.get(t).map_or("?".to_owned(), u64::to_string),
+                            None => "-".to_owned(),
+                        };
+                        format!("{} ({misrouted} / {failed})", percent(hit))
                     })
                     .collect();
                 writeln!(out, "| {} | {} |", t + 1, cells.join(" | "))?;
@@ -110,6 +114,14 @@ pub(super) fn print(out: &mut impl Write, s: &Settings, outcomes: &[Outcome]) ->
                 })
                 .collect();
             writeln!(out, "# lowest one-second hit %: {}", lows.join(", "))?;
+            let warmed: Vec<String> = rows
+                .iter()
+                .filter(|o| o.warmed > 0)
+                .map(|o| format!("{} {}", o.strategy, o.warmed))
+                .collect();
+            if !warmed.is_empty() {
+                writeln!(out, "# cache entries warmed from the old owner: {}", warmed.join(", "))?;
+            }
         }
     }
     Ok(())
