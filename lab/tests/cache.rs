@@ -2,6 +2,7 @@
 //! keyed strategy hits its caches more often than unkeyed p2c, in the reshuffled phase and
 //! through the rolling restart, and no request fails in any of them. (The margins are wide:
 //! p2c spreads each key over every backend, so it caches each hot key four times over.)
+//! With handover, the moves of the rolling restart warm their new owners from the old ones.
 
 use std::process::Command;
 
@@ -23,7 +24,7 @@ fn keyed_routing_hits_more_than_p2c_and_no_request_fails_even_through_restarts()
     let outcomes: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     for phase in ["reshuffled", "restart"] {
         let rows: Vec<&Value> = outcomes.iter().filter(|o| o["phase"] == phase).collect();
-        assert_eq!(rows.len(), 6, "every strategy ran the {phase} phase:\n{text}");
+        assert_eq!(rows.len(), 7, "every strategy ran the {phase} phase:\n{text}");
         let hit = |o: &Value| o["hit_rate"].as_f64().unwrap();
         let p2c = rows.iter().find(|o| o["strategy"] == "p2c (unkeyed)").map(|o| hit(o)).unwrap();
         for o in &rows {
@@ -32,6 +33,17 @@ fn keyed_routing_hits_more_than_p2c_and_no_request_fails_even_through_restarts()
             if o["strategy"] != "p2c (unkeyed)" {
                 assert!(hit(o) > p2c, "{phase}: {} hit {} <= p2c's {p2c}\n{text}", o["strategy"], hit(o));
             }
+        }
+        let handover = rows.iter().find(|o| o["strategy"] == "Slicer, 1 replica, handover").unwrap();
+        let warmed = handover["warmed"].as_u64().unwrap();
+        if phase == "restart" {
+            // Each drain moved slices in two steps, and their new owners loaded the old
+            // owners' entries: the warming step went from the Assigner through the
+            // Distributor to the Slicelets and the application.
+            assert!(warmed > 0, "restart: nothing was warmed\n{text}");
+        }
+        for o in rows.iter().filter(|o| o["strategy"] != "Slicer, 1 replica, handover") {
+            assert_eq!(o["warmed"], 0, "{phase}: {} warmed without a handover", o["strategy"]);
         }
     }
     for figure in [

@@ -15,26 +15,49 @@ fn labels(job: &str, task: u32) -> Vec<KeyValue> {
 
 impl Slicelet {
     /// Registers the Slicelet's instruments in `meter`, labelled with `job` and this
-    /// task's index: keyed requests recorded and misrouted ones. Observable: read when
+    /// task's index: keyed requests recorded, misrouted ones, and what became of those
+    /// (refused, forwarded, served within the grace). Observable: read when
     /// the application's reader collects, nothing added per request; nothing reported
     /// once every clone of the Slicelet is dropped.
     pub fn observe_metrics(&self, meter: &Meter, job: &str) {
         let state = Arc::downgrade(&self.state);
         let source = move || {
-            state.upgrade().map(|s| (s.keyed.load(Ordering::Relaxed), s.misrouted.load(Ordering::Relaxed)))
+            state.upgrade().map(|s| {
+                let m = &s.misroutes;
+                [&s.keyed, &s.misrouted, &m.rejected, &m.forwarded, &m.in_grace]
+                    .map(|counter| counter.load(Ordering::Relaxed))
+            })
         };
         Observed::new(meter, labels(job, self.task), source)
             .counter(
                 "steady.slicelet.keyed_requests",
                 "{request}",
                 "Keyed requests this task recorded",
-                |s| s.0,
+                |s| s[0],
             )
             .counter(
                 "steady.slicelet.misrouted",
                 "{request}",
                 "Keyed requests whose key this task did not hold in the assignment in force",
-                |s| s.1,
+                |s| s[1],
+            )
+            .counter(
+                "steady.slicelet.misroutes.rejected",
+                "{request}",
+                "Misrouted requests refused with the newer generation",
+                |s| s[2],
+            )
+            .counter(
+                "steady.slicelet.misroutes.forwarded",
+                "{request}",
+                "Misrouted requests forwarded to their key's owner",
+                |s| s[3],
+            )
+            .counter(
+                "steady.slicelet.misroutes.in_grace",
+                "{request}",
+                "Misrouted requests served within the grace period after their key moved away",
+                |s| s[4],
             );
     }
 }

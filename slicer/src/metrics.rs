@@ -102,6 +102,12 @@ impl crate::assigner::AssignerHandle {
                 |s| s.published(),
             )
             .counter(
+                "steady.assigner.handovers",
+                "{handover}",
+                "Moves made in two steps: warming steps published",
+                |s| s.handovers(),
+            )
+            .counter(
                 "steady.assigner.conflicts",
                 "{write}",
                 "Writes that lost a race (re-read and retried)",

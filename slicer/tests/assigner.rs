@@ -202,6 +202,33 @@ async fn with_handover_a_drained_task_keeps_its_slices_while_their_new_owners_wa
 }
 
 #[tokio::test]
+async fn a_task_set_change_during_a_warm_up_is_acted_on_right_after_the_switch() {
+    let job = Job::new(Arc::new(MemoryStore::new()), 4);
+    let config = AssignerConfig {
+        cadence: Duration::from_secs(3600),
+        handover: Some(Duration::from_millis(300)),
+        ..config()
+    };
+    let _assigner = job.spawn("a", config);
+    let first = job.until("the first generation", |_| true).await;
+    let draining = |tasks: &[u32]| {
+        Tasks::new(
+            (0..4).map(|t| (t, if tasks.contains(&t) { TaskState::Draining } else { TaskState::Serving })),
+        )
+        .unwrap()
+    };
+    job.tasks.send_replace(draining(&[3]));
+    job.until("the warming step", |a| a.generation() > first.generation() && a.has_warming()).await;
+    // Task 2 drains too while task 3's slices warm: the cadence is an hour, so only the
+    // change itself can move task 2's slices.
+    job.tasks.send_replace(draining(&[2, 3]));
+    job.until("tasks 2 and 3 moved off", |a| {
+        !a.has_warming() && a.slices().iter().all(|s| !s.replicas.contains(&2) && !s.replicas.contains(&3))
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn a_quiet_job_publishes_nothing_new_and_a_killed_assigner_leaves_the_last_assignment() {
     let job = Job::new(Arc::new(MemoryStore::new()), 3);
     let assigner = job.spawn("a", config());

@@ -268,7 +268,7 @@ impl Backend {
         let mut layer = self.slicelet.layer();
         if let Some(grace) = self.config.handover_grace {
             layer = layer.on_misroute(OnMisroute::Reject).grace(grace);
-            let warmer = warm(self.slicelet.clone(), cache, self.peers.clone(), self.counts.clone());
+            let warmer = warm(self.slicelet.clone(), cache, self.peers.clone(), self.counts.clone(), grace);
             if let Some(old) = self.warmer.replace(tokio::spawn(warmer)) {
                 old.abort();
             }
@@ -353,10 +353,31 @@ fn entries(mut bytes: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
 /// Follows `slicelet`'s slice changes and loads every range it announces as warming from
 /// the range's first owner into `cache` (the owner's least recently used first, so its
 /// hottest entries end up the most recent here).
-async fn warm(slicelet: Slicelet, cache: Cache, peers: Peers, counts: Arc<CacheCounts>) {
+async fn warm(slicelet: Slicelet, cache: Cache, peers: Peers, counts: Arc<CacheCounts>, grace: Duration) {
     let mut changes = slicelet.slice_changes();
     let mut warmed: Vec<KeyRange> = Vec::new();
     while let Some(change) = changes.next().await {
+        // Released ranges are flushed once the grace period is over (unless held again):
+        // their entries would only take room from the keys this task still serves.
+        if !change.released.is_empty() {
+            let (cache, slicelet, released) = (cache.clone(), slicelet.clone(), change.released.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(grace).await;
+                let mut cache = cache.lock().expect("not poisoned");
+                let stale: Vec<Vec<u8>> = cache
+                    .iter()
+                    .map(|(k, _)| k)
+                    .filter(|k| {
+                        let key = SliceKey::of(k.as_slice());
+                        released.iter().any(|r| r.contains(key)) && slicelet.holds(key) != Some(true)
+                    })
+                    .cloned()
+                    .collect();
+                for k in stale {
+                    cache.pop(&k);
+                }
+            });
+        }
         warmed.retain(|r| change.warming.iter().any(|w| w.range == *r));
         for w in change.warming {
             if warmed.contains(&w.range) {

@@ -126,7 +126,7 @@ impl Fleet {
         let replicas = strategy.slicer_replicas();
         // Handover: the new owner warms for half an assignment period; the old one
         // answers for as long after the switch, then refuses.
-        let warm_up = config.assign_every / 2;
+        let warm_up = config.assign_every / 4;
         let backend_config = super::backend::BackendConfig {
             handover_grace: strategy.handover().then_some(warm_up),
             ..config.backend

@@ -251,8 +251,12 @@ impl AssignerService {
     ) {
         let mut snapshot = None;
         let mut conflicts = 0u32;
-        // A handover under way: the assignment to switch to, and when.
+        // A handover under way: the assignment to switch to, and when; and the task set
+        // its run saw.
         let mut switch: Option<(Assignment, Instant)> = None;
+        let mut run_view: Option<Tasks> = None;
+        // The task set changed during a handover's warm-up: run again right after it.
+        let mut rerun = false;
         loop {
             if !leadership.is_held() {
                 return;
@@ -278,10 +282,15 @@ impl AssignerService {
             let view = tasks.borrow_and_update().clone();
             self.book.set_tasks(&self.job, known_tasks(&view, current.assignment()));
             let step = match switch.take() {
-                Some((target, _)) => self.switch_to(leadership, &current, target).await,
+                Some((target, _)) => {
+                    rerun = run_view.take().is_some_and(|seen| seen != view);
+                    self.switch_to(leadership, &current, target).await
+                }
                 None => {
                     stats.runs.fetch_add(1, Ordering::Relaxed);
-                    self.run_once(leadership, &current, &view, stats, &mut switch).await
+                    let step = self.run_once(leadership, &current, &view, stats, &mut switch).await;
+                    run_view = switch.is_some().then(|| view.clone());
+                    step
                 }
             };
             match step {
@@ -311,7 +320,11 @@ impl AssignerService {
                     continue;
                 }
             }
-            // A handover under way switches when its warm-up is over, before any run.
+            // A handover under way switches when its warm-up is over, before any run; a
+            // task-set change seen at the switch is run on at once.
+            if std::mem::take(&mut rerun) {
+                continue;
+            }
             if let Some((_, at)) = &switch {
                 tokio::select! {
                     biased;
