@@ -7,7 +7,9 @@
 //!   load meter. Feed it assignments ([`Slicelet::follow`] a
 //!   [`steady_proto::watch_assignments`] stream, or [`Slicelet::set_assignment`]).
 //! * [`SliceletLayer`] / [`SliceletService`]: the tower layer for the tonic server that
-//!   records every keyed request (metadata `x-slice-key` by default).
+//!   records every keyed request (metadata `x-slice-key` by default) and serves, refuses
+//!   or forwards the ones whose key this task does not hold ([`OnMisroute`], with the old
+//!   owner's grace period: a handover's last steps).
 //! * [`LoadReporter`]: the task [`Slicelet::report_to`] starts, streaming load reports
 //!   to the Assigner's `LoadCollector` and reconnecting with backoff.
 //! * [`report`]: the [`LoadReport`] itself, validated and bounded, and its wire message.
@@ -15,7 +17,8 @@
 //!   which generation without a break ([`Slicelet::held_since`],
 //!   [`Slicelet::is_assigned_continuously`]), and the slices it acquires and releases
 //!   ([`Slicelet::slice_changes`]), so a cache can load, warm and flush, and never serve an
-//!   entry another owner may have overwritten.
+//!   entry another owner may have overwritten; the ranges it warms before a handover's
+//!   switch ([`Warming`]).
 //!
 //! Inside: `meter` keeps per-slice request counters tied to the assignment in force, a
 //! sampled heavy-hitters sketch (`sketch`: Space-Saving), and the reader-side decay that
