@@ -26,10 +26,12 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
 
 mod convert;
+mod encoded;
 mod watch;
 
 #[allow(deprecated)]
 pub use convert::{from_proto, to_proto};
+pub use encoded::{encode_update, EncodedWatch, EncodedWatchServer, EncodedWatchStream};
 pub use watch::{watch_assignments, watch_assignments_any, WatchError};
 
 /// The metadata key a request's slice key is read from by default, by the client

@@ -2,18 +2,18 @@
 //! on the backend's own server, so that frontends that also list backends
 //! (`steady_proto::watch_assignments_any`) keep up, and new ones start, while the
 //! distributor is unreachable (Dicer's clerks bootstrap from slicelets the same way).
+//! Each generation is encoded once, by the first stream that sends it, and its bytes
+//! shared with every other stream (steady-proto's `EncodedWatchServer`).
 
-use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
-use futures_util::Stream;
-use steady_proto::assignment::assignment_distributor_server::{
-    AssignmentDistributor, AssignmentDistributorServer,
-};
-use steady_proto::assignment::{AssignmentUpdate, WatchRequest};
+use bytes::Bytes;
+use steady_proto::assignment::WatchRequest;
+use steady_proto::{encode_update, EncodedWatch, EncodedWatchServer, EncodedWatchStream};
+use steady_slice::Assignment;
 use tokio::sync::watch;
-use tonic::{Request, Response, Status};
+use tonic::Status;
 
 use crate::Slicelet;
 
@@ -33,6 +33,10 @@ pub struct AssignmentService {
     max_watchers: usize,
     /// Set by [`AssignmentService::close_watchers`]: every open stream ends.
     closed: watch::Sender<bool>,
+    /// The last generation encoded, shared by every stream.
+    encoded: Arc<Mutex<Option<(u64, Bytes)>>>,
+    /// Encodings made (tests).
+    encodings: Arc<AtomicU64>,
 }
 
 impl AssignmentService {
@@ -43,6 +47,22 @@ impl AssignmentService {
             watchers: Arc::default(),
             max_watchers: MAX_SLICELET_WATCHERS,
             closed: watch::Sender::new(false),
+            encoded: Arc::default(),
+            encodings: Arc::default(),
+        }
+    }
+
+    /// `assignment`'s message, encoded by the first stream that needs its generation.
+    fn encoded(&self, assignment: &Assignment) -> Bytes {
+        let mut last = self.encoded.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        match &*last {
+            Some((generation, bytes)) if *generation == assignment.generation() => bytes.clone(),
+            _ => {
+                let bytes = encode_update(assignment);
+                self.encodings.fetch_add(1, Ordering::Relaxed);
+                *last = Some((assignment.generation(), bytes.clone()));
+                bytes
+            }
         }
     }
 
@@ -64,9 +84,9 @@ impl AssignmentService {
         self.watchers.load(Ordering::Relaxed)
     }
 
-    /// The tonic service.
-    pub fn into_server(self) -> AssignmentDistributorServer<Self> {
-        AssignmentDistributorServer::new(self)
+    /// The tonic service (the same `AssignmentDistributor.Watch` as the Distributor's).
+    pub fn into_server(self) -> EncodedWatchServer<Self> {
+        EncodedWatchServer::new(self)
     }
 }
 
@@ -79,21 +99,19 @@ impl Drop for Watching {
     }
 }
 
-/// The stream a watcher of a backend receives.
-pub type SliceletWatchStream = Pin<Box<dyn Stream<Item = Result<AssignmentUpdate, Status>> + Send>>;
+/// The stream a watcher of a backend receives: encoded `AssignmentUpdate` messages.
+pub type SliceletWatchStream = EncodedWatchStream;
 
-#[tonic::async_trait]
-impl AssignmentDistributor for AssignmentService {
-    type WatchStream = SliceletWatchStream;
-
+impl EncodedWatch for AssignmentService {
     /// Streams the Slicelet's assignments newer than `known_generation`.
     ///
     /// # Errors
     ///
     /// `NOT_FOUND` for a job this backend does not belong to (retried by the client: its
-    /// other endpoints serve it); `RESOURCE_EXHAUSTED` past the most watchers.
-    async fn watch(&self, request: Request<WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
-        let WatchRequest { job, known_generation } = request.into_inner();
+    /// other endpoints serve it); `RESOURCE_EXHAUSTED` past the most watchers;
+    /// `UNAVAILABLE` once the watchers are closed.
+    fn watch(&self, request: WatchRequest) -> Result<SliceletWatchStream, Status> {
+        let WatchRequest { job, known_generation } = request;
         if job != self.job {
             return Err(Status::not_found(format!(
                 "this backend serves the assignments of one job, not {job:?}"
@@ -112,12 +130,11 @@ impl AssignmentDistributor for AssignmentService {
         }
         let mut installs = self.slicelet.state.ownership.subscribe();
         installs.mark_changed();
-        let slicelet = self.slicelet.clone();
         let closed = self.closed.subscribe();
-        let state = (installs, closed, slicelet, known_generation, watching);
+        let state = (installs, closed, self.clone(), known_generation, watching);
         let stream = futures_util::stream::unfold(
             state,
-            |(mut installs, mut closed, slicelet, known, watching)| async move {
+            |(mut installs, mut closed, service, known, watching)| async move {
                 loop {
                     if *closed.borrow_and_update() {
                         return None;
@@ -127,15 +144,49 @@ impl AssignmentDistributor for AssignmentService {
                         _ = closed.changed() => continue,
                     }
                     installs.borrow_and_update();
-                    let current = slicelet.state.assignment.load_full();
+                    let current = service.slicelet.state.assignment.load_full();
                     if let Some(held) = current.filter(|h| h.assignment.generation() > known) {
-                        let update = AssignmentUpdate::from(&held.assignment);
                         let generation = held.assignment.generation();
-                        return Some((Ok(update), (installs, closed, slicelet, generation, watching)));
+                        let update = service.encoded(&held.assignment);
+                        return Some((Ok(update), (installs, closed, service, generation, watching)));
                     }
                 }
             },
         );
-        Ok(Response::new(Box::pin(stream)))
+        Ok(Box::pin(stream))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::StreamExt;
+    use prost::Message;
+    use steady_proto::assignment::AssignmentUpdate;
+
+    #[tokio::test]
+    async fn every_stream_sends_the_bytes_of_one_encoding_per_generation() {
+        let slicelet = Slicelet::new(0);
+        let service = slicelet.assignment_service("users");
+        let request = || WatchRequest { job: "users".into(), known_generation: 0 };
+        let mut streams: Vec<SliceletWatchStream> =
+            (0..5).map(|_| service.watch(request()).unwrap()).collect();
+        for g in 1..=3u64 {
+            let assignment = Assignment::single(g, vec![0, g as u32]).unwrap();
+            slicelet.set_assignment(assignment.clone());
+            for stream in &mut streams {
+                let bytes = stream.next().await.unwrap().unwrap();
+                let decoded = Assignment::try_from(AssignmentUpdate::decode(bytes).unwrap()).unwrap();
+                assert_eq!(decoded, assignment);
+            }
+            assert_eq!(
+                service.encodings.load(Ordering::Relaxed),
+                g,
+                "one encoding per generation, five streams"
+            );
+        }
+        assert_eq!(service.watchers(), 5);
+        drop(streams);
+        assert_eq!(service.watchers(), 0);
     }
 }

@@ -2,14 +2,11 @@
 //! out to many watchers. The client is `steady_proto::watch_assignments`.
 
 use std::collections::HashMap;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
-use futures_util::Stream;
-use prost::Message;
 use steady_core::valid_job_name;
-use steady_proto::assignment::{AssignmentUpdate, WatchRequest};
+use steady_proto::assignment::WatchRequest;
 use steady_slice::Assignment;
 use tokio::sync::watch;
 use tonic::Status;
@@ -81,7 +78,7 @@ pub(crate) struct Published {
 
 impl Published {
     fn new(assignment: Assignment) -> Self {
-        let encoded = Bytes::from(AssignmentUpdate::from(&assignment).encode_to_vec());
+        let encoded = steady_proto::encode_update(&assignment);
         Self { assignment, encoded }
     }
 
@@ -270,7 +267,7 @@ impl Drop for Subscription {
 
 /// The stream a watcher receives: each item an `AssignmentUpdate` message as encoded
 /// once at publication.
-pub type WatchStream = Pin<Box<dyn Stream<Item = Result<Bytes, Status>> + Send>>;
+pub type WatchStream = steady_proto::EncodedWatchStream;
 
 impl Distributor {
     /// Streams `job`'s assignments newer than `known_generation`, encoded.
