@@ -269,14 +269,12 @@ impl<S, K, C> Balance<S, K, C> {
         let shared = self.shared.clone();
         async move {
             let mut versions = shared.versions.subscribe();
-            let reached = || shared.table.load().slices.as_ref().is_some_and(|s| s.generation >= generation);
-            let wait = async {
-                while !reached() {
-                    // The sender lives in `shared`: this returns once a table is published.
-                    let _ = versions.changed().await;
-                }
-            };
-            tokio::time::timeout(timeout, wait).await.is_ok()
+            // Checked now and at each table published (the sender lives in `shared`).
+            let reached = versions.wait_for(|_| {
+                shared.table.load().slices.as_ref().is_some_and(|s| s.generation >= generation)
+            });
+            let reached = matches!(tokio::time::timeout(timeout, reached).await, Ok(Ok(_)));
+            reached
         }
     }
 

@@ -119,9 +119,9 @@ where
                 .and_then(|v| v.parse().ok()),
             forwarded: headers.contains_key(FORWARDED_HEADER),
         });
-        match (verdict, &self.policy.on_misroute) {
-            (Verdict::Serve, _) => SliceletFuture::inner(self.inner.call(req)),
-            (Verdict::Reject { generation }, _) => {
+        match verdict {
+            Verdict::Serve => SliceletFuture::inner(self.inner.call(req)),
+            Verdict::Reject { generation } => {
                 let mut status = tonic::Status::failed_precondition(format!(
                     "steady: task {} does not hold this key in generation {generation}; route it again",
                     self.slicelet.task()
@@ -129,7 +129,7 @@ where
                 status.metadata_mut().insert(MOVED_HEADER, generation.into());
                 SliceletFuture::answer(status.into_http())
             }
-            (Verdict::Forward, OnMisroute::Forward(forward)) => {
+            Verdict::Forward(forward) => {
                 req.headers_mut().insert(FORWARDED_HEADER, HeaderValue::from_static("1"));
                 let forward = forward.clone().oneshot(req.map(Body::new));
                 SliceletFuture::forward(Box::pin(async move {
@@ -141,8 +141,6 @@ where
                     })
                 }))
             }
-            // A forward verdict comes only with a forwarding policy.
-            (Verdict::Forward, _) => SliceletFuture::inner(self.inner.call(req)),
         }
     }
 }

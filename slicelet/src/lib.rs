@@ -309,12 +309,12 @@ impl Slicelet {
 
     /// Records a keyed request and decides, under `policy`, whether to serve, refuse or
     /// forward it (see the `misroute` module); `request` is read only for a misroute.
-    pub(crate) fn verdict(
+    pub(crate) fn verdict<'p>(
         &self,
         key: SliceKey,
-        policy: &MisroutePolicy,
+        policy: &'p MisroutePolicy,
         request: impl FnOnce() -> Misroute,
-    ) -> Verdict {
+    ) -> Verdict<'p> {
         if !self.record(key) || !policy.acts() {
             return Verdict::Serve;
         }
@@ -335,9 +335,9 @@ impl Slicelet {
                 self.state.misroutes.rejected.fetch_add(1, Ordering::Relaxed);
                 Verdict::Reject { generation: own }
             }
-            OnMisroute::Forward(_) if !request.forwarded => {
+            OnMisroute::Forward(service) if !request.forwarded => {
                 self.state.misroutes.forwarded.fetch_add(1, Ordering::Relaxed);
-                Verdict::Forward
+                Verdict::Forward(service)
             }
             // Forwarded once already: one hop at most, serve it here.
             OnMisroute::Forward(_) | OnMisroute::Serve => Verdict::Serve,

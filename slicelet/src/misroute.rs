@@ -79,14 +79,14 @@ impl fmt::Debug for OnMisroute {
 }
 
 /// What the layer does with one keyed request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Verdict {
+#[derive(Clone, Copy)]
+pub(crate) enum Verdict<'a> {
     /// Pass it to the service.
     Serve,
     /// Refuse it: the key moved on in `generation`.
     Reject { generation: u64 },
-    /// Send it to the key's owner.
-    Forward,
+    /// Send it to the key's owner through this service.
+    Forward(&'a ForwardService),
 }
 
 /// The facts about one request the verdict depends on.

@@ -62,6 +62,13 @@ pub struct MetadataKey {
     header: HeaderName,
 }
 
+impl MetadataKey {
+    /// Whether `req` carries a slice key (without hashing it).
+    fn is_keyed(&self, req: &http::Request<Body>) -> bool {
+        req.extensions().get::<SliceKey>().is_some() || req.headers().contains_key(&self.header)
+    }
+}
+
 impl KeyExtractor<http::Request<Body>> for MetadataKey {
     #[inline]
     fn slice_key(&self, req: &http::Request<Body>) -> Option<SliceKey> {
@@ -98,7 +105,8 @@ impl KeyExtractor<http::Request<Body>> for MetadataKey {
 #[derive(Clone)]
 pub struct SteadyChannel {
     balance: Balance<MemberChannel, MetadataKey, GrpcClassifier>,
-    key_header: HeaderName,
+    /// The balancer's key extractor, to tell keyed requests apart without hashing.
+    keys: MetadataKey,
 }
 
 /// How long a keyed request refused because its key moved (status `FAILED_PRECONDITION`
@@ -294,10 +302,9 @@ impl SteadyChannelBuilder {
             Some(board) => Balance::new(self.config, connect, with_health(views, board))?,
             None => Balance::new(self.config, connect, views)?,
         };
-        let balance = balance
-            .with_key_extractor(MetadataKey { header: self.key_header.clone() })
-            .with_classifier(self.classifier);
-        Ok(SteadyChannel { balance, key_header: self.key_header })
+        let keys = MetadataKey { header: self.key_header };
+        let balance = balance.with_key_extractor(keys.clone()).with_classifier(self.classifier);
+        Ok(SteadyChannel { balance, keys })
     }
 }
 
@@ -378,17 +385,16 @@ impl Future for ResponseFuture {
             // is), so it is polled in place.
             let error = match ready!(Pin::new(&mut self.inner).poll(cx)) {
                 Ok(response) => {
-                    match (moved_to(&response), self.reroute.is_some() && self.replay.is_some()) {
-                        (Some(generation), true) => {
-                            let (channel, req) = (self.reroute.take(), self.replay.take());
-                            let (Some(channel), Some(req)) = (channel, req) else { unreachable!("checked") };
+                    // Refused because the key moved: route it again if it can be.
+                    if let Some(generation) = moved_to(&response) {
+                        if let (Some(channel), Some(req)) = (self.reroute.take(), self.replay.take()) {
                             let mut rerouted = Box::pin(channel.reroute(req, generation, response));
                             let poll = rerouted.as_mut().poll(cx);
                             self.rerouted = Some(rerouted);
                             return poll;
                         }
-                        _ => return Poll::Ready(Ok(response)),
                     }
+                    return Poll::Ready(Ok(response));
                 }
                 Err(error) => error,
             };
@@ -416,10 +422,8 @@ impl Service<http::Request<Body>> for SteadyChannel {
     }
 
     fn call(&mut self, mut req: http::Request<Body>) -> Self::Future {
-        let keyed =
-            req.extensions().get::<SliceKey>().is_some() || req.headers().contains_key(&self.key_header);
         let mut reroute = None;
-        if keyed {
+        if self.keys.is_keyed(&req) {
             if let Some(generation) = self.balance.assignment_generation() {
                 req.headers_mut().insert(GENERATION_HEADER, HeaderValue::from(generation));
             }

@@ -58,6 +58,16 @@ use crate::load::LoadBook;
 use crate::store::{AssignmentStore, Leadership, Snapshot, StoreError};
 use crate::Distributor;
 
+/// The second step of a handover under way.
+struct Switch {
+    /// The run's assignment, to write once the warm-up is over.
+    target: Assignment,
+    /// When the warm-up is over.
+    at: Instant,
+    /// The task set the run saw: a different one at the switch calls for a run at once.
+    seen: Tasks,
+}
+
 /// One job's Assigner: see the module documentation. Build it, then [`spawn`] it.
 ///
 /// [`spawn`]: AssignerService::spawn
@@ -251,10 +261,8 @@ impl AssignerService {
     ) {
         let mut snapshot = None;
         let mut conflicts = 0u32;
-        // A handover under way: the assignment to switch to, and when; and the task set
-        // its run saw.
-        let mut switch: Option<(Assignment, Instant)> = None;
-        let mut run_view: Option<Tasks> = None;
+        // A handover under way: the assignment to switch to, and when.
+        let mut switch: Option<Switch> = None;
         // The task set changed during a handover's warm-up: run again right after it.
         let mut rerun = false;
         loop {
@@ -282,15 +290,13 @@ impl AssignerService {
             let view = tasks.borrow_and_update().clone();
             self.book.set_tasks(&self.job, known_tasks(&view, current.assignment()));
             let step = match switch.take() {
-                Some((target, _)) => {
-                    rerun = run_view.take().is_some_and(|seen| seen != view);
+                Some(Switch { target, seen, .. }) => {
+                    rerun = seen != view;
                     self.switch_to(leadership, &current, target).await
                 }
                 None => {
                     stats.runs.fetch_add(1, Ordering::Relaxed);
-                    let step = self.run_once(leadership, &current, &view, stats, &mut switch).await;
-                    run_view = switch.is_some().then(|| view.clone());
-                    step
+                    self.run_once(leadership, &current, &view, stats, &mut switch).await
                 }
             };
             match step {
@@ -325,7 +331,7 @@ impl AssignerService {
             if std::mem::take(&mut rerun) {
                 continue;
             }
-            if let Some((_, at)) = &switch {
+            if let Some(Switch { at, .. }) = &switch {
                 tokio::select! {
                     biased;
                     () = leadership.lost() => return,
@@ -358,7 +364,7 @@ impl AssignerService {
         current: &Snapshot,
         tasks: &Tasks,
         stats: &AssignerStats,
-        switch: &mut Option<(Assignment, Instant)>,
+        switch: &mut Option<Switch>,
     ) -> Result<Option<Snapshot>, StoreError> {
         let serving = tasks.serving_ids();
         let fresh = self.book.fresh(&self.job, self.config.stale_after);
@@ -400,7 +406,7 @@ impl AssignerService {
             Some((step, then, warm_up)) => {
                 let written = self.store.write(leadership, current, &step).await?;
                 stats.handovers.fetch_add(1, Ordering::Relaxed);
-                *switch = Some((then, Instant::now() + warm_up));
+                *switch = Some(Switch { target: then, at: Instant::now() + warm_up, seen: tasks.clone() });
                 written
             }
             None => self.store.write(leadership, current, target).await?,
