@@ -44,6 +44,7 @@ use steady_subset::Algorithm;
 mod assign;
 mod cache;
 mod grid;
+mod output;
 mod quality;
 mod resize;
 mod sharding_command;

@@ -50,9 +50,10 @@ pub struct ResizeArgs {
     /// Concurrent request loops per frontend.
     #[arg(long, default_value_t = 2)]
     concurrency: usize,
-    /// Where to write the SVG.
-    #[arg(long, default_value = "resize.svg")]
-    svg: PathBuf,
+    /// Where to write the SVG [default: resize.svg in the lab's output folder,
+    /// `target/steady-lab/` or $STEADY_LAB_OUT].
+    #[arg(long)]
+    svg: Option<PathBuf>,
 }
 
 /// What one fleet's requests recorded during a step.
@@ -205,8 +206,9 @@ async fn experiment(out: &mut impl Write, args: &ResizeArgs) -> LabResult {
     for l in loops {
         let _ = tokio::time::timeout(Duration::from_secs(5), l).await;
     }
-    draw(&args.svg, &fleets, &results)?;
-    writeln!(out, "# wrote {}", args.svg.display())?;
+    let svg = crate::output::or_default(&args.svg, "resize.svg")?;
+    draw(&svg, &fleets, &results)?;
+    writeln!(out, "# wrote {}", svg.display())?;
     drop(servers);
     Ok(())
 }

@@ -273,3 +273,23 @@ fn arguments_clap_refuses_are_one_line_naming_the_argument() {
     assert!(stdout(&version).starts_with("steady-lab "));
     let _ = std::fs::remove_file(load);
 }
+
+#[test]
+fn a_run_that_names_no_output_writes_into_the_lab_s_folder_and_leaves_its_working_directory_alone() {
+    let base = std::env::temp_dir().join(format!("steady-lab-out-{}", std::process::id()));
+    let (cwd, folder) = (base.join("cwd"), base.join("out"));
+    std::fs::create_dir_all(&cwd).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_steady-lab"))
+        .current_dir(&cwd)
+        .env("STEADY_LAB_OUT", &folder)
+        .args(["resize", "--frontends", "2", "--subset-size", "1", "--steps", "2,3", "--step-ms", "200"])
+        .output()
+        .expect("steady-lab runs");
+    let text = stdout(&out);
+    let svg = folder.join("resize.svg");
+    assert!(text.contains(&format!("# wrote {}", svg.display())), "{text}");
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+    let left: Vec<_> = std::fs::read_dir(&cwd).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "the run left {left:?} in its working directory");
+    std::fs::remove_dir_all(&base).unwrap();
+}

@@ -101,9 +101,11 @@ pub struct CacheArgs {
     /// Milliseconds a backend drains before it restarts, and again after it rejoins.
     #[arg(long, default_value_t = 750)]
     restart_ms: u64,
-    /// Where to write the figures (created if needed).
-    #[arg(long, default_value = "cache-figures")]
-    figures: PathBuf,
+    /// Where to write the figures, created if needed [default: cache-figures/ in the
+    /// lab's output folder, `target/steady-lab/` or $STEADY_LAB_OUT; `docs/figures` to
+    /// regenerate the docs' figures].
+    #[arg(long)]
+    figures: Option<PathBuf>,
     /// Also write every result as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -113,6 +115,11 @@ pub struct CacheArgs {
 }
 
 impl CacheArgs {
+    /// Where the figures go: `--figures`, else the lab's output folder.
+    fn figures_dir(&self) -> std::io::Result<PathBuf> {
+        crate::output::or_default(&self.figures, "cache-figures")
+    }
+
     /// The settings in force: `--quick` replaces the sizes and times.
     fn settings(&self) -> Settings {
         let mut s = Settings {
@@ -295,7 +302,7 @@ fn nans_if_null<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
 pub fn run(out: &mut impl Write, args: &CacheArgs) -> LabResult {
     if let Some(saved) = &args.redraw {
         let outcomes: Vec<Outcome> = serde_json::from_str(&std::fs::read_to_string(saved)?)?;
-        for file in report::draw(&args.figures, &outcomes)? {
+        for file in report::draw(&args.figures_dir()?, &outcomes)? {
             writeln!(out, "# wrote {}", file.display())?;
         }
         return Ok(());
@@ -314,7 +321,7 @@ pub fn run(out: &mut impl Write, args: &CacheArgs) -> LabResult {
         Ok::<_, Box<dyn std::error::Error>>(outcomes)
     })?;
     report::print(out, &settings, &outcomes)?;
-    for file in report::draw(&args.figures, &outcomes)? {
+    for file in report::draw(&args.figures_dir()?, &outcomes)? {
         writeln!(out, "# wrote {}", file.display())?;
     }
     if let Some(path) = &args.json {

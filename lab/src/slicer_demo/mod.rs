@@ -101,9 +101,10 @@ pub struct SlicerArgs {
     /// etcd endpoints for `--store etcd`.
     #[arg(long, value_delimiter = ',')]
     endpoints: Vec<String>,
-    /// Where to write the SVG.
-    #[arg(long, default_value = "slicer.svg")]
-    svg: PathBuf,
+    /// Where to write the SVG [default: slicer.svg in the lab's output folder,
+    /// `target/steady-lab/` or $STEADY_LAB_OUT].
+    #[arg(long)]
+    svg: Option<PathBuf>,
 }
 
 /// One backend: its Slicelet, its server's stop signal, and its address.
@@ -373,8 +374,9 @@ async fn demo(out: &mut impl Write, args: &SlicerArgs) -> LabResult {
         let _ = tokio::time::timeout(Duration::from_secs(5), l).await;
     }
     summary::summarise(out, &rows, args, failover, &control)?;
-    summary::draw(&args.svg, &rows)?;
-    writeln!(out, "# wrote {}", args.svg.display())?;
+    let svg = crate::output::or_default(&args.svg, "slicer.svg")?;
+    summary::draw(&svg, &rows)?;
+    writeln!(out, "# wrote {}", svg.display())?;
     Ok(())
 }
 
