@@ -1,4 +1,4 @@
-//! The workspace's shape, as DESIGN §1 states it: dependencies point one way, the std-only
+//! The workspace's shape, as docs/layout.md states it: dependencies point one way, the std-only
 //! crates stay std-only, each kind of user compiles only their part (a channel user no
 //! server side, a backend's Slicelet no etcd client, CLI or assigner), the shared types
 //! sit below the balancer, and no crate's modules import one another in a circle.
@@ -397,4 +397,189 @@ fn every_published_workspace_dependency_names_its_version() {
             assert!(line.contains(&format!("version = {version}")), "no version {version}: {line}");
         }
     }
+}
+
+/// Every text file of the repository that a reader or a build sees (sources, manifests,
+/// docs, protos, scripts), by path relative to the workspace, with its text.
+fn repository_texts() -> Vec<(String, String)> {
+    const EXTENSIONS: [&str; 8] = ["rs", "md", "toml", "proto", "sh", "html", "yml", "txt"];
+    const SKIPPED: [&str; 5] = ["target", ".git", "corpus", "artifacts", "node_modules"];
+    let root = workspace();
+    let mut texts = Vec::new();
+    let mut stack = vec![root.clone()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if path.is_dir() {
+                if !SKIPPED.contains(&name.as_str()) {
+                    stack.push(path);
+                }
+            } else if path.extension().is_some_and(|e| EXTENSIONS.contains(&&*e.to_string_lossy()))
+                || path.parent().is_some_and(|p| p.ends_with(".ci"))
+            {
+                let relative = path.strip_prefix(&root).unwrap().to_string_lossy().into_owned();
+                texts.push((relative, std::fs::read_to_string(&path).unwrap_or_default()));
+            }
+        }
+    }
+    texts
+}
+
+/// What in `text` cites a document that is not in the repository: the team's design brief
+/// by section, or a source document by its number.
+fn outside_citations(text: &str) -> Vec<String> {
+    // Spelled in pieces so that this file does not cite what it forbids.
+    let brief = ["DES", "IGN"].concat();
+    let section = '\u{a7}';
+    let seeds = ["seeds", "/"].concat();
+    let mut found = Vec::new();
+    for line in text.lines() {
+        let cites_the_brief = line
+            .match_indices(&brief)
+            .any(|(at, _)| !line[at + brief.len()..].starts_with(|c: char| c.is_ascii_alphabetic()));
+        let cites_a_seed = line.to_ascii_lowercase().match_indices("seed").any(|(at, _)| {
+            let rest = line[at + 4..].trim_start_matches([' ', '_']);
+            // The source documents are numbered with three digits; a PRNG's seed is not.
+            let digits = rest.chars().take_while(char::is_ascii_digit).count();
+            digits == 3
+        });
+        if cites_the_brief || cites_a_seed || line.contains(section) || line.contains(&seeds) {
+            found.push(line.trim().to_owned());
+        }
+    }
+    found
+}
+
+#[test]
+fn the_repository_stands_alone_and_cites_papers_by_title_never_an_outside_document_by_number() {
+    let texts = repository_texts();
+    assert!(texts.len() > 100 && texts.iter().any(|(p, _)| p == "README.md"), "{} files", texts.len());
+    let cited: Vec<String> = texts
+        .iter()
+        .flat_map(|(path, text)| {
+            outside_citations(text).into_iter().map(move |line| format!("{path}: {line}"))
+        })
+        .collect();
+    assert!(cited.is_empty(), "citations of documents outside the repository:\n{}", cited.join("\n"));
+}
+
+#[test]
+fn the_citation_check_finds_the_brief_a_seed_and_a_section_sign() {
+    let brief = ["DES", "IGN"].concat();
+    assert_eq!(outside_citations(&format!("Target ({brief} \u{a7}5): fast")).len(), 1);
+    assert_eq!(outside_citations(&format!("see {brief}.md")).len(), 1);
+    let seed = ["se", "ed"].concat();
+    assert_eq!(outside_citations(&format!("Slicer's algorithm ({seed} 000, 4.4.1)")).len(), 1);
+    assert_eq!(outside_citations(&format!("the file 003_2bec.txt under {seed}s/")).len(), 1);
+    assert_eq!(outside_citations("Slicer \u{a7}5.2.3's reaction experiment").len(), 1);
+    // Ordinary words and seeds of a PRNG are not citations.
+    assert!(outside_citations("the design of the lot table; seeded by the round; SEED = 7").is_empty());
+    assert!(outside_citations("a PRNG with seed 1234 or seed 42").is_empty());
+    assert!(outside_citations("Slicer (OSDI 2016), section 4.4.1").is_empty());
+}
+
+/// The names a library crate re-exports from another steady crate (`pub use steady_x::{..}`
+/// anywhere in its sources), as `steady_x::Name`.
+fn re_exports(krate: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for source in modules_of(&workspace().join(krate).join("src")).into_values() {
+        for (at, _) in source.match_indices("pub use steady_") {
+            let statement = &source[at + "pub use ".len()..];
+            let statement: String =
+                statement[..statement.find(';').unwrap()].split_whitespace().collect::<Vec<_>>().join(" ");
+            // `home::path::{A, B as C}` or `home::path::A`.
+            let (prefix, list) = match statement.split_once('{') {
+                Some((prefix, list)) => (prefix.to_owned(), list.trim_end_matches('}').to_owned()),
+                None => match statement.rsplit_once("::") {
+                    Some((prefix, name)) => (format!("{prefix}::"), name.to_owned()),
+                    None => (String::new(), statement.clone()),
+                },
+            };
+            for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+                names.insert(format!("{prefix}{name}"));
+            }
+        }
+    }
+    names
+}
+
+#[test]
+fn a_crate_re_exports_another_s_type_only_where_its_own_api_takes_or_returns_it() {
+    // One path per type: the home crate's. A re-export stays only where the crate's own
+    // signatures use the type, so that its users need no second dependency to name it;
+    // nothing is kept only because it once lived elsewhere, and nothing is deprecated.
+    let api: BTreeMap<&str, Vec<&str>> = BTreeMap::from([
+        // The assigners take and return assignments of slice keys.
+        ("assigner", vec!["steady_slice::Assignment", "steady_slice::SliceKey"]),
+        // The balancer follows assignments, routes by slice key, takes job views and a
+        // backoff, and reports configuration errors.
+        (
+            "balance",
+            vec![
+                "steady_core::Backoff",
+                "steady_core::ConfigError",
+                "steady_core::JobView",
+                "steady_core::Task",
+                "steady_core::TaskState",
+                "steady_slice::Assignment",
+                "steady_slice::SliceKey",
+            ],
+        ),
+        // Discovery yields job views; its registry connects to etcd with steady-etcd's access.
+        (
+            "discovery",
+            vec![
+                "steady_core::JobView",
+                "steady_core::Task",
+                "steady_core::TaskState",
+                "steady_etcd::ConnectError",
+                "steady_etcd::EtcdAccess",
+                "steady_etcd::EtcdTls",
+            ],
+        ),
+        // Rudolph's mode runs an assigner over tasks and hands out its assignments.
+        (
+            "local",
+            vec![
+                "steady_assigner::Assigner",
+                "steady_assigner::Assignment",
+                "steady_assigner::ReplicaLimits",
+                "steady_assigner::Rotation",
+                "steady_assigner::SliceKey",
+                "steady_assigner::TaskState",
+                "steady_assigner::Tasks",
+            ],
+        ),
+        // The etcd store is configured with steady-etcd's access.
+        ("slicer", vec!["steady_etcd::ConnectError", "steady_etcd::EtcdAccess", "steady_etcd::EtcdTls"]),
+        // The channel follows the Watch client's stream and reads the key header by default.
+        (
+            "tonic-integration",
+            vec![
+                "steady_proto::DEFAULT_KEY_HEADER",
+                "steady_proto::WatchError",
+                "steady_proto::watch_assignments",
+            ],
+        ),
+    ]);
+    let mut found = Vec::new();
+    for member in members().into_iter().filter(|m| !UNPUBLISHED.contains(&m.as_str())) {
+        let expected: BTreeSet<String> =
+            api.get(member.as_str()).into_iter().flatten().map(|s| s.to_string()).collect();
+        let actual = re_exports(&member);
+        if actual != expected {
+            found.push(format!(
+                "{member}: re-exports {:?} beyond its API, lacks {:?}",
+                actual.difference(&expected).collect::<Vec<_>>(),
+                expected.difference(&actual).collect::<Vec<_>>()
+            ));
+        }
+        for (module, source) in modules_of(&workspace().join(&member).join("src")) {
+            if source.contains("#[deprecated") {
+                found.push(format!("{member}::{module} keeps a deprecated item"));
+            }
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
 }
