@@ -4,7 +4,7 @@
 //! [`Tasks`] with their states, the observed [`Load`] and the [`ReplicaLimits`], and
 //! returns the next assignment with a [`Report`] of what it did. The assigners:
 //!
-//! * [`WeightedMove`]: Slicer's algorithm (DESIGN §6): forced moves off leaving tasks,
+//! * [`WeightedMove`]: Slicer's weighted-move algorithm: forced moves off leaving tasks,
 //!   replica counts within limits, merges of cold slices, weighted moves within a churn
 //!   budget, splits of hot slices. Without a previous assignment it starts from a
 //!   fine-grained one ([`initial`]).

@@ -1,4 +1,5 @@
-//! [`Rotation`]: Rudolph's assigner (seed 003): fixed bins, owners shifted by a rotation.
+//! [`Rotation`]: Rudolph's assigner (from the post "Rudolph: An In-Process Auto Sharder"):
+//! fixed bins, owners shifted by a rotation.
 //!
 //! The key space is cut into `c * n` equal bins (`n` serving tasks). Under rotation
 //! `r` in `[0, c)`, bin `b` belongs to the serving task at position

@@ -10,7 +10,8 @@
 //!   publishes an immutable routing table.
 //! * **Request side** ([`Balance`]): a cheap-to-clone tower `Service` that reads the
 //!   current table without locks and sends each request to the less loaded of two
-//!   random ready members (loads within 25% of each other are a tie). No ready member:
+//!   random ready members (nearly equal loads are a tie: the tie band,
+//!   `docs/balancer.md#the-tie-band`). No ready member:
 //!   a typed error within the request's one wait budget, never a hang.
 //! * **Draining**: a backend that is draining, gone, or no longer in the subset gets
 //!   no new requests from the moment the table changes; its requests in flight finish,

@@ -39,10 +39,10 @@ use steady_core::JobView;
 ///
 /// Each request goes to the less loaded of two random ready members (power of two
 /// choices; load is requests in flight, or Peak EWMA latency, see
-/// [`crate::Load`]). Two loads within 25% of each other are a tie, which goes to a
-/// random one of the two: at high concurrency small differences are timing, and
-/// following them makes requests travel in clumps. `poll_ready` is always ready: readiness is per backend, and the
-/// chosen backend's own `poll_ready` is driven inside the response future.
+/// [`crate::Load`]). Nearly equal loads are a tie, which goes to a random one of the two
+/// (the tie band: `docs/balancer.md#the-tie-band` has the rule and why). `poll_ready` is
+/// always ready: readiness is per backend, and the chosen backend's own `poll_ready` is
+/// driven inside the response future.
 ///
 /// # Errors
 ///

@@ -4,11 +4,14 @@
 //! each, dealt round-robin to tasks 0..100; the load is 100,000 keys with Zipf(1.0)
 //! popularity (a key's load is 1000 / rank). Each iteration runs one run from that same
 //! input:
-//! * `weighted_move` — Slicer's algorithm (DESIGN §6) with its default configuration;
+//! * `weighted_move` — Slicer's weighted-move algorithm (`docs/slicer.md`) with its
+//!   default configuration;
 //! * `lpt` — the greedy baseline over fixed bins, measured in the same run.
 //!
-//! Target (DESIGN §5): one weighted-move run under 17 ms (Slicer's median production
-//! run), single-threaded. `cargo bench -p steady-benches --bench assigner`.
+//! Target: one weighted-move run under 17 ms, single-threaded (the median production run
+//! that "Slicer: Auto-Sharding for Datacenter Applications", OSDI 2016, reports).
+//! `cargo bench -p steady-benches --bench assigner`; the figures are in
+//! `docs/benchmarks.md#one-assigner-run`.
 
 use std::hint::black_box;
 use std::time::Duration;

@@ -12,9 +12,10 @@
 //!   configuration; `steady_inflight` and `steady_ewma` the same with the load signal
 //!   pinned to requests in flight and to Peak EWMA (`Load::peak_ewma()`).
 //!
-//! Target (DESIGN §5): steady at least 3x faster than tower's p2c over the same load
-//! signal at every N. Ratios: `cargo run --release -p steady-benches --bin bench-ratios --
-//! pick tower_p2c` (requests in flight) and `... -- pick tower_p2c_ewma` (Peak EWMA).
+//! Target: steady at least 3x faster than tower's p2c over the same load signal at every N
+//! (the figures: `docs/benchmarks.md#the-balancers-pick`). Ratios: `cargo run --release -p
+//! steady-benches --bin bench-ratios -- pick tower_p2c` (requests in flight) and `... -- pick
+//! tower_p2c_ewma` (Peak EWMA).
 //!
 //! Group `resize`: sending a job view that changes one member of the subset (k = 20)
 //! until the new member is connected and in the published routing table.

@@ -3,7 +3,8 @@
 //! * `keyed_pick` (15,000 slices, 3 replicas each, all connected): `steady_keyed` is
 //!   `Balance::route(Some(key))` (table read, slice lookup, power of two choices);
 //!   baselines: `steady_unkeyed` (`route(None)`) and `linear_scan` (finding the slice by
-//!   scanning the assignment). Target (DESIGN §5): keyed pick under 50 ns.
+//!   scanning the assignment). Target: a keyed pick under 50 ns (the figures and their
+//!   command: `docs/benchmarks.md#keyed-routing`).
 //! * `keyed_call` (same assignment): a keyed call through the balancer with its keys
 //!   counted for an in-process assigner (`Balance::count_keys`) against the same without.
 //! * `slice_key`: `SliceKey::of` (XXH3-64) of 16- and 64-byte keys against std's

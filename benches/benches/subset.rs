@@ -1,9 +1,9 @@
 //! Cost of computing one frontend's subset, against building and sorting the whole ring.
 //!
 //! Groups `subset_k20` and `subset_k100`; parameter N in {100, 10^4, 10^5, 10^6}.
-//! Target (DESIGN §5): Rocksteadier under 1 µs for k = 20 at every N, and at least
-//! 100x faster than `naive_ring` at N = 100,000; decimal Rocksteadier within 2x of
-//! Rocksteadier (issue 15). Print the ratios with
+//! Target: Rocksteadier under 1 µs for k = 20 at every N, and at least 100x faster than
+//! `naive_ring` at N = 100,000; decimal Rocksteadier within 2x of Rocksteadier
+//! (the figures: `docs/benchmarks.md#computing-one-subset`). Print the ratios with
 //! `cargo run --release -p steady-benches --bin bench-ratios -- subset naive_ring`.
 
 use std::hint::black_box;

@@ -1,4 +1,4 @@
-//! Where a steady frontend gets its backends and its own index (DESIGN §7).
+//! Where a steady frontend gets its backends and its own index (see `docs/discovery.md`).
 //!
 //! Index-based subsetting (decimal Rocksteadier, the default, or Rocksteadier) needs each
 //! frontend to know its index `m` in `0..M` and each backend task's index in `0..N`. This

@@ -2,9 +2,10 @@
 //! requests it sends. No Assigner service, no load reports, no store.
 //!
 //! The Slicer loop measures load where it lands (each backend's Slicelet reports it) and
-//! one leader assigns for everybody. Rudolph (seed 003) needs none of that: each gateway
-//! counts the keys it sends per fixed bin, and runs the rotation assigner over its own
-//! counts every so often. [`LocalAssignments`] does that for a steady balancer:
+//! one leader assigns for everybody. Rudolph (the post "Rudolph: An In-Process Auto
+//! Sharder") needs none of that: each gateway counts the keys it sends per fixed bin, and
+//! runs the rotation assigner over its own counts every so often. [`LocalAssignments`]
+//! does that for a steady balancer:
 //!
 //! 1. it asks the balancer to count its keyed requests per bin
 //!    (`Balance::count_keys`: one relaxed atomic increment per keyed request, as the

@@ -125,7 +125,8 @@ struct State {
 /// only held slices are reported), and one in [`MeterConfig::sample_one_in`] feeds a
 /// heavy-hitters sketch of keys. The request path does an atomic add on the slice's
 /// counter and, when sampled, a short locked update of the sketch; the counts become
-/// decayed rates only when a report is made. (Cost: the `slicelet` bench.)
+/// decayed rates only when a report is made. (Its cost:
+/// `docs/benchmarks.md#the-slicelet-per-request-on-the-backend`.)
 ///
 /// Each assignment gets fresh counters, installed with it in one atomic swap, so a
 /// request is always counted in the generation it was checked against. Reports are for

@@ -1,4 +1,4 @@
-//! The workspace's shape, as docs/layout.md states it: dependencies point one way, the std-only
+//! The workspace's shape, as `docs/layout.md` states it: dependencies point one way, the std-only
 //! crates stay std-only, each kind of user compiles only their part (a channel user no
 //! server side, a backend's Slicelet no etcd client, CLI or assigner), the shared types
 //! sit below the balancer, and no crate's modules import one another in a circle.

@@ -8,7 +8,8 @@
 //!
 //! # The load-aware rule
 //!
-//! As in the variant Slicer replaced (seed 000 §4.4.4, after Centrifuge), each run:
+//! As in the load-aware consistent hashing that Slicer replaced (described in "Slicer:
+//! Auto-Sharding for Datacenter Applications", OSDI 2016, after Centrifuge), each run:
 //! 1. reads each task's virtual-node count back from the previous assignment (the
 //!    longest run `i = 0, 1, ..` of its positions that start a slice the task serves;
 //!    a new task, or no previous assignment, starts at the base count);

@@ -1,4 +1,5 @@
-//! [`WeightedMove`]: Slicer's sharding algorithm (seed 000 §4.4.1; DESIGN §6).
+//! [`WeightedMove`]: Slicer's weighted-move sharding algorithm, from "Slicer: Auto-Sharding
+//! for Datacenter Applications" (OSDI 2016); `docs/slicer.md` has how steady runs it.
 //!
 //! One run, in phases:
 //! 1. **Forced moves.** Replicas on tasks that are gone or draining are replaced by the
@@ -56,13 +57,12 @@
 //!   half; repeated splits isolate a hot key), the midpoint of the range otherwise.
 //! * **Suppression**: Slicer suppresses rebalancing when the busiest task is under 25%
 //!   CPU, an absolute level we do not see. We compare the imbalance with
-//!   `suppress_below` instead, default 1.05: on the simulator's days
-//!   (`steady-lab sharding`) a threshold of 1.0 (never suppress) kept every run moving
-//!   keys to chase noise, 39% of the key space in the median hour for a mean imbalance
-//!   of 1.007, against 2.5% for 1.029 at 1.05. Suppressed runs skip merges and moves
-//!   but still split hot slices, which moves no key: a quiet job publishes a few
-//!   refinements and then nothing, and a later shift finds its hot keys already in
-//!   slices of their own.
+//!   `suppress_below` instead, default 1.05: with a threshold of 1.0 (never suppress)
+//!   every run moves keys to chase noise (the simulator's figures:
+//!   `docs/slicer.md#how-well-the-assigners-balance-the-sharding-simulation`).
+//!   Suppressed runs skip merges and moves but still split hot slices, which moves no
+//!   key: a quiet job publishes a few refinements and then nothing, and a later shift
+//!   finds its hot keys already in slices of their own.
 //! * **Initial assignment**: without a previous assignment the run starts from
 //!   [`crate::initial`]'s fine-grained round-robin and applies phases 3 to 5 to it.
 

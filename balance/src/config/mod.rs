@@ -25,14 +25,11 @@ pub const MAX_IDLE: Duration = Duration::from_secs(86_400);
 
 /// The load estimate power of two choices compares.
 ///
-/// The default is [`Load::peak_ewma`]: in the same rounds of `rpc-throughput`
-/// (concurrency 64, four servers, one of them answering 20 ms late), counting requests in
-/// flight sent the slow server 2.7% of the requests (p99 39 ms), while Peak EWMA sent it
-/// 0.5% (p99 4.6 ms, against 2.7 ms for a client of one good server), at 1.09x the
-/// throughput; with equal servers, a failing, erroring, flaky or silent one, or all of
-/// them flaky, the two were within the noise of each other (`docs/failures.md` has the
-/// table). Its cost: one request in sixteen reads the clock twice, which made the `pick`
-/// bench's requests about a fifth dearer.
+/// The default is [`Load::peak_ewma`]: unlike requests in flight, it tells a slow backend
+/// from a busy one, so a backend that answers late gets fewer requests even while it has
+/// as many in flight as the others. Its cost is on the request path: one request in
+/// sixteen (and each of a connection's first sixteen) reads the clock twice.
+/// `docs/benchmarks.md#the-load-signal` has what each signal measured, with the commands.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Load {
     /// Requests in flight on the endpoint (as tower's `PendingRequests`).

@@ -1,4 +1,4 @@
-//! Job views from DNS: a name re-resolved on a period (DESIGN §7).
+//! Job views from DNS: a name re-resolved on a period (see `docs/discovery.md`).
 //!
 //! A Kubernetes headless service in front of a StatefulSet publishes, for each ready pod,
 //! an SRV record whose target is the pod's own name (`web-3.web.prod.svc.cluster.local`)

@@ -1,5 +1,5 @@
 //! The etcd registry (feature `etcd`): tasks registered under a lease, job views that
-//! follow a job's prefix, and indices taken as the lowest free one (DESIGN §7).
+//! follow a job's prefix, and indices taken as the lowest free one (see `docs/discovery.md`).
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), steady_discovery::registry::RegistryError> {

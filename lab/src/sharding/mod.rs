@@ -9,7 +9,7 @@
 //! assignment in force. All assigners see the same requests; nothing depends on threads
 //! or clocks except the measured run times.
 //!
-//! [`summary`] turns the traces into the figures the targets name: imbalance
+//! [`summary`] turns the traces into the figures weighted-move's targets name: imbalance
 //! (mean, p90, max) beside the achievable floor, key churn per run and per hour,
 //! reaction time after a shift, the busiest task's load against the static model, slices
 //! per task and run time. [`figures`] draws them and [`report`] writes the tables.

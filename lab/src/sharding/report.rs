@@ -74,8 +74,8 @@ fn find<'a>(all: &'a [Summary], name: &str) -> Option<&'a Summary> {
     all.iter().find(|s| s.assigner == name)
 }
 
-/// The targets for weighted-move, checked over `runs`. Targets whose baseline
-/// did not run are left out.
+/// Weighted-move's targets (`docs/report.md` lists them), checked over `runs`. Targets
+/// whose baseline did not run are left out.
 pub fn verdicts(runs: &[Run]) -> Vec<Verdict> {
     let summaries: Vec<(&Run, Vec<Summary>)> = runs.iter().map(|r| (r, summarise(r))).collect();
     let subject = |all: &'_ [Summary]| find(all, SUBJECT).cloned();

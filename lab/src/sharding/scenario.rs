@@ -87,7 +87,8 @@ impl Scenario {
         ((3600.0 / self.step_seconds).round() as usize).max(1)
     }
 
-    /// Slicer §5.2.3's reaction experiment: 100 keys with Zipf 1.5 popularity, 8,000
+    /// The reaction experiment of Slicer (OSDI 2016), section 5.2.3: 100 keys with Zipf 1.5
+    /// popularity, 8,000
     /// requests per second, 10 tasks, the hottest load moved to other keys every 19
     /// minutes; 1-minute steps, a 5-minute window seen with a 1-minute delay; 21 periods.
     /// Up to 10 replicas per slice (Slicer's asymmetric replication: the hottest key

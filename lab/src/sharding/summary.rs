@@ -2,7 +2,7 @@
 
 use super::simulate::{Run, Trace};
 
-/// The imbalance a reaction must fall under (Slicer §5.2.3).
+/// The imbalance a reaction must fall under (Slicer, OSDI 2016, section 5.2.3).
 pub const SETTLED: f64 = 1.2;
 
 /// The baseline the busiest task's load is compared with (Slicer fig. 9): the static

@@ -15,7 +15,8 @@ pub enum Shift {
     /// Never: the same keys stay hot.
     None,
     /// Every `steps` steps the ranks are reshuffled, so the hot load moves to other keys
-    /// at once (Slicer §5.2.3: every 19 minutes; Rudolph's stress: every 10 s).
+    /// at once (the reaction experiment of Slicer, OSDI 2016, section 5.2.3: every 19
+    /// minutes; Rudolph's stress case: every 10 s).
     Every {
         /// Steps between reshuffles (at least 1).
         steps: usize,

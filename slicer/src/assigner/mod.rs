@@ -1,6 +1,6 @@
 //! The Assigner service: one job's loop that turns load reports into assignments,
 //! stores each new generation and hands it to the Distributor (Slicer's Assigner, in our
-//! words; DESIGN §6 and §7).
+//! words; see `docs/slicer.md`).
 //!
 //! ```text
 //! campaign for the job in the store ──► leader

@@ -1,6 +1,6 @@
 //! Assignment stores: where the Assigner of each job keeps the job's current assignment,
 //! writes each new generation, and holds the election that makes it the job's one writer
-//! (DESIGN §7; Slicer's check-and-write, in our words).
+//! (Slicer's check-and-write, in our words; see `docs/slicer.md`).
 //!
 //! * [`AssignmentStore`]: the trait an Assigner service is written against (object safe:
 //!   `Arc<dyn AssignmentStore>` works). [`AssignmentStore::read`] gives a [`Snapshot`]
