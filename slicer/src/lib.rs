@@ -17,8 +17,6 @@
 //!   campaigns in a store, runs a `steady-assigner` algorithm on the estimated load on a
 //!   cadence and at once on a task-set change, and writes and distributes each new
 //!   generation, rate-limited.
-//! * The `steady-slicer` binary (feature `cli`): all of the above for one job, from the
-//!   command line.
 //!
 //! The Slicelet moved to `steady-slicelet`; `steady_slicer::{Slicelet, SliceletLayer, ...}`
 //! re-export it for one release.
@@ -26,11 +24,17 @@
 //! # Dependencies and features
 //!
 //! `steady-slicelet` (the load report), `steady-proto`, `steady-core`, `steady-slice`,
-//! tonic and tokio; never the client balancer (`steady-balance`), which
-//! `tests/tests/layout.rs` checks. Default features `etcd`, `assigner` and `cli`: an
-//! operator gets everything. `etcd` brings `etcd-client` (whose build runs protoc: the
-//! workspace's `.cargo/config.toml` points it at the protoc cargo fetched for
-//! `steady-proto`), `assigner` brings `steady-assigner`, `cli` brings clap.
+//! tonic and tokio; never the client balancer (`steady-balance`), a command-line parser
+//! or an HTTP server, which `tests/tests/layout.rs` checks. Default features `etcd` and
+//! `assigner`. `etcd` brings `etcd-client` (whose build runs protoc: the workspace's
+//! `.cargo/config.toml` points it at the protoc cargo fetched for `steady-proto`),
+//! `assigner` brings `steady-assigner`; `tls` serves and reports over TLS and accepts
+//! reports only from the task a client certificate names; `metrics` registers
+//! OpenTelemetry instruments in the application's meter.
+//!
+//! The `steady-slicer` binary, its status page and its Prometheus text are
+//! `steady-slicer-server`'s: this crate is what a program that embeds the control plane
+//! links.
 //!
 //! # Example
 //!
@@ -58,14 +62,10 @@
 
 #[cfg(feature = "assigner")]
 pub mod assigner;
-#[cfg(feature = "cli")]
-pub mod cli;
 mod distributor;
 pub mod load;
 #[cfg(feature = "metrics")]
 mod metrics;
-#[cfg(feature = "status")]
-pub mod status;
 pub mod store;
 
 pub use distributor::{
