@@ -13,7 +13,7 @@
 //!   [`AssignmentStore`] trait (read with a revision, write conditioned on it and fenced
 //!   by a [`Leadership`], watch, campaign), the embedded [`MemoryStore`], and
 //!   [`EtcdStore`] (feature `etcd`) for Assigners on several machines.
-//! * [`assigner`] (feature `assigner`): the Assigner service: one job's loop that
+//! * [`assigner_service`] (feature `assigner`): the Assigner service: one job's loop that
 //!   campaigns in a store, runs a `steady-assigner` algorithm on the estimated load on a
 //!   cadence and at once on a task-set change, and writes and distributes each new
 //!   generation, rate-limited.
@@ -61,7 +61,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
 
 #[cfg(feature = "assigner")]
-pub mod assigner;
+pub mod assigner_service;
 mod distributor;
 pub mod load;
 #[cfg(feature = "metrics")]

@@ -22,7 +22,7 @@ use steady_assigner::{ReplicaLimits, TaskState as AssignerState, Tasks};
 use steady_balance::{BalanceConfig, JobView, TaskState};
 use steady_slice::Assignment;
 use steady_slicelet::{LoadReporter, MeterConfig, Slicelet};
-use steady_slicer::assigner::AssignerConfig;
+use steady_slicer::assigner_service::AssignerConfig;
 use steady_subset::prng::SplitMix64;
 use steady_tonic::echo::echo_client::EchoClient;
 use steady_tonic::echo::EchoRequest;

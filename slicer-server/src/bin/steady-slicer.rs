@@ -63,7 +63,7 @@ use futures_util::StreamExt;
 use steady_assigner::{by_name, Assigner, ReplicaLimits, RunInput, Tasks, NAMES};
 use steady_discovery::{dns, registry, Discovery};
 use steady_slice::MAX_TASK;
-use steady_slicer::assigner::{estimate, follow_job, AssignerConfig, AssignerService};
+use steady_slicer::assigner_service::{estimate, follow_job, AssignerConfig, AssignerService};
 use steady_slicer::load::{LoadBook, LoadCollector, ReporterNames};
 use steady_slicer::store::{
     check_name, AssignmentStore, EtcdAccess, EtcdConfig, EtcdStore, EtcdTls, MemoryStore,

@@ -42,7 +42,7 @@ use http_body_util::Full;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use steady_assigner::{TaskState, Tasks};
-use steady_slicer::assigner::AssignerStats;
+use steady_slicer::assigner_service::AssignerStats;
 use steady_slicer::load::LoadCollector;
 use steady_slicer::Distributor;
 use tokio::net::TcpListener;
@@ -77,7 +77,7 @@ pub struct StatusSources {
     /// The load collector (and through it, the book).
     pub collector: LoadCollector,
     /// The statistics of this instance's Assigner service
-    /// ([`steady_slicer::assigner::AssignerHandle::shared_stats`]); replaced when the service is
+    /// ([`steady_slicer::assigner_service::AssignerHandle::shared_stats`]); replaced when the service is
     /// (a restart, a standby that took over in the same process).
     pub assigner: watch::Receiver<Arc<AssignerStats>>,
     /// The task set the Assigner follows.

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use steady_assigner::{Assignment, TaskState};
 
-use steady_slicer::assigner::RunRecord;
+use steady_slicer::assigner_service::RunRecord;
 
 /// How many columns the key-space strip has, whatever the number of slices.
 const KEY_SPACE_COLUMNS: usize = 600;
