@@ -5,7 +5,8 @@
 //! * [`Distributor`]: the server of `AssignmentDistributor.Watch` (the `.proto` is in
 //!   `steady-proto`): holds the current assignment of each job and streams every newer
 //!   one to every watcher, clients and Slicelets alike (`steady_proto::watch_assignments`).
-//!   What remote watchers can make it hold is bounded ([`MAX_JOB_NAME_LEN`],
+//!   What remote watchers can make it hold is bounded
+//!   ([`MAX_JOB_NAME_LEN`](steady_core::MAX_JOB_NAME_LEN),
 //!   [`MAX_UNPUBLISHED_JOBS`], [`MAX_WATCHERS`]).
 //! * [`load`]: the Assigner's side of load reports: the [`load::LoadCollector`] gRPC
 //!   server the Slicelets stream to, and the bounded [`load::LoadBook`] it feeds.
@@ -17,9 +18,6 @@
 //!   campaigns in a store, runs a `steady-assigner` algorithm on the estimated load on a
 //!   cadence and at once on a task-set change, and writes and distributes each new
 //!   generation, rate-limited.
-//!
-//! The Slicelet moved to `steady-slicelet`; `steady_slicer::{Slicelet, SliceletLayer, ...}`
-//! re-export it for one release.
 //!
 //! # Dependencies and features
 //!
@@ -68,14 +66,7 @@ pub mod load;
 mod metrics;
 pub mod store;
 
-pub use distributor::{
-    Distributor, DistributorServer, WatchStream, MAX_JOB_NAME_LEN, MAX_UNPUBLISHED_JOBS, MAX_WATCHERS,
-};
-// The Slicelet is `steady-slicelet`'s; these paths stay for one release.
-pub use steady_slicelet::{
-    LoadReporter, MeterConfig, MeterConfigError, Slicelet, SliceletLayer, SliceletService,
-    MIN_REPORT_INTERVAL,
-};
+pub use distributor::{Distributor, DistributorServer, WatchStream, MAX_UNPUBLISHED_JOBS, MAX_WATCHERS};
 pub use store::{AssignmentStore, Leadership, MemoryStore, StoreError};
 #[cfg(feature = "etcd")]
 pub use store::{EtcdConfig, EtcdStore};

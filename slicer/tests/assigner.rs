@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use steady_assigner::{by_name, Assigner, Assignment, SliceKey, TaskState, Tasks};
+use steady_slicelet::LoadReport;
 use steady_slicer::assigner_service::{AssignerConfig, AssignerConfigError, AssignerHandle, AssignerService};
-use steady_slicer::load::{LoadBook, LoadReport};
+use steady_slicer::load::LoadBook;
 use steady_slicer::store::{AssignmentStore, EtcdConfig, EtcdStore, MemoryStore};
 use steady_slicer::Distributor;
 use steady_testing::Etcd;

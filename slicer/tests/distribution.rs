@@ -13,11 +13,12 @@ use std::time::Duration;
 use http::HeaderName;
 
 use steady_balance::{Assignment, Backoff, BalanceConfig, Slice, SliceKey};
+use steady_core::MAX_JOB_NAME_LEN;
 use steady_proto::assignment::assignment_distributor_client::AssignmentDistributorClient;
 use steady_proto::assignment::{AssignmentUpdate, Slice as ProtoSlice, WatchRequest};
 use steady_slice::AssignmentError;
 use steady_slicelet::Slicelet;
-use steady_slicer::{Distributor, MAX_JOB_NAME_LEN, MAX_UNPUBLISHED_JOBS};
+use steady_slicer::{Distributor, MAX_UNPUBLISHED_JOBS};
 use steady_tonic::echo::echo_client::EchoClient;
 use steady_tonic::echo::echo_server::EchoServer;
 use steady_tonic::echo::EchoRequest;

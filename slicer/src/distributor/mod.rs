@@ -15,10 +15,7 @@ mod server;
 
 pub use server::DistributorServer;
 
-/// The longest job name, in bytes, that a watcher may name or a publisher may publish
-/// (`steady_core`'s, re-exported here where it was first defined). A Watch request
-/// naming a longer (or an empty) job fails with `INVALID_ARGUMENT`.
-pub use steady_core::MAX_JOB_NAME_LEN;
+use steady_core::MAX_JOB_NAME_LEN;
 
 /// How many jobs that nothing was published for may have watchers at once, unless
 /// [`Distributor::with_max_unpublished_jobs`] says otherwise. A Watch request that would
