@@ -5,9 +5,9 @@
 //! * [`Distributor`]: the server of `AssignmentDistributor.Watch` (the `.proto` is in
 //!   `steady-proto`): holds the current assignment of each job and streams every newer
 //!   one to every watcher, clients and Slicelets alike (`steady_proto::watch_assignments`).
-//!   What remote watchers can make it hold is bounded
-//!   ([`MAX_JOB_NAME_LEN`](steady_core::MAX_JOB_NAME_LEN),
-//!   [`MAX_UNPUBLISHED_JOBS`], [`MAX_WATCHERS`]).
+//!   What remote watchers can make it hold is bounded: job names of at most
+//!   [`MAX_JOB_NAME_LEN`](steady_core::MAX_JOB_NAME_LEN) bytes,
+//!   [`Distributor::with_max_unpublished_jobs`], [`Distributor::with_max_watchers`].
 //! * [`load`]: the Assigner's side of load reports: the [`load::LoadCollector`] gRPC
 //!   server the Slicelets stream to, and the bounded [`load::LoadBook`] it feeds.
 //! * [`store`]: where each job's assignment lives and who may write it: the
@@ -66,7 +66,7 @@ pub mod load;
 mod metrics;
 pub mod store;
 
-pub use distributor::{Distributor, DistributorServer, WatchStream, MAX_UNPUBLISHED_JOBS, MAX_WATCHERS};
+pub use distributor::{Distributor, DistributorServer, WatchStream};
 pub use store::{AssignmentStore, Leadership, MemoryStore, StoreError};
 #[cfg(feature = "etcd")]
 pub use store::{EtcdConfig, EtcdStore};

@@ -16,9 +16,6 @@ mod book;
 mod collector;
 mod reporters;
 
-pub use book::{Dropped, LoadBook, Received, KEPT_GENERATIONS};
-pub use collector::{
-    LoadCollector, MAX_INVALID_IN_A_ROW, MAX_LOGGED_REFUSED_PEERS, MAX_REPORT_MESSAGE_BYTES,
-    MAX_REPORT_STREAMS,
-};
+pub use book::{Dropped, LoadBook, Received};
+pub use collector::LoadCollector;
 pub use reporters::{PatternError, ReporterNames};
