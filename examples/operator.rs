@@ -23,7 +23,7 @@ use std::sync::Arc;
 use futures_util::StreamExt;
 use steady_assigner::WeightedMove;
 use steady_discovery::registry::{self, Registry, RegistryConfig};
-use steady_slicer::assigner::{follow_job, AssignerService};
+use steady_slicer::assigner_service::{follow_job, AssignerService};
 use steady_slicer::load::{LoadBook, LoadCollector, ReporterNames};
 use steady_slicer::store::{AssignmentStore, EtcdConfig, EtcdStore};
 use steady_slicer::Distributor;

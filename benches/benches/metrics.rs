@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use steady_balance::{Balance, BalanceConfig, SliceKey};
 use steady_benches::{echo_calls, hold_assignment, spread_assignment};
-use steady_slicer::status::MetricsRegistry;
+use steady_slicer_server::status::MetricsRegistry;
 use steady_subset::prng::SplitMix64;
 use steady_tonic::echo::echo_client::EchoClient;
 use steady_tonic::{CallMetricsLayer, SteadyChannel};

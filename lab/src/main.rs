@@ -190,7 +190,7 @@ fn parse_args() -> Cli {
             e.exit()
         }
         Err(e) => {
-            eprintln!("steady-lab: {}", steady_slicer::cli::one_line(&e, &path));
+            eprintln!("steady-lab: {}", steady_slicer_server::cli::one_line(&e, &path));
             std::process::exit(e.exit_code());
         }
     }

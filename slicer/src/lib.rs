@@ -5,32 +5,34 @@
 //! * [`Distributor`]: the server of `AssignmentDistributor.Watch` (the `.proto` is in
 //!   `steady-proto`): holds the current assignment of each job and streams every newer
 //!   one to every watcher, clients and Slicelets alike (`steady_proto::watch_assignments`).
-//!   What remote watchers can make it hold is bounded ([`MAX_JOB_NAME_LEN`],
-//!   [`MAX_UNPUBLISHED_JOBS`], [`MAX_WATCHERS`]).
+//!   What remote watchers can make it hold is bounded: job names of at most
+//!   [`MAX_JOB_NAME_LEN`](steady_core::MAX_JOB_NAME_LEN) bytes,
+//!   [`Distributor::with_max_unpublished_jobs`], [`Distributor::with_max_watchers`].
 //! * [`load`]: the Assigner's side of load reports: the [`load::LoadCollector`] gRPC
 //!   server the Slicelets stream to, and the bounded [`load::LoadBook`] it feeds.
 //! * [`store`]: where each job's assignment lives and who may write it: the
 //!   [`AssignmentStore`] trait (read with a revision, write conditioned on it and fenced
 //!   by a [`Leadership`], watch, campaign), the embedded [`MemoryStore`], and
 //!   [`EtcdStore`] (feature `etcd`) for Assigners on several machines.
-//! * [`assigner`] (feature `assigner`): the Assigner service: one job's loop that
+//! * [`assigner_service`] (feature `assigner`): the Assigner service: one job's loop that
 //!   campaigns in a store, runs a `steady-assigner` algorithm on the estimated load on a
 //!   cadence and at once on a task-set change, and writes and distributes each new
 //!   generation, rate-limited.
-//! * The `steady-slicer` binary (feature `cli`): all of the above for one job, from the
-//!   command line.
-//!
-//! The Slicelet moved to `steady-slicelet`; `steady_slicer::{Slicelet, SliceletLayer, ...}`
-//! re-export it for one release.
 //!
 //! # Dependencies and features
 //!
 //! `steady-slicelet` (the load report), `steady-proto`, `steady-core`, `steady-slice`,
-//! tonic and tokio; never the client balancer (`steady-balance`), which
-//! `tests/tests/layout.rs` checks. Default features `etcd`, `assigner` and `cli`: an
-//! operator gets everything. `etcd` brings `etcd-client` (whose build runs protoc: the
-//! workspace's `.cargo/config.toml` points it at the protoc cargo fetched for
-//! `steady-proto`), `assigner` brings `steady-assigner`, `cli` brings clap.
+//! tonic and tokio; never the client balancer (`steady-balance`), a command-line parser
+//! or an HTTP server, which `tests/tests/layout.rs` checks. Default features `etcd` and
+//! `assigner`. `etcd` brings `etcd-client` (whose build runs protoc: the workspace's
+//! `.cargo/config.toml` points it at the protoc cargo fetched for `steady-proto`),
+//! `assigner` brings `steady-assigner`; `tls` serves and reports over TLS and accepts
+//! reports only from the task a client certificate names; `metrics` registers
+//! OpenTelemetry instruments in the application's meter.
+//!
+//! The `steady-slicer` binary, its status page and its Prometheus text are
+//! `steady-slicer-server`'s: this crate is what a program that embeds the control plane
+//! links.
 //!
 //! # Example
 //!
@@ -57,25 +59,14 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
 
 #[cfg(feature = "assigner")]
-pub mod assigner;
-#[cfg(feature = "cli")]
-pub mod cli;
+pub mod assigner_service;
 mod distributor;
 pub mod load;
 #[cfg(feature = "metrics")]
 mod metrics;
-#[cfg(feature = "status")]
-pub mod status;
 pub mod store;
 
-pub use distributor::{
-    Distributor, DistributorServer, WatchStream, MAX_JOB_NAME_LEN, MAX_UNPUBLISHED_JOBS, MAX_WATCHERS,
-};
-// The Slicelet is `steady-slicelet`'s; these paths stay for one release.
-pub use steady_slicelet::{
-    LoadReporter, MeterConfig, MeterConfigError, Slicelet, SliceletLayer, SliceletService,
-    MIN_REPORT_INTERVAL,
-};
+pub use distributor::{Distributor, DistributorServer, WatchStream};
 pub use store::{AssignmentStore, Leadership, MemoryStore, StoreError};
 #[cfg(feature = "etcd")]
 pub use store::{EtcdConfig, EtcdStore};

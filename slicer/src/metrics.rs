@@ -78,7 +78,7 @@ impl LoadCollector {
 }
 
 #[cfg(feature = "assigner")]
-impl crate::assigner::AssignerHandle {
+impl crate::assigner_service::AssignerHandle {
     /// Registers the Assigner service's instruments in `meter`, labelled with `job` and
     /// `candidate` (its name in the election, so that several services of one process,
     /// a leader and its standby, are told apart):
@@ -88,7 +88,7 @@ impl crate::assigner::AssignerHandle {
     pub fn observe_metrics(&self, meter: &Meter, job: &str, candidate: &str) {
         let stats = Arc::downgrade(&self.shared_stats());
         let source = move || stats.upgrade();
-        let last = |s: &crate::assigner::AssignerStats| s.history().last().cloned();
+        let last = |s: &crate::assigner_service::AssignerStats| s.history().last().cloned();
         let labels = vec![
             KeyValue::new("steady.job", job.to_owned()),
             KeyValue::new("steady.candidate", candidate.to_owned()),

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use steady_assigner::{by_name, Assigner, Assignment, SliceKey, TaskState, Tasks};
-use steady_slicer::assigner::{AssignerConfig, AssignerConfigError, AssignerHandle, AssignerService};
-use steady_slicer::load::{LoadBook, LoadReport};
+use steady_slicelet::LoadReport;
+use steady_slicer::assigner_service::{AssignerConfig, AssignerConfigError, AssignerHandle, AssignerService};
+use steady_slicer::load::LoadBook;
 use steady_slicer::store::{AssignmentStore, EtcdConfig, EtcdStore, MemoryStore};
 use steady_slicer::Distributor;
 use steady_testing::Etcd;
@@ -338,7 +339,8 @@ async fn a_backend_that_drains_in_its_job_view_loses_its_slices() {
     use steady_core::{JobView, TaskState as Seen};
     let job = Job::new(Arc::new(MemoryStore::new()), 4);
     let (views, view_rx) = watch::channel(JobView::serving((0..4).map(|i| format!("10.0.0.{i}:80"))));
-    let assigner = job.service("a", config()).unwrap().spawn(steady_slicer::assigner::follow_job(view_rx));
+    let assigner =
+        job.service("a", config()).unwrap().spawn(steady_slicer::assigner_service::follow_job(view_rx));
     job.until("task 2 holding slices", |a| a.slices().iter().any(|s| s.replicas.contains(&2))).await;
     views.send_modify(|v| *v = v.clone().with_state(2, Seen::Draining));
     job.until("task 2 drained", |a| a.slices().iter().all(|s| !s.replicas.contains(&2))).await;

@@ -13,11 +13,12 @@ use std::time::Duration;
 use http::HeaderName;
 
 use steady_balance::{Assignment, Backoff, BalanceConfig, Slice, SliceKey};
+use steady_core::MAX_JOB_NAME_LEN;
 use steady_proto::assignment::assignment_distributor_client::AssignmentDistributorClient;
 use steady_proto::assignment::{AssignmentUpdate, Slice as ProtoSlice, WatchRequest};
 use steady_slice::AssignmentError;
 use steady_slicelet::Slicelet;
-use steady_slicer::{Distributor, MAX_JOB_NAME_LEN, MAX_UNPUBLISHED_JOBS};
+use steady_slicer::Distributor;
 use steady_tonic::echo::echo_client::EchoClient;
 use steady_tonic::echo::echo_server::EchoServer;
 use steady_tonic::echo::EchoRequest;
@@ -259,7 +260,7 @@ async fn a_watcher_spammer_leaves_only_the_published_jobs() {
         let stream = open_watch(&mut client, &job).await.unwrap_or_else(|s| panic!("watch {i}: {s}"));
         drop(stream);
         assert!(
-            distributor.jobs() <= 1 + MAX_UNPUBLISHED_JOBS,
+            distributor.jobs() <= 1 + distributor.max_unpublished_jobs(),
             "{} jobs after {i} watches",
             distributor.jobs()
         );

@@ -13,7 +13,7 @@ use steady_proto::load::load_collector_client::LoadCollectorClient;
 use steady_proto::load::{self as load_proto, KeyLoad, ReportSummary, SliceLoad};
 use steady_slice::{Assignment, Slice, SliceKey};
 use steady_slicelet::Slicelet;
-use steady_slicer::load::{LoadBook, LoadCollector, MAX_INVALID_IN_A_ROW, MAX_REPORT_MESSAGE_BYTES};
+use steady_slicer::load::{LoadBook, LoadCollector};
 use support::{endpoint, eventually, serve};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -139,19 +139,20 @@ async fn invalid_messages_are_counted_and_a_stream_of_them_is_ended() {
     assert_eq!((summary.accepted, summary.dropped, summary.invalid), (1, 0, 4));
     assert_eq!((collector.invalid(), book.accepted(), book.dropped()), (4, 1, 0));
 
-    // A stream of nothing but invalid messages is ended after MAX_INVALID_IN_A_ROW.
+    // A stream of nothing but invalid messages is ended after max_invalid_in_a_row.
+    let max_invalid_in_a_row = collector.max_invalid_in_a_row();
     let garbage: Vec<_> =
-        [nan, version_2, unsorted].into_iter().cycle().take(3 * MAX_INVALID_IN_A_ROW as usize).collect();
+        [nan, version_2, unsorted].into_iter().cycle().take(3 * max_invalid_in_a_row as usize).collect();
     let ended = stream_to(addr, garbage).await.unwrap_err();
     assert_eq!(ended.code(), Code::InvalidArgument, "{ended}");
-    assert_eq!(collector.invalid(), 4 + u64::from(MAX_INVALID_IN_A_ROW));
+    assert_eq!(collector.invalid(), 4 + u64::from(max_invalid_in_a_row));
     assert_eq!(collector.streams_ended_invalid(), 1);
 
     // A message over the size limit is refused before it is buffered, and counted.
-    let huge = load_proto::LoadReport { job: "j".repeat(MAX_REPORT_MESSAGE_BYTES + 1), ..message(0, 1) };
+    let huge = load_proto::LoadReport { job: "j".repeat(collector.max_message_bytes() + 1), ..message(0, 1) };
     let refused = stream_to(addr, vec![huge]).await.unwrap_err();
     assert_eq!(refused.code(), Code::OutOfRange, "{refused}");
-    assert_eq!(collector.invalid(), 5 + u64::from(MAX_INVALID_IN_A_ROW));
+    assert_eq!(collector.invalid(), 5 + u64::from(max_invalid_in_a_row));
 
     // The collector still serves.
     let summary = stream_to(addr, vec![message(0, 1)]).await.unwrap();

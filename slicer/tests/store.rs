@@ -205,7 +205,7 @@ mod spec {
     pub(super) async fn bad_names_and_mismatched_snapshots_are_refused_before_anything_is_written(
         store: &dyn AssignmentStore,
     ) {
-        let long = "j".repeat(steady_slicer::MAX_JOB_NAME_LEN + 1);
+        let long = "j".repeat(steady_core::MAX_JOB_NAME_LEN + 1);
         assert!(matches!(store.read("").await, Err(StoreError::InvalidName { what: "job", len: 0 })));
         assert!(matches!(store.read(&long).await, Err(StoreError::InvalidName { what: "job", .. })));
         assert!(matches!(store.watch(&long, 0), Err(StoreError::InvalidName { .. })));

@@ -12,7 +12,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use steady_balance::{BalanceConfig, JobView};
-use steady_slicer::status::MetricsRegistry;
+use steady_slicer_server::status::MetricsRegistry;
 use steady_tonic::call_metrics::{CallMetrics, LATENCY_BUCKETS};
 use steady_tonic::echo::echo_client::EchoClient;
 use steady_tonic::echo::echo_server::{Echo, EchoServer};

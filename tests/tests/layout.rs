@@ -82,7 +82,7 @@ fn the_shared_types_sit_below_the_balancer_and_no_server_side_or_discovery_crate
     assert!(otel.contains("optional = true"), "the OpenTelemetry API must stay optional: {otel}");
     // The protocol, the Slicelet, the control plane and discovery share what they need
     // through steady-core and steady-proto, never through the client balancer or channel.
-    for krate in ["core", "proto", "slicelet", "slicer", "discovery"] {
+    for krate in ["core", "proto", "slicelet", "slicer", "slicer-server", "discovery"] {
         let deps = dependencies(krate);
         for client in ["steady-balance", "steady-tonic"] {
             assert!(!deps.contains(client), "{krate} depends on {client}");
@@ -131,6 +131,36 @@ fn a_client_that_adds_the_channel_compiles_no_server_side_etcd_client_or_cli() {
     assert!(tree.contains("steady-balance"), "{tree:?}");
     for unwanted in ["etcd-client", "clap", "steady-assigner", "steady-slicer", "steady-slicelet"] {
         assert!(!tree.contains(unwanted), "steady-tonic's dependency tree holds {unwanted}");
+    }
+}
+
+#[test]
+fn the_control_plane_is_a_library_and_its_binary_a_crate_apart() {
+    // steady-slicer is what a program embedding the control plane links: no binary, no
+    // command-line parser, no HTTP server or metrics SDK of its own.
+    let slicer = dependencies("slicer");
+    for unwanted in ["clap", "hyper", "hyper-util", "http-body-util", "opentelemetry_sdk", "steady-discovery"]
+    {
+        assert!(!slicer.contains(unwanted), "steady-slicer depends on {unwanted}");
+    }
+    let manifest = std::fs::read_to_string(workspace().join("slicer/Cargo.toml")).unwrap();
+    assert!(!manifest.contains("[[bin]]"), "steady-slicer declares a binary");
+    assert!(!workspace().join("slicer/src/bin").exists(), "steady-slicer has src/bin");
+    assert!(manifest.contains("default = [\"etcd\", \"assigner\"]"), "steady-slicer's default features");
+    let tree = normal_tree("steady-slicer");
+    for unwanted in ["clap", "opentelemetry_sdk", "steady-discovery", "steady-slicer-server"] {
+        assert!(!tree.contains(unwanted), "steady-slicer's dependency tree holds {unwanted}");
+    }
+    // The operator's binary keeps its name, in steady-slicer-server.
+    let server = std::fs::read_to_string(workspace().join("slicer-server/Cargo.toml")).unwrap();
+    assert!(server.contains("[[bin]]\nname = \"steady-slicer\""), "steady-slicer-server's binary");
+    assert!(workspace().join("slicer-server/src/bin/steady-slicer.rs").is_file());
+    // No library depends on the binary's crate (the lab, a tool, may).
+    for member in members() {
+        if member != "slicer-server" && !UNPUBLISHED.contains(&member.as_str()) {
+            let deps = dependencies(&member);
+            assert!(!deps.contains("steady-slicer-server"), "{member} depends on steady-slicer-server");
+        }
     }
 }
 

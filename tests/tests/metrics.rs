@@ -1,4 +1,4 @@
-//! The instruments, read as a scrape reads them (`steady_slicer::status::MetricsRegistry`,
+//! The instruments, read as a scrape reads them (`steady_slicer_server::status::MetricsRegistry`,
 //! Prometheus text): a balancer's series follow its membership and its requests, stop
 //! once it is dropped, and stay bounded (one series per member, no address); discovery's
 //! counters appear under the job.
@@ -7,7 +7,7 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use steady_balance::{Balance, BalanceConfig};
-use steady_slicer::status::MetricsRegistry;
+use steady_slicer_server::status::MetricsRegistry;
 use tower::{service_fn, Service, ServiceExt};
 
 /// The value of the one sample of `text` that starts with `series` (name and labels).

@@ -27,17 +27,3 @@ fn the_protocol_keeps_its_channel_paths() {
     same(PhantomData::<steady_tonic::WatchError>, PhantomData::<steady_proto::WatchError>);
     assert_eq!(steady_tonic::DEFAULT_KEY_HEADER, steady_proto::DEFAULT_KEY_HEADER);
 }
-
-#[test]
-fn the_slicelet_keeps_its_control_plane_paths() {
-    same(PhantomData::<steady_slicer::Slicelet>, PhantomData::<steady_slicelet::Slicelet>);
-    same(PhantomData::<steady_slicer::SliceletLayer>, PhantomData::<steady_slicelet::SliceletLayer>);
-    same(PhantomData::<steady_slicer::LoadReporter>, PhantomData::<steady_slicelet::LoadReporter>);
-    same(PhantomData::<steady_slicer::MeterConfig>, PhantomData::<steady_slicelet::MeterConfig>);
-    same(PhantomData::<steady_slicer::load::LoadReport>, PhantomData::<steady_slicelet::LoadReport>);
-    same(
-        PhantomData::<steady_slicer::load::MessageError>,
-        PhantomData::<steady_slicelet::report::MessageError>,
-    );
-    assert_eq!(steady_slicer::MAX_JOB_NAME_LEN, steady_core::MAX_JOB_NAME_LEN);
-}

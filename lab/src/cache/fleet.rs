@@ -9,7 +9,7 @@ use steady_assigner::ReplicaLimits;
 use steady_balance::{BalanceConfig, JobView, TaskState};
 use steady_local::{LocalAssignments, LocalHandle};
 use steady_slicelet::{LoadReporter, MeterConfig, Slicelet};
-use steady_slicer::assigner::{follow_job, AssignerConfig, AssignerHandle};
+use steady_slicer::assigner_service::{follow_job, AssignerConfig, AssignerHandle};
 use steady_tonic::{SteadyChannel, TaskEndpoint};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;

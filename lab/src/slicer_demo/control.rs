@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use steady_assigner::{by_name, Tasks};
 use steady_slicelet::Slicelet;
-use steady_slicer::assigner::{AssignerConfig, AssignerHandle, AssignerService};
+use steady_slicer::assigner_service::{AssignerConfig, AssignerHandle, AssignerService};
 use steady_slicer::load::{LoadBook, LoadCollector};
 use steady_slicer::store::{AssignmentStore, EtcdConfig, EtcdStore, MemoryStore};
 use steady_slicer::Distributor;

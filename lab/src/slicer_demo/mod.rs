@@ -22,7 +22,7 @@ use steady_assigner::{ReplicaLimits, TaskState as AssignerState, Tasks};
 use steady_balance::{BalanceConfig, JobView, TaskState};
 use steady_slice::Assignment;
 use steady_slicelet::{LoadReporter, MeterConfig, Slicelet};
-use steady_slicer::assigner::AssignerConfig;
+use steady_slicer::assigner_service::AssignerConfig;
 use steady_subset::prng::SplitMix64;
 use steady_tonic::echo::echo_client::EchoClient;
 use steady_tonic::echo::EchoRequest;
@@ -180,7 +180,7 @@ async fn demo(out: &mut impl Write, args: &SlicerArgs) -> LabResult {
     }
     // The pages, for as long as the demo runs: the leader's statistics, replaced when
     // another Assigner takes over.
-    let registry = steady_slicer::status::MetricsRegistry::new();
+    let registry = steady_slicer_server::status::MetricsRegistry::new();
     let meter = registry.meter();
     control.distributor.observe_metrics(&meter);
     control.collector.observe_metrics(&meter);
@@ -189,7 +189,7 @@ async fn demo(out: &mut impl Write, args: &SlicerArgs) -> LabResult {
     let pages = tokio::net::TcpListener::bind(args.metrics_listen).await?;
     let at = pages.local_addr()?;
     writeln!(out, "status page: http://{at}/   metrics: http://{at}/metrics   (while the demo runs)")?;
-    let sources = steady_slicer::status::StatusSources {
+    let sources = steady_slicer_server::status::StatusSources {
         job: JOB.to_owned(),
         candidate: "the demo's assigners".to_owned(),
         store: format!("{:?}", args.store).to_lowercase(),
@@ -199,7 +199,7 @@ async fn demo(out: &mut impl Write, args: &SlicerArgs) -> LabResult {
         tasks: tasks_rx.clone(),
     };
     let _pages = AbortOnDrop(tokio::spawn(async move {
-        let _ = steady_slicer::status::StatusServer::new(sources, registry).serve(pages).await;
+        let _ = steady_slicer_server::status::StatusServer::new(sources, registry).serve(pages).await;
     }));
     let mut leader = Some(first);
     let standby = match args.store {

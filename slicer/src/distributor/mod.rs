@@ -15,22 +15,13 @@ mod server;
 
 pub use server::DistributorServer;
 
-/// The longest job name, in bytes, that a watcher may name or a publisher may publish
-/// (`steady_core`'s, re-exported here where it was first defined). A Watch request
-/// naming a longer (or an empty) job fails with `INVALID_ARGUMENT`.
-pub use steady_core::MAX_JOB_NAME_LEN;
+use steady_core::MAX_JOB_NAME_LEN;
 
-/// How many jobs that nothing was published for may have watchers at once, unless
-/// [`Distributor::with_max_unpublished_jobs`] says otherwise. A Watch request that would
-/// add one more fails with `RESOURCE_EXHAUSTED`; watching a job that is published, or
-/// that already has watchers, always works.
-pub const MAX_UNPUBLISHED_JOBS: usize = 1024;
+/// The default of [`Distributor::with_max_unpublished_jobs`].
+const MAX_UNPUBLISHED_JOBS: usize = 1024;
 
-/// How many watch streams may be open at once, over all jobs, unless
-/// [`Distributor::with_max_watchers`] says otherwise. A Watch request beyond it fails with
-/// `RESOURCE_EXHAUSTED`: each stream holds a little memory and a task's attention, and a
-/// remote peer must not be able to open them without bound.
-pub const MAX_WATCHERS: usize = 65_536;
+/// The default of [`Distributor::with_max_watchers`].
+const MAX_WATCHERS: usize = 65_536;
 
 /// The server side: holds the current assignment of each job and streams every newer
 /// one to every watcher of that job.
@@ -43,8 +34,9 @@ pub const MAX_WATCHERS: usize = 65_536;
 /// Watchers are remote peers, so what they can make it hold is bounded: it holds one
 /// entry per published job (kept for good: publishers are trusted), and one per
 /// unpublished job that has watchers, dropped with its last watcher. Job names are at
-/// most [`MAX_JOB_NAME_LEN`] bytes, and watchers may hold at most
-/// [`MAX_UNPUBLISHED_JOBS`] unpublished jobs at once. The read-only queries
+/// most [`MAX_JOB_NAME_LEN`] bytes, watchers may hold at most
+/// [`Distributor::max_unpublished_jobs`] unpublished jobs at once, and at most
+/// [`Distributor::max_watchers`] streams are open at once. The read-only queries
 /// ([`Distributor::current`], [`Distributor::watchers`]) never add an entry.
 #[derive(Debug, Clone)]
 pub struct Distributor {
@@ -104,19 +96,34 @@ impl Distributor {
         Self::default()
     }
 
-    /// Lets watchers hold up to `max` unpublished jobs at once instead of
-    /// [`MAX_UNPUBLISHED_JOBS`] (0: watchers may watch published jobs only). Set it
-    /// before cloning the distributor: the limit is each clone's own.
+    /// Lets watchers hold up to `max` jobs that nothing was published for at once
+    /// (default 1,024; 0: watchers may watch published jobs only). A Watch request that
+    /// would add one more fails with `RESOURCE_EXHAUSTED`; watching a job that is
+    /// published, or that already has watchers, always works. Set it before cloning the
+    /// distributor: the limit is each clone's own.
     pub fn with_max_unpublished_jobs(mut self, max: usize) -> Self {
         self.max_unpublished_jobs = max;
         self
     }
 
-    /// Sets how many watch streams may be open at once, over all jobs, instead of
-    /// [`MAX_WATCHERS`]. Like the job limit, it is each clone's own: set it before cloning.
+    /// Sets how many watch streams may be open at once, over all jobs (default 65,536). A
+    /// Watch request beyond it fails with `RESOURCE_EXHAUSTED`: each stream holds a little
+    /// memory and a task's attention, and a remote peer must not be able to open them
+    /// without bound. Like the job limit, it is each clone's own: set it before cloning.
     pub fn with_max_watchers(mut self, max: usize) -> Self {
         self.max_watchers = max;
         self
+    }
+
+    /// How many unpublished jobs watchers may hold at once
+    /// ([`Distributor::with_max_unpublished_jobs`]).
+    pub fn max_unpublished_jobs(&self) -> usize {
+        self.max_unpublished_jobs
+    }
+
+    /// How many watch streams may be open at once ([`Distributor::with_max_watchers`]).
+    pub fn max_watchers(&self) -> usize {
+        self.max_watchers
     }
 
     /// Ends every open watch stream (watchers reconnect and resume from the generation
@@ -276,8 +283,8 @@ impl Distributor {
     ///
     /// `INVALID_ARGUMENT` for an empty job name or one longer than [`MAX_JOB_NAME_LEN`];
     /// `RESOURCE_EXHAUSTED` when the job is unpublished, has no watchers, and watchers
-    /// already hold the most unpublished jobs allowed, or when [`MAX_WATCHERS`] (or
-    /// [`Distributor::with_max_watchers`]) streams are open.
+    /// already hold the most unpublished jobs allowed, or when
+    /// [`Distributor::max_watchers`] streams are open.
     pub(crate) fn watch(&self, request: WatchRequest) -> Result<WatchStream, Status> {
         let WatchRequest { job, known_generation } = request;
         if !valid_job_name(&job) {

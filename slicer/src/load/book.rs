@@ -15,7 +15,7 @@ use steady_slicelet::LoadReport;
 
 /// How many of a job's latest generations reports may refer to. A report for an older
 /// generation is dropped: its slices are too stale to say where load is now.
-pub const KEPT_GENERATIONS: usize = 4;
+const KEPT_GENERATIONS: usize = 4;
 
 /// Why [`LoadBook::accept`] dropped a report. Every drop is counted
 /// ([`LoadBook::dropped`]).
@@ -25,8 +25,8 @@ pub enum Dropped {
     UnknownJob,
     /// The job has no such task (it left, or never was).
     UnknownTask,
-    /// Not one of the job's last [`KEPT_GENERATIONS`] generations (too old, or never
-    /// published).
+    /// Not one of the job's last 4 generations (too old, or never published): an older
+    /// generation's slices are too stale to say where load is now.
     UnknownGeneration,
 }
 

@@ -17,30 +17,21 @@ use super::reporters::ReporterNames;
 use steady_core::MAX_JOB_NAME_LEN;
 use steady_slicelet::report::{LoadReport, MAX_REPORTED_KEYS, MAX_REPORTED_SLICES};
 
-/// The largest report message the collector decodes, in bytes: a message with
-/// [`MAX_REPORTED_SLICES`] slices, [`MAX_REPORTED_KEYS`] keys and a job name of
-/// [`MAX_JOB_NAME_LEN`] bytes takes about 84 KiB. A larger one ends its stream with
-/// `OUT_OF_RANGE` before it is buffered (counted as invalid).
-pub const MAX_REPORT_MESSAGE_BYTES: usize = 128 * 1024;
+/// The largest report message the collector decodes ([`LoadCollector::max_message_bytes`]).
+const MAX_REPORT_MESSAGE_BYTES: usize = 128 * 1024;
 
-/// How many invalid messages in a row end a stream (with `INVALID_ARGUMENT`), unless
-/// [`LoadCollector::with_max_invalid_in_a_row`] says otherwise: a peer that only sends
-/// garbage gets no more of the collector's work than this per stream. "In a row" means
-/// with no accepted report between them (reports that are valid but dropped do not
-/// count either way).
-pub const MAX_INVALID_IN_A_ROW: u32 = 8;
+/// The default of [`LoadCollector::with_max_invalid_in_a_row`].
+const MAX_INVALID_IN_A_ROW: u32 = 8;
 
-/// How many report streams may be open at once, unless
-/// [`LoadCollector::with_max_streams`] says otherwise; one more fails with
-/// `RESOURCE_EXHAUSTED`. One per backend task is the expected use.
-pub const MAX_REPORT_STREAMS: usize = 16_384;
+/// The default of [`LoadCollector::with_max_streams`].
+const MAX_REPORT_STREAMS: usize = 16_384;
 
 // The bound above must hold for the largest valid report (with room for framing).
 const _: () = assert!(MAX_REPORT_MESSAGE_BYTES > (MAX_REPORTED_SLICES + MAX_REPORTED_KEYS) * 20 + 512);
 
 /// How many refusing peers are remembered so that each is logged once; past it, refusals
 /// are still counted but no longer logged one by one.
-pub const MAX_LOGGED_REFUSED_PEERS: usize = 1024;
+const MAX_LOGGED_REFUSED_PEERS: usize = 1024;
 
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
@@ -62,10 +53,10 @@ pub(crate) struct Counters {
 ///
 /// * **Memory**: nothing a peer sends is kept but its task's latest report, in the
 ///   [`LoadBook`] (bounded by the jobs and tasks the Assigner names). Messages over
-///   [`MAX_REPORT_MESSAGE_BYTES`] are refused before they are buffered; at most
-///   [`MAX_REPORT_STREAMS`] streams are open at once.
+///   [`LoadCollector::max_message_bytes`] are refused before they are buffered; at most
+///   [`LoadCollector::max_streams`] streams are open at once.
 /// * **Work**: one validation and one [`LoadBook::accept`] per message. A stream that
-///   sends [`MAX_INVALID_IN_A_ROW`] invalid messages in a row is ended. How fast a peer
+///   sends [`LoadCollector::max_invalid_in_a_row`] invalid messages in a row is ended. How fast a peer
 ///   may send valid reports is the server's to limit (tonic's
 ///   `Server::builder().concurrency_limit_per_connection`, HTTP/2 flow control).
 ///
@@ -111,17 +102,41 @@ impl LoadCollector {
         }
     }
 
-    /// Ends a stream after `max` invalid messages in a row instead of
-    /// [`MAX_INVALID_IN_A_ROW`] (at least 1: 0 counts as 1).
+    /// Ends a stream (with `INVALID_ARGUMENT`) after `max` invalid messages in a row
+    /// (default 8; at least 1: 0 counts as 1): a peer that only sends garbage gets no
+    /// more of the collector's work than this per stream. "In a row" means with no
+    /// accepted report between them (reports that are valid but dropped do not count
+    /// either way).
     pub fn with_max_invalid_in_a_row(mut self, max: u32) -> Self {
         self.max_invalid_in_a_row = max.max(1);
         self
     }
 
-    /// Allows `max` open streams at once instead of [`MAX_REPORT_STREAMS`].
+    /// Allows `max` open streams at once (default 16,384); one more fails with
+    /// `RESOURCE_EXHAUSTED`. One per backend task is the expected use.
     pub fn with_max_streams(mut self, max: usize) -> Self {
         self.max_streams = max;
         self
+    }
+
+    /// How many invalid messages in a row end a stream
+    /// ([`LoadCollector::with_max_invalid_in_a_row`]).
+    pub fn max_invalid_in_a_row(&self) -> u32 {
+        self.max_invalid_in_a_row
+    }
+
+    /// How many report streams may be open at once ([`LoadCollector::with_max_streams`]).
+    pub fn max_streams(&self) -> usize {
+        self.max_streams
+    }
+
+    /// The largest report message the collector decodes, in bytes (128 KiB): above any
+    /// report `steady-slicelet` builds (a message with [`MAX_REPORTED_SLICES`] slices,
+    /// [`MAX_REPORTED_KEYS`] keys and a job name of [`MAX_JOB_NAME_LEN`] bytes takes about
+    /// 84 KiB). A larger one ends its stream with `OUT_OF_RANGE` before it is buffered
+    /// (counted as invalid).
+    pub fn max_message_bytes(&self) -> usize {
+        MAX_REPORT_MESSAGE_BYTES
     }
 
     /// Accepts a report only from a peer whose client certificate names its task (see
@@ -150,7 +165,7 @@ impl LoadCollector {
     }
 
     /// The tonic service to add to a server (decoding messages of at most
-    /// [`MAX_REPORT_MESSAGE_BYTES`]).
+    /// [`LoadCollector::max_message_bytes`]).
     pub fn service(&self) -> LoadCollectorServer<Self> {
         LoadCollectorServer::new(self.clone()).max_decoding_message_size(MAX_REPORT_MESSAGE_BYTES)
     }
@@ -235,7 +250,7 @@ impl load_collector_server::LoadCollector for LoadCollector {
     ///
     /// `RESOURCE_EXHAUSTED` when the most streams allowed are open; `INVALID_ARGUMENT`
     /// after too many invalid messages in a row; the decoding error (`OUT_OF_RANGE` for a
-    /// message over [`MAX_REPORT_MESSAGE_BYTES`], `INTERNAL` for one that is not
+    /// message over [`LoadCollector::max_message_bytes`], `INTERNAL` for one that is not
     /// protobuf); `UNAVAILABLE` after [`LoadCollector::close_streams`].
     async fn report(
         &self,

@@ -1,28 +1,21 @@
 //! Keyed load, from the Slicelets that measure it to the Assigner that balances it.
 //!
-//! * [`LoadReport`]: what one backend task measured for the slices it held in one
-//!   generation, and its heaviest keys; validated when built (bounded in size).
+//! * [`LoadReport`](steady_slicelet::LoadReport) (`steady-slicelet`'s, which builds and
+//!   sends it): what one backend task measured for the slices it held in one generation,
+//!   and its heaviest keys; validated when built (bounded in size).
 //! * [`LoadBook`]: the Assigner's side: the latest report of every known task, accepted
 //!   only for the job's recent generations and known tasks (the rest is dropped and
 //!   counted), read back fresh for each run.
 //! * [`LoadCollector`]: the gRPC server of `LoadCollector.Report` (`steady.load.v1`,
 //!   in `steady_proto::load`): validates each streamed message (version
-//!   [`REPORT_VERSION`], then the report; [`MessageError`]) and feeds the book. Its
+//!   [`REPORT_VERSION`](steady_slicelet::report::REPORT_VERSION), then the report;
+//!   [`MessageError`](steady_slicelet::report::MessageError)) and feeds the book. Its
 //!   client is `Slicelet::report_to`.
 
 mod book;
 mod collector;
 mod reporters;
 
-pub use book::{Dropped, LoadBook, Received, KEPT_GENERATIONS};
-pub use collector::{
-    LoadCollector, MAX_INVALID_IN_A_ROW, MAX_LOGGED_REFUSED_PEERS, MAX_REPORT_MESSAGE_BYTES,
-    MAX_REPORT_STREAMS,
-};
+pub use book::{Dropped, LoadBook, Received};
+pub use collector::LoadCollector;
 pub use reporters::{PatternError, ReporterNames};
-// The report is the Slicelet's (it builds and sends it); re-exported for the collector's
-// users under the paths it had here.
-pub use steady_slicelet::report::{
-    LoadReport, MessageError, ReportError, MAX_REPORTED_KEYS, MAX_REPORTED_RATE, MAX_REPORTED_SLICES,
-    REPORT_VERSION,
-};

@@ -13,9 +13,8 @@ use super::{
     StoreFuture,
 };
 
-/// How many jobs a [`MemoryStore`] holds at most, unless [`MemoryStore::with_max_jobs`]
-/// says otherwise.
-pub const MAX_STORED_JOBS: usize = 1024;
+/// The default of [`MemoryStore::with_max_jobs`].
+const MAX_STORED_JOBS: usize = 1024;
 
 /// The embedded [`AssignmentStore`]: jobs held in this process, watchers fed by tokio
 /// watch channels. The default for one machine and for tests.
@@ -27,7 +26,7 @@ pub const MAX_STORED_JOBS: usize = 1024;
 ///
 /// # Memory
 ///
-/// At most [`MAX_STORED_JOBS`] jobs (or [`MemoryStore::with_max_jobs`]); a job's entry is
+/// At most 1,024 jobs (or [`MemoryStore::with_max_jobs`]); a job's entry is
 /// made by a write, a watch or a campaign, and an entry that holds nothing (no
 /// assignment, no leader, no watcher, no campaigner) is dropped when room is needed.
 /// Beyond the limit, watch and campaign fail with [`StoreError::TooManyJobs`]. Reads
@@ -88,7 +87,7 @@ impl MemoryStore {
         Self { inner: Arc::new(Inner { id, max_jobs: MAX_STORED_JOBS, state: Mutex::default() }) }
     }
 
-    /// An empty store that holds at most `max` jobs instead of [`MAX_STORED_JOBS`].
+    /// An empty store that holds at most `max` jobs instead of 1,024.
     pub fn with_max_jobs(max: usize) -> Self {
         let store = Self::new();
         let inner = Inner { id: store.inner.id, max_jobs: max, state: Mutex::default() };
@@ -98,6 +97,11 @@ impl MemoryStore {
     /// How many jobs it holds now.
     pub fn jobs(&self) -> usize {
         self.inner.lock().jobs.len()
+    }
+
+    /// How many jobs it holds at most ([`MemoryStore::with_max_jobs`]).
+    pub fn max_jobs(&self) -> usize {
+        self.inner.max_jobs
     }
 }
 

@@ -58,7 +58,7 @@ pub use error::{StoreError, ValueError};
 #[cfg(feature = "etcd")]
 pub use etcd::{EtcdConfig, EtcdStore, DEFAULT_KEY_PREFIX};
 pub use leadership::Leadership;
-pub use memory::{MemoryStore, MAX_STORED_JOBS};
+pub use memory::MemoryStore;
 #[cfg(feature = "etcd")]
 pub use steady_etcd::{ConnectError, EtcdAccess, EtcdTls};
 pub use watch::{AssignmentWatch, RejectedValue};

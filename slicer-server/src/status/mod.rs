@@ -1,9 +1,9 @@
-//! The control plane's HTTP pages (feature `status`): Prometheus text at `/metrics` and a
-//! status page at `/`, for one job.
+//! The control plane's HTTP pages: Prometheus text at `/metrics` and a status page at
+//! `/`, for one job (the `steady-slicer` binary serves them with `--metrics-listen`).
 //!
 //! ```no_run
-//! # async fn run(sources: steady_slicer::status::StatusSources) -> std::io::Result<()> {
-//! use steady_slicer::status::{MetricsRegistry, StatusServer};
+//! # async fn run(sources: steady_slicer_server::status::StatusSources) -> std::io::Result<()> {
+//! use steady_slicer_server::status::{MetricsRegistry, StatusServer};
 //!
 //! let registry = MetricsRegistry::new();
 //! // Components register their instruments in registry.meter() (see their observe_metrics).
@@ -20,15 +20,14 @@
 //!   share and load from its latest report, imbalance and key churn over the last
 //!   published runs, the leader and the store, and recent events (leadership changes,
 //!   generations, drains and departures, refused and dropped reports). One HTML document
-//!   with inline SVG, no external assets and no script, refreshing itself every
-//!   [`REFRESH`].
+//!   with inline SVG, no external assets and no script, refreshing itself every 2 seconds.
 //!
 //! # Bounds
 //!
 //! The pages serve whoever reaches the listener, so bind it where only operators and the
-//! scraper can (loopback by default in the binary). At most [`MAX_CONNECTIONS`] are served
-//! at once (more wait in the kernel's backlog); a request's headers must arrive within
-//! [`HEADER_TIMEOUT`]; the event log keeps the last [`MAX_EVENTS`] events.
+//! scraper can (loopback by default in the binary). At most 64 connections are served at
+//! once (more wait in the kernel's backlog); a request's headers must arrive within 5
+//! seconds; the event log keeps the last 100 events.
 
 mod page;
 mod prometheus;
@@ -43,24 +42,22 @@ use http_body_util::Full;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use steady_assigner::{TaskState, Tasks};
+use steady_slicer::assigner_service::AssignerStats;
+use steady_slicer::load::LoadCollector;
+use steady_slicer::Distributor;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
-pub use page::KEY_SPACE_COLUMNS;
 pub use prometheus::MetricsRegistry;
 
-use crate::assigner::AssignerStats;
-use crate::load::LoadCollector;
-use crate::Distributor;
-
 /// How often the status page reloads itself.
-pub const REFRESH: Duration = Duration::from_secs(2);
+const REFRESH: Duration = Duration::from_secs(2);
 /// The most connections served at once.
-pub const MAX_CONNECTIONS: usize = 64;
+const MAX_CONNECTIONS: usize = 64;
 /// How long a request's headers may take to arrive.
-pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// How many events the page keeps.
-pub const MAX_EVENTS: usize = 100;
+const MAX_EVENTS: usize = 100;
 /// How old a load report may be to count on the page.
 const FRESH_REPORTS: Duration = Duration::from_secs(30);
 /// How often the event log looks for changes.
@@ -80,7 +77,7 @@ pub struct StatusSources {
     /// The load collector (and through it, the book).
     pub collector: LoadCollector,
     /// The statistics of this instance's Assigner service
-    /// ([`crate::assigner::AssignerHandle::shared_stats`]); replaced when the service is
+    /// ([`steady_slicer::assigner_service::AssignerHandle::shared_stats`]); replaced when the service is
     /// (a restart, a standby that took over in the same process).
     pub assigner: watch::Receiver<Arc<AssignerStats>>,
     /// The task set the Assigner follows.

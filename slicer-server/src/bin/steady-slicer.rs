@@ -28,7 +28,7 @@
 //! start that load reports are unauthenticated.
 //!
 //! With `--metrics-listen ADDR` it serves Prometheus text at `/metrics` and a status page
-//! at `/` (`steady_slicer::status`) on ADDR; a bare port means 127.0.0.1, so the pages
+//! at `/` (`steady_slicer_server::status`) on ADDR; a bare port means 127.0.0.1, so the pages
 //! listen on loopback unless told otherwise. Its second line on stdout says where.
 //!
 //! With `--store etcd`, `--etcd-ca` connects to etcd over TLS (`https://` endpoints),
@@ -63,14 +63,14 @@ use futures_util::StreamExt;
 use steady_assigner::{by_name, Assigner, ReplicaLimits, RunInput, Tasks, NAMES};
 use steady_discovery::{dns, registry, Discovery};
 use steady_slice::MAX_TASK;
-use steady_slicer::assigner::{estimate, follow_job, AssignerConfig, AssignerService};
+use steady_slicer::assigner_service::{estimate, follow_job, AssignerConfig, AssignerService};
 use steady_slicer::load::{LoadBook, LoadCollector, ReporterNames};
-use steady_slicer::status::{MetricsRegistry, StatusServer, StatusSources};
 use steady_slicer::store::{
     check_name, AssignmentStore, EtcdAccess, EtcdConfig, EtcdStore, EtcdTls, MemoryStore,
     MAX_ASSIGNMENT_BYTES,
 };
 use steady_slicer::Distributor;
+use steady_slicer_server::status::{MetricsRegistry, StatusServer, StatusSources};
 use tokio::sync::watch;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
@@ -212,7 +212,7 @@ fn parse_args() -> Cli {
         Ok(cli) => cli,
         Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => e.exit(),
         Err(e) => {
-            eprintln!("steady-slicer: {}", steady_slicer::cli::one_line(&e, "steady-slicer"));
+            eprintln!("steady-slicer: {}", steady_slicer_server::cli::one_line(&e, "steady-slicer"));
             std::process::exit(e.exit_code());
         }
     }

@@ -1,4 +1,4 @@
-//! What the command-line tools share (feature `cli`): clap's refusals rendered in one line.
+//! What steady's command-line tools share: clap's refusals rendered in one line.
 
 use clap::error::{ContextKind, ContextValue};
 

@@ -29,10 +29,12 @@ pub struct AssignerConfig {
     pub handover: Option<Duration>,
 }
 
-/// The shortest cadence: runs cost a full assigner pass, so the loop must not spin.
+/// The shortest [`AssignerConfig::cadence`] [`AssignerConfig::validate`] accepts: runs
+/// cost a full assigner pass, so the loop must not spin.
 pub const MIN_CADENCE: Duration = Duration::from_millis(10);
 
-/// The shortest backoff after a store error.
+/// The shortest [`AssignerConfig::backoff`] after a store error that
+/// [`AssignerConfig::validate`] accepts.
 pub const MIN_BACKOFF: Duration = Duration::from_millis(1);
 
 /// Lost races in a row after which the service backs off before re-reading.

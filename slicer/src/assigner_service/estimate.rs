@@ -81,7 +81,7 @@ mod tests {
     use steady_slice::Slice;
 
     use super::*;
-    use crate::load::LoadReport;
+    use steady_slicelet::LoadReport;
 
     fn received(
         task: u32,

@@ -10,10 +10,10 @@ use std::time::{Duration, SystemTime};
 
 use steady_assigner::{Assignment, TaskState};
 
-use crate::assigner::RunRecord;
+use steady_slicer::assigner_service::RunRecord;
 
 /// How many columns the key-space strip has, whatever the number of slices.
-pub const KEY_SPACE_COLUMNS: usize = 600;
+const KEY_SPACE_COLUMNS: usize = 600;
 
 /// What the page shows, read from the components at request time.
 #[derive(Debug, Clone)]

@@ -4,7 +4,7 @@
 //! `scripts/test.sh`), names the job's tasks, the generation and the imbalance of the
 //! load six reporting Slicelets send.
 //!
-//! `STEADY_SCREENSHOT=docs/status-page.png cargo test -p steady-slicer --test pages`
+//! `STEADY_SCREENSHOT=docs/status-page.png cargo test -p steady-slicer-server --test pages`
 //! also writes the README's screenshot.
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 use steady_assigner::Moves;
 
 /// How many published runs [`AssignerStats::history`] keeps.
-pub const RUN_HISTORY: usize = 64;
+const RUN_HISTORY: usize = 64;
 
 /// One run that published a new generation, as the status page and the metrics show it.
 #[derive(Debug, Clone, PartialEq)]
@@ -86,8 +86,7 @@ impl AssignerStats {
     pub fn run_time(&self) -> Duration {
         Duration::from_nanos(self.run_nanos.load(Ordering::Relaxed))
     }
-    /// The latest runs that published a generation, oldest first (at most
-    /// [`RUN_HISTORY`]).
+    /// The latest runs that published a generation, oldest first (at most 64).
     pub fn history(&self) -> Vec<RunRecord> {
         self.history.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect()
     }

@@ -49,7 +49,7 @@ use tokio::time::Instant;
 
 pub use config::{AssignerConfig, AssignerConfigError, MIN_BACKOFF, MIN_CADENCE};
 pub use estimate::estimate;
-pub use stats::{AssignerStats, RunRecord, RUN_HISTORY};
+pub use stats::{AssignerStats, RunRecord};
 pub use tasks::{follow_job, tasks_of};
 
 use config::CONFLICTS_BEFORE_BACKOFF;

@@ -1,0 +1,26 @@
+//! The operator's side of `steady-slicer`: the `steady-slicer` binary, and what it serves
+//! besides gRPC.
+//!
+//! * The `steady-slicer` binary: one job's Assigner service, Distributor and load
+//!   collector (all `steady-slicer`'s) against a memory or etcd store, from the command
+//!   line. `steady-slicer --help` lists its options; `src/bin/steady-slicer.rs` documents
+//!   them with examples.
+//! * [`status`]: the HTTP pages (`--metrics-listen`): Prometheus text at `/metrics` and a
+//!   status page at `/`, for one job.
+//! * [`cli`]: what steady's command-line tools share: clap's refusals in one line.
+//!
+//! A program that embeds the control plane (its own `main`, its own flags) links
+//! `steady-slicer` and, for the pages, this crate's library: nothing here is needed to
+//! run a Distributor or an Assigner.
+//!
+//! # Dependencies
+//!
+//! `steady-slicer` with its `etcd`, `assigner`, `tls` and `metrics` features,
+//! `steady-discovery` (etcd registry and DNS), clap, hyper and the OpenTelemetry SDK (a
+//! manual reader behind `/metrics`).
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
+
+pub mod cli;
+pub mod status;
