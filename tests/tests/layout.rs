@@ -446,7 +446,7 @@ fn repository_texts() -> Vec<(String, String)> {
                     stack.push(path);
                 }
             } else if path.extension().is_some_and(|e| EXTENSIONS.contains(&&*e.to_string_lossy()))
-                || path.parent().is_some_and(|p| p.ends_with(".ci"))
+                || path.parent().is_some_and(|p| p.file_name().is_some_and(|n| n == ".ci"))
             {
                 let relative = path.strip_prefix(&root).unwrap().to_string_lossy().into_owned();
                 texts.push((relative, std::fs::read_to_string(&path).unwrap_or_default()));
