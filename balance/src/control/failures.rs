@@ -35,8 +35,8 @@ where
                 let address = slot.address.clone();
                 // A connection that served requests before failing starts the count
                 // afresh; one that never did makes the backoff grow.
-                let served =
-                    endpoint.requests.load(Ordering::Relaxed) > endpoint.failures.load(Ordering::Relaxed);
+                let served = endpoint.calls.requests.load(Ordering::Relaxed)
+                    > endpoint.calls.failures.load(Ordering::Relaxed);
                 let (failures, until) = self.slots.record_failure(task, &address, served);
                 self.slots.set_state(task, SlotState::Backoff { until });
                 Counters::add(&self.shared().counters.ejections, 1);
@@ -82,7 +82,7 @@ where
     pub(super) fn requests_flow(&self) -> bool {
         let shared = self.shared();
         shared.counters.closed_requests.load(Ordering::Relaxed) > 0
-            || shared.table.load().members.iter().any(|e| e.requests.load(Ordering::Relaxed) > 0)
+            || shared.table.load().members.iter().any(|e| e.calls.requests.load(Ordering::Relaxed) > 0)
     }
 
     /// Runs the outlier detectors' interval work; members whose ejection ended come

@@ -41,7 +41,8 @@ use tokio::time::Instant;
 use crate::config::{BalanceConfig, Load};
 use crate::connector::{Address, Connector};
 use crate::error::BoxError;
-use crate::route::endpoint::{Endpoint, Feedback, Reactions, OPEN};
+use crate::route::endpoint::{Endpoint, Feedback, Link, Opening, Reactions};
+use crate::route::load::LoadSignal;
 use crate::route::pick::fresh_rng;
 use crate::route::table::{Counters, Shared};
 use steady_core::JobView;
@@ -363,22 +364,15 @@ where
                     consecutive: self.config.outliers.consecutive_failures.unwrap_or(0),
                     after_probe: self.ramp.after_probe(),
                 };
-                let endpoint = Arc::new(Endpoint::new(
-                    task,
-                    attempt,
-                    service,
-                    self.config.load,
-                    reactions,
-                    gate,
-                    self.feedback_tx.clone(),
-                    rotation,
-                ));
-                if gate < OPEN {
+                let opening = Opening { gate, load: LoadSignal::new(self.config.load), reactions };
+                let link = Link { feedback: self.feedback_tx.clone(), rotation };
+                let endpoint = Arc::new(Endpoint::new(task, attempt, service, opening, link));
+                if gate.slow_start_share().is_some() {
                     self.ramp.start(endpoint.clone(), Instant::now());
                 }
                 Counters::add(&self.shared().counters.opened, 1);
                 self.shared().open.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(task, returning, gate, "connected");
+                tracing::debug!(task, returning, gate = gate.word(), "connected");
                 SlotState::Ready(endpoint)
             }
             Err(error) => {

@@ -7,7 +7,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::config::SlowStart;
-use crate::route::endpoint::{Endpoint, OPEN, PROBE_WAITING};
+use crate::route::endpoint::Endpoint;
+use crate::route::gate::{GateState, Share};
 
 /// How often a ramping member's share is raised: twenty steps per window, at most
 /// every 10 ms.
@@ -29,33 +30,34 @@ impl<S> Ramp<S> {
     /// The gate a new connection opens with: probation when `returning` from a broken
     /// connection (and probation is on), a ramp's first share when it must ramp, else
     /// fully open.
-    pub(super) fn initial_gate(&self, returning: bool, ramps: bool) -> u32 {
+    pub(super) fn initial_gate(&self, returning: bool, ramps: bool) -> GateState {
         if returning && self.config.probation {
-            PROBE_WAITING
+            GateState::PROBE_WAITING
         } else if ramps && !self.config.window.is_zero() {
-            self.first_share()
+            GateState::slow_start(self.first_share())
         } else {
-            OPEN
+            GateState::OPEN
         }
     }
 
     /// The gate a probation member opens to once its probe succeeded.
-    pub(super) fn after_probe(&self) -> u32 {
+    pub(super) fn after_probe(&self) -> GateState {
         if self.config.window.is_zero() {
-            OPEN
+            GateState::OPEN
         } else {
-            self.first_share()
+            GateState::slow_start(self.first_share())
         }
     }
 
-    fn first_share(&self) -> u32 {
-        ((self.config.min_share * f64::from(OPEN)) as u32).clamp(1, OPEN)
+    /// The configured starting share, at least the least share above none.
+    fn first_share(&self) -> Share {
+        Share::of(self.config.min_share).max(Share::LEAST)
     }
 
     /// Ramps `endpoint` up from its first share, starting now (nothing with no window).
     pub(super) fn start(&mut self, endpoint: Arc<Endpoint<S>>, now: Instant) {
         if self.config.window.is_zero() {
-            endpoint.set_share(OPEN);
+            endpoint.set_share(Share::FULL);
             return;
         }
         endpoint.set_share(self.first_share());
@@ -92,11 +94,11 @@ impl<S> Ramp<S> {
             }
             let elapsed = now.duration_since(*started);
             if elapsed >= window {
-                endpoint.set_share(OPEN);
+                endpoint.set_share(Share::FULL);
                 return false;
             }
             let share = min + (1.0 - min) * elapsed.as_secs_f64() / window.as_secs_f64();
-            endpoint.set_share((share * f64::from(OPEN)) as u32);
+            endpoint.set_share(Share::of(share));
             true
         });
         self.next_step = (!self.ramping.is_empty()).then(|| now + self.step());
