@@ -37,7 +37,7 @@ pub struct MemberStats {
     pub in_flight: usize,
     /// Failed calls since its last success (server faults and timeouts).
     pub consecutive_failures: u32,
-    /// Whether it takes a full share of requests, is ramping up, or is on probation.
+    /// Whether it takes a full share of requests, is in slow start, or is on probation.
     pub state: MemberState,
 }
 

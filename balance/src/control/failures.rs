@@ -68,8 +68,8 @@ where
                     self.slots.iter().find_map(|(_, s)| s.endpoint().filter(|e| e.id == id).cloned());
                 if let Some(endpoint) = probed {
                     tracing::debug!(task = endpoint.task, "probe served: slow start");
-                    if !self.ramp.contains(id) {
-                        self.ramp.start(endpoint, Instant::now());
+                    if !self.slow_start.contains(id) {
+                        self.slow_start.start(endpoint, Instant::now());
                     }
                 }
             }
@@ -101,7 +101,7 @@ where
         for &task in &tick.returned {
             if let Some(endpoint) = self.slots.endpoint(task) {
                 tracing::info!(task, "ejection over: back in rotation, slow start");
-                self.ramp.start(endpoint.clone(), now);
+                self.slow_start.start(endpoint.clone(), now);
             }
         }
         !tick.ejected.is_empty() || !tick.returned.is_empty()

@@ -16,7 +16,7 @@
 //! * [`affinity::AffinitySet`]: connections to replicas outside the subset;
 //! * [`assignments::Assignments`]: the assignment source and the assignment in force;
 //! * [`outliers::Outliers`]: outlier ejection and its history;
-//! * [`ramp::Ramp`]: slow start of members that join or come back;
+//! * [`slow_start::SlowStarts`]: slow start of members that join or come back;
 //!
 //! The reactions to failing members (request feedback, outlier detection) are in
 //! [`failures`].
@@ -55,8 +55,8 @@ mod failures;
 mod order;
 mod outliers;
 mod publisher;
-mod ramp;
 mod slots;
+mod slow_start;
 
 use affinity::AffinitySet;
 pub(crate) use assignments::AssignmentSource;
@@ -66,8 +66,8 @@ use draining::Draining;
 use order::candidate_order;
 use outliers::Outliers;
 use publisher::{Publisher, TableInputs};
-use ramp::Ramp;
 use slots::{SlotState, Slots};
+use slow_start::SlowStarts;
 
 /// What a `Balance` handle asks of the control task.
 pub(crate) enum Command {
@@ -112,7 +112,7 @@ pub(crate) struct Control<T, C, S, J> {
     /// that no published table names a retired connection).
     retiring: Vec<(Arc<Endpoint<S>>, &'static str)>,
     outliers: Outliers,
-    ramp: Ramp<S>,
+    slow_start: SlowStarts<S>,
     /// The subset's health at the last reconcile, for the panic threshold.
     health: SubsetHealth,
     /// With Peak EWMA: when the latency estimates of members with no timed response
@@ -157,7 +157,7 @@ where
     ) -> Self {
         let (feedback_tx, feedback) = mpsc::unbounded_channel();
         let outliers = Outliers::new(config.outliers, Instant::now());
-        let ramp = Ramp::new(config.slow_start);
+        let slow_start = SlowStarts::new(config.slow_start);
         let assignments = Assignments::new(config.backoff);
         let next_aging = matches!(config.load, Load::PeakEwma { .. }).then(|| Instant::now() + LATENCY_AGING);
         Self {
@@ -179,7 +179,7 @@ where
             stale: false,
             retiring: Vec::new(),
             outliers,
-            ramp,
+            slow_start,
             health: SubsetHealth::default(),
             next_aging,
         }
@@ -247,7 +247,7 @@ where
                 self.slots.next_retry(),
                 self.affinity.next_sweep(),
                 self.outliers.next_deadline(),
-                self.ramp.next_deadline(),
+                self.slow_start.next_deadline(),
                 self.next_aging,
             ]
             .into_iter()
@@ -329,7 +329,8 @@ where
         let mut changed = self.affinity.sweep(&self.slots, now);
         changed |= self.detect_outliers(now);
         let slots = &self.slots;
-        self.ramp.advance(now, |id| slots.iter().any(|(_, s)| s.endpoint().is_some_and(|e| e.id == id)));
+        self.slow_start
+            .advance(now, |id| slots.iter().any(|(_, s)| s.endpoint().is_some_and(|e| e.id == id)));
         if self.next_aging.is_some_and(|t| t <= now) {
             self.next_aging = Some(now + LATENCY_AGING);
             for (_, slot) in self.slots.iter() {
@@ -359,16 +360,16 @@ where
                 // serving other frontends), open fully.
                 let returning = self.slots.has_failed(task, &address);
                 let joining = self.requests_flow() && !self.affinity.contains(task);
-                let gate = self.ramp.initial_gate(returning, joining);
+                let gate = self.slow_start.initial_gate(returning, joining);
                 let reactions = Reactions {
                     consecutive: self.config.outliers.consecutive_failures.unwrap_or(0),
-                    after_probe: self.ramp.after_probe(),
+                    after_probe: self.slow_start.after_probe(),
                 };
                 let opening = Opening { gate, load: LoadSignal::new(self.config.load), reactions };
                 let link = Link { feedback: self.feedback_tx.clone(), rotation };
                 let endpoint = Arc::new(Endpoint::new(task, attempt, service, opening, link));
                 if gate.slow_start_share().is_some() {
-                    self.ramp.start(endpoint.clone(), Instant::now());
+                    self.slow_start.start(endpoint.clone(), Instant::now());
                 }
                 Counters::add(&self.shared().counters.opened, 1);
                 self.shared().open.fetch_add(1, Ordering::Relaxed);

@@ -10,30 +10,30 @@ use crate::config::SlowStart;
 use crate::route::endpoint::Endpoint;
 use crate::route::gate::{GateState, Share};
 
-/// How often a ramping member's share is raised: twenty steps per window, at most
-/// every 10 ms.
+/// How often the share of a member in slow start is raised: twenty steps per window,
+/// at most every 10 ms.
 const STEPS: u32 = 20;
 
-/// The members ramping up, and the configuration of the ramp.
-pub(super) struct Ramp<S> {
+/// The members in slow start, and its configuration.
+pub(super) struct SlowStarts<S> {
     config: SlowStart,
-    /// Each ramping connection and when its ramp began.
-    ramping: Vec<(Arc<Endpoint<S>>, Instant)>,
+    /// Each connection in slow start and when its slow start began.
+    starting: Vec<(Arc<Endpoint<S>>, Instant)>,
     next_step: Option<Instant>,
 }
 
-impl<S> Ramp<S> {
+impl<S> SlowStarts<S> {
     pub(super) fn new(config: SlowStart) -> Self {
-        Self { config, ramping: Vec::new(), next_step: None }
+        Self { config, starting: Vec::new(), next_step: None }
     }
 
     /// The gate a new connection opens with: probation when `returning` from a broken
-    /// connection (and probation is on), a ramp's first share when it must ramp, else
-    /// fully open.
-    pub(super) fn initial_gate(&self, returning: bool, ramps: bool) -> GateState {
+    /// connection (and probation is on), a slow start's first share when `joining`
+    /// (and slow start is on), else fully open.
+    pub(super) fn initial_gate(&self, returning: bool, joining: bool) -> GateState {
         if returning && self.config.probation {
             GateState::PROBE_WAITING
-        } else if ramps && !self.config.window.is_zero() {
+        } else if joining && !self.config.window.is_zero() {
             GateState::slow_start(self.first_share())
         } else {
             GateState::OPEN
@@ -54,21 +54,22 @@ impl<S> Ramp<S> {
         Share::of(self.config.min_share).max(Share::LEAST)
     }
 
-    /// Ramps `endpoint` up from its first share, starting now (nothing with no window).
+    /// Starts the slow start of `endpoint` from its first share, now (opens it fully
+    /// with no window).
     pub(super) fn start(&mut self, endpoint: Arc<Endpoint<S>>, now: Instant) {
         if self.config.window.is_zero() {
             endpoint.set_share(Share::FULL);
             return;
         }
         endpoint.set_share(self.first_share());
-        self.ramping.retain(|(e, _)| e.id != endpoint.id);
-        self.ramping.push((endpoint, now));
+        self.starting.retain(|(e, _)| e.id != endpoint.id);
+        self.starting.push((endpoint, now));
         self.next_step.get_or_insert(now + self.step());
     }
 
-    /// Whether connection `id` is ramping.
+    /// Whether connection `id` is in slow start.
     pub(super) fn contains(&self, id: u64) -> bool {
-        self.ramping.iter().any(|(e, _)| e.id == id)
+        self.starting.iter().any(|(e, _)| e.id == id)
     }
 
     fn step(&self) -> Duration {
@@ -80,15 +81,15 @@ impl<S> Ramp<S> {
         self.next_step
     }
 
-    /// Raises every ramping member's share to where its ramp stands; those whose window
-    /// has passed open fully and leave the ramp. Connections no longer in rotation
+    /// Raises the share of every member in slow start to where its slow start stands;
+    /// those whose window has passed open fully and leave. Connections no longer in rotation
     /// (`in_rotation` false) leave too.
     pub(super) fn advance(&mut self, now: Instant, in_rotation: impl Fn(u64) -> bool) {
         if self.next_step.is_none_or(|t| t > now) {
             return;
         }
         let (window, min) = (self.config.window, self.config.min_share);
-        self.ramping.retain(|(endpoint, started)| {
+        self.starting.retain(|(endpoint, started)| {
             if !in_rotation(endpoint.id) {
                 return false;
             }
@@ -101,6 +102,6 @@ impl<S> Ramp<S> {
             endpoint.set_share(Share::of(share));
             true
         });
-        self.next_step = (!self.ramping.is_empty()).then(|| now + self.step());
+        self.next_step = (!self.starting.is_empty()).then(|| now + self.step());
     }
 }
