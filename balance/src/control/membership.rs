@@ -263,6 +263,7 @@ where
                 stand_ins.push(task);
             }
         }
+        debug_assert!(primary.len() <= k && failed <= primary.len() && stand_ins.len() <= needed);
         let (primary_len, out) = (primary.len(), failed);
         primary.extend(stand_ins);
         Some(Subset { tasks: primary, primary: primary_len, out })

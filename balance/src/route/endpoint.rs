@@ -150,8 +150,9 @@ impl<S> Endpoint<S> {
         Self::new(task, id, service, Opening::plain(), Link { feedback, rotation: nowhere() })
     }
 
-    /// The load estimate: lower is better. Whether the endpoint may be picked at all
-    /// (broken, held back) is its gate's to say, read first.
+    /// The load estimate, lower is better: what its load signal (see [`Load`]) makes of
+    /// its requests in flight. Whether the endpoint may be picked at all (broken, held
+    /// back) is its gate's to say, read first.
     #[inline]
     pub(crate) fn load(&self) -> f64 {
         self.load.load(self.calls.in_flight.load(Ordering::Relaxed))
