@@ -2,7 +2,7 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::route::endpoint::{OPEN, PROBE_SENT, PROBE_WAITING};
+use crate::route::gate::GateState;
 use crate::route::table::Shared;
 
 /// How freely a member of the routing table takes requests.
@@ -37,7 +37,7 @@ pub struct MemberStats {
     pub in_flight: usize,
     /// Failed calls since its last success (server faults and timeouts).
     pub consecutive_failures: u32,
-    /// Whether it takes a full share of requests, is ramping up, or is on probation.
+    /// Whether it takes a full share of requests, is in slow start, or is on probation.
     pub state: MemberState,
 }
 
@@ -116,18 +116,18 @@ impl BalanceStats {
             .iter()
             .map(|e| MemberStats {
                 task: e.task,
-                requests: e.requests.load(Ordering::Relaxed),
-                failures: e.failures.load(Ordering::Relaxed),
-                in_flight: e.in_flight.load(Ordering::Relaxed),
-                consecutive_failures: e.consecutive_failures(),
+                requests: e.calls.requests.load(Ordering::Relaxed),
+                failures: e.calls.failures.load(Ordering::Relaxed),
+                in_flight: e.calls.in_flight.load(Ordering::Relaxed),
+                consecutive_failures: e.calls.consecutive_failures(),
                 state: match e.gate() {
-                    OPEN => MemberState::Serving,
-                    share if share < OPEN => {
-                        MemberState::SlowStart { percent: (u64::from(share) * 100 / u64::from(OPEN)) as u8 }
-                    }
-                    PROBE_WAITING => MemberState::Probation { probe_sent: false },
-                    PROBE_SENT => MemberState::Probation { probe_sent: true },
-                    _ => MemberState::Failed,
+                    GateState::OPEN => MemberState::Serving,
+                    GateState::PROBE_WAITING => MemberState::Probation { probe_sent: false },
+                    GateState::PROBE_SENT => MemberState::Probation { probe_sent: true },
+                    gate => match gate.slow_start_share() {
+                        Some(share) => MemberState::SlowStart { percent: share.percent() },
+                        None => MemberState::Failed,
+                    },
                 },
             })
             .collect();
@@ -144,7 +144,7 @@ impl BalanceStats {
             panics: c.panics.load(Ordering::Relaxed),
             requests: c.closed_requests.load(Ordering::Relaxed)
                 + members.iter().map(|m| m.requests).sum::<u64>()
-                + table.affinity.iter().map(|e| e.requests.load(Ordering::Relaxed)).sum::<u64>(),
+                + table.affinity.iter().map(|e| e.calls.requests.load(Ordering::Relaxed)).sum::<u64>(),
             failures: c.call_failures.load(Ordering::Relaxed),
             no_backend: c.no_backend.load(Ordering::Relaxed),
             subset: table.wanted.clone(),
@@ -163,7 +163,7 @@ impl BalanceStats {
                     .members
                     .iter()
                     .chain(&table.affinity)
-                    .map(|e| e.keyed.load(Ordering::Relaxed))
+                    .map(|e| e.calls.keyed.load(Ordering::Relaxed))
                     .sum::<u64>(),
             affinity: table.affinity.iter().map(|e| e.task).collect(),
             affinity_opened: c.affinity_opened.load(Ordering::Relaxed),

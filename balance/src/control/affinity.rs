@@ -136,8 +136,8 @@ impl AffinitySet {
     fn refresh<T: Address, S>(&mut self, slots: &Slots<T, S>, now: Instant) {
         for (task, used) in &mut self.uses {
             if let Some(endpoint) = slots.endpoint(*task) {
-                let requests = endpoint.requests.load(Ordering::Relaxed);
-                if requests != used.requests || endpoint.in_flight.load(Ordering::Relaxed) > 0 {
+                let requests = endpoint.calls.requests.load(Ordering::Relaxed);
+                if requests != used.requests || endpoint.calls.in_flight.load(Ordering::Relaxed) > 0 {
                     used.requests = requests;
                     used.active = now;
                 }

@@ -30,8 +30,8 @@ impl Folded {
     /// totals.
     fn fold<S>(self, endpoint: &Endpoint<S>, counters: &Counters) -> Self {
         let now = Folded {
-            requests: endpoint.requests.load(Ordering::Relaxed),
-            keyed: endpoint.keyed.load(Ordering::Relaxed),
+            requests: endpoint.calls.requests.load(Ordering::Relaxed),
+            keyed: endpoint.calls.keyed.load(Ordering::Relaxed),
         };
         Counters::add(&counters.closed_requests, now.requests - self.requests);
         Counters::add(&counters.closed_keyed, now.keyed - self.keyed);
@@ -49,7 +49,7 @@ impl<S> Draining<S> {
     pub(super) fn retire(&mut self, endpoint: Arc<Endpoint<S>>, why: &'static str, shared: &Shared<S>) {
         tracing::debug!(
             task = endpoint.task,
-            in_flight = endpoint.in_flight.load(Ordering::Relaxed),
+            in_flight = endpoint.calls.in_flight.load(Ordering::Relaxed),
             why,
             "draining"
         );
@@ -64,7 +64,7 @@ impl<S> Draining<S> {
 
     /// Connection `id` reported its last request done: close it if it is still idle.
     pub(super) fn drained(&mut self, id: u64, shared: &Shared<S>) {
-        if self.endpoints.get(&id).is_some_and(|(e, _)| e.in_flight.load(Ordering::SeqCst) == 0) {
+        if self.endpoints.get(&id).is_some_and(|(e, _)| e.calls.in_flight.load(Ordering::SeqCst) == 0) {
             if let Some((endpoint, folded)) = self.endpoints.remove(&id) {
                 folded.fold(&endpoint, &shared.counters);
                 close(&endpoint, shared);

@@ -9,23 +9,25 @@
 //! command, a connection outcome, request feedback, an assignment, a timer), whether or
 //! not requests flow, and stops when the last `Balance` handle is dropped.
 //!
-//! Its state is in pieces, each with its own methods:
-//! * [`slots::Slots`]: the wanted tasks' connections, their failure history and backoff;
-//! * [`attempts::Attempts`]: connection attempts under way;
-//! * [`draining::Draining`]: retired connections finishing their requests;
-//! * [`affinity::AffinitySet`]: connections to replicas outside the subset;
-//! * [`assignments::Assignments`]: the assignment source and the assignment in force;
-//! * [`outliers::Outliers`]: outlier ejection and its history;
-//! * [`ramp::Ramp`]: slow start of members that join or come back;
+//! Its state is in two pieces, each with its own methods, and a reconcile reads as
+//! "membership plans from the view and the health":
+//! * [`membership::Membership`]: which tasks to keep connections to (the subset and its
+//!   stand-ins, from the frontend's order) and the connections themselves:
+//!   [`slots::Slots`] (the wanted tasks' connections, their failure history and
+//!   backoff), [`attempts::Attempts`] (connection attempts under way),
+//!   [`draining::Draining`] (retired connections finishing their requests) and
+//!   [`affinity::AffinitySet`] (connections to replicas outside the subset);
+//! * [`health::Health`]: how the members fare: [`outliers::Outliers`] (outlier ejection
+//!   and its history), [`slow_start::SlowStarts`] (members that join or come back take
+//!   up load gradually), how much of the subset is out (the panic threshold), and the
+//!   aging of latency estimates.
 //!
-//! The reactions to failing members (request feedback, outlier detection) are in
-//! [`failures`].
-//! * [`publisher::Publisher`]: the routing table's publication.
+//! Beside them: [`assignments::Assignments`] (the assignment source and the assignment
+//! in force) and [`publisher::Publisher`] (the routing table's publication).
 //!
 //! Every handler is a plain function: nothing the task does waits, so one event is
 //! handled whole before the next is looked at.
 
-use std::collections::HashSet;
 use std::fmt;
 use std::future::poll_fn;
 use std::panic::AssertUnwindSafe;
@@ -38,11 +40,11 @@ use steady_slice::Assignment;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::config::{BalanceConfig, Load};
+use crate::config::BalanceConfig;
 use crate::connector::{Address, Connector};
 use crate::error::BoxError;
-use crate::route::endpoint::{Endpoint, Feedback, Reactions, OPEN};
-use crate::route::pick::fresh_rng;
+use crate::route::endpoint::{Endpoint, Feedback, Link, Opening, Reactions};
+use crate::route::load::LoadSignal;
 use crate::route::table::{Counters, Shared};
 use steady_core::JobView;
 
@@ -50,23 +52,19 @@ mod affinity;
 mod assignments;
 mod attempts;
 mod draining;
-mod failures;
+mod health;
+mod membership;
 mod order;
 mod outliers;
 mod publisher;
-mod ramp;
 mod slots;
+mod slow_start;
 
-use affinity::AffinitySet;
 pub(crate) use assignments::AssignmentSource;
 use assignments::Assignments;
-use attempts::Attempts;
-use draining::Draining;
-use order::candidate_order;
-use outliers::Outliers;
+use health::Health;
+use membership::{Inputs, Membership};
 use publisher::{Publisher, TableInputs};
-use ramp::Ramp;
-use slots::{SlotState, Slots};
 
 /// What a `Balance` handle asks of the control task.
 pub(crate) enum Command {
@@ -97,42 +95,12 @@ pub(crate) struct Control<T, C, S, J> {
     feedback: mpsc::UnboundedReceiver<Feedback>,
     /// Handed to every endpoint, for its requests to report failures and drains.
     feedback_tx: mpsc::UnboundedSender<Feedback>,
-    attempts: Attempts<T, C, S>,
-    slots: Slots<T, S>,
-    draining: Draining<S>,
-    affinity: AffinitySet,
+    membership: Membership<T, C, S>,
+    health: Health<S>,
     assignments: Assignments,
     publisher: Publisher<S>,
-    /// The last connection attempt's id (also the id of the connection it makes).
-    last_attempt: u64,
     /// Set after a restart: reconcile before waiting for the next event.
     stale: bool,
-    /// Connections leaving rotation, retired once a table without them is published (so
-    /// that no published table names a retired connection).
-    retiring: Vec<(Arc<Endpoint<S>>, &'static str)>,
-    outliers: Outliers,
-    ramp: Ramp<S>,
-    /// The subset's health at the last reconcile, for the panic threshold.
-    health: SubsetHealth,
-    /// With Peak EWMA: when the latency estimates of members with no timed response
-    /// lately are next aged (see `Endpoint::age_latency`).
-    next_aging: Option<Instant>,
-}
-
-/// How often, and after how long without a timed response, a member's latency
-/// estimate is aged.
-const LATENCY_AGING: Duration = Duration::from_secs(1);
-
-/// How many of the subset's first `k` members are out of rotation (ejected, or failed
-/// and backing off), as of the last reconcile.
-#[derive(Debug, Clone, Copy, Default)]
-struct SubsetHealth {
-    /// The subset's size without stand-ins (at most `k`).
-    primary: usize,
-    /// Of those, how many are out of rotation.
-    out: usize,
-    /// More than the configured share is out: ejected members serve again.
-    panic: bool,
 }
 
 /// Restarts this far apart are not consecutive.
@@ -155,32 +123,18 @@ where
         shared: Arc<Shared<S>>,
     ) -> Self {
         let (feedback_tx, feedback) = mpsc::unbounded_channel();
-        let outliers = Outliers::new(config.outliers, Instant::now());
-        let ramp = Ramp::new(config.slow_start);
-        let assignments = Assignments::new(config.backoff);
-        let next_aging = matches!(config.load, Load::PeakEwma { .. }).then(|| Instant::now() + LATENCY_AGING);
         Self {
-            attempts: Attempts::new(connector, config.connect_timeout),
-            // Jitter seeded per process (not by the frontend index, which frontends of other
-            // client jobs share): their retries do not fall in step.
-            slots: Slots::new(config.backoff, fresh_rng()),
-            affinity: AffinitySet::new(config.max_affinity, config.affinity_idle),
+            membership: Membership::new(&config, connector),
+            health: Health::new(&config),
+            assignments: Assignments::new(config.backoff),
             config,
             job: Some(job),
             view: JobView::default(),
             commands,
             feedback,
             feedback_tx,
-            draining: Draining::new(),
-            assignments,
             publisher: Publisher::new(shared),
-            last_attempt: 0,
             stale: false,
-            retiring: Vec::new(),
-            outliers,
-            ramp,
-            health: SubsetHealth::default(),
-            next_aging,
         }
     }
 
@@ -227,12 +181,7 @@ where
     /// work (so the table in force stays good): attempts under way are dropped with their
     /// slots, affinity connections are forgotten, and the next turn reconciles afresh.
     fn recover(&mut self) {
-        // A failure may have been half handled: a connection known broken is retired now.
-        for endpoint in self.slots.take_broken() {
-            self.retiring.push((endpoint, "failed"));
-        }
-        self.slots.retain_settled();
-        self.affinity = AffinitySet::new(self.config.max_affinity, self.config.affinity_idle);
+        self.membership.recover(&self.config);
         self.publisher.forget_published();
         self.stale = true;
     }
@@ -242,16 +191,8 @@ where
             if std::mem::take(&mut self.stale) {
                 self.reconcile();
             }
-            let next_timer = [
-                self.slots.next_retry(),
-                self.affinity.next_sweep(),
-                self.outliers.next_deadline(),
-                self.ramp.next_deadline(),
-                self.next_aging,
-            ]
-            .into_iter()
-            .flatten()
-            .min();
+            let next_timer =
+                [self.membership.next_deadline(), self.health.next_deadline()].into_iter().flatten().min();
             // `biased`: the branches are tried in this order, so that
             // * a stop (every handle gone) wins over everything else;
             // * feedback (a failed call, a drained connection) only takes things away,
@@ -269,10 +210,8 @@ where
                     Some(command) => self.on_command(command),
                 },
                 Some(feedback) = self.feedback.recv() => self.on_feedback(feedback),
-                (task, attempt, result) = poll_fn(|cx| {
-                    let slots = &self.slots;
-                    self.attempts.poll_outcome(cx, |task, attempt| slots.get(task).is_some_and(|s| s.awaits(attempt)))
-                }), if !self.attempts.is_idle() => self.on_connected(task, attempt, result),
+                (task, attempt, result) = poll_fn(|cx| self.membership.poll_attempts(cx)),
+                    if self.membership.is_connecting() => self.on_connected(task, attempt, result),
                 view = next_view(&mut self.job), if self.job.is_some() => self.on_view(view),
                 item = self.assignments.next(), if self.assignments.is_following() => self.on_assignment(item),
                 () = sleep_until(next_timer), if next_timer.is_some() => self.on_timer(),
@@ -294,9 +233,7 @@ where
             Command::Assignments(source) => self.assignments.follow(source),
             Command::Affinity(tasks) => {
                 let subset = self.shared().table.load().wanted.clone();
-                let (view, draining_too) = (&self.view, self.config.keyed_to_draining);
-                let address_of = |t| keyed_address(view, draining_too, t);
-                self.affinity.request(tasks, &subset, address_of, &self.slots, Instant::now());
+                self.membership.request_affinity(tasks, &subset, &self.view, &self.config, Instant::now());
             }
         }
         self.reconcile();
@@ -321,217 +258,125 @@ where
 
     fn on_timer(&mut self) {
         let now = Instant::now();
-        for (task, address) in self.slots.due(now) {
-            let attempt = self.connect(task, address);
-            self.slots.set_state(task, SlotState::Connecting { attempt });
-        }
-        let mut changed = self.affinity.sweep(&self.slots, now);
-        changed |= self.detect_outliers(now);
-        let slots = &self.slots;
-        self.ramp.advance(now, |id| slots.iter().any(|(_, s)| s.endpoint().is_some_and(|e| e.id == id)));
-        if self.next_aging.is_some_and(|t| t <= now) {
-            self.next_aging = Some(now + LATENCY_AGING);
-            for (_, slot) in self.slots.iter() {
-                if let Some(endpoint) = slot.endpoint() {
-                    endpoint.age_latency(now, LATENCY_AGING);
-                }
-            }
-        }
+        let mut changed = self.membership.on_timer(now);
+        let connected = self.membership.ready();
+        let membership = &self.membership;
+        let counters = &self.publisher.shared().counters;
+        changed |= self.health.on_timer(now, &connected, |task| membership.has_slot(task), counters);
         if changed {
             self.reconcile();
         }
     }
 
     fn on_connected(&mut self, task: usize, attempt: u64, result: Result<S, BoxError>) {
-        let Some(slot) = self.slots.get(task).filter(|s| s.awaits(attempt)) else {
+        let Some(address) = self.membership.awaiting(task, attempt) else {
             // A stale attempt (the task left, or a newer attempt replaced it): drop its
             // connection.
             return;
         };
-        let address = slot.address.clone();
-        let state = match result {
+        match result {
             Ok(service) => {
                 let rotation = Arc::downgrade(self.publisher.shared());
                 // Back after a broken connection: probation. Joining the subset while
                 // requests flow: slow start. The first members of a fresh balancer, and
                 // affinity connections (replicas keyed requests are waiting for, already
                 // serving other frontends), open fully.
-                let returning = self.slots.has_failed(task, &address);
-                let joining = self.requests_flow() && !self.affinity.contains(task);
-                let gate = self.ramp.initial_gate(returning, joining);
+                let returning = self.membership.has_failed(task, &address);
+                let joining = self.requests_flow() && !self.membership.is_affinity(task);
+                let gate = self.health.opening_gate(returning, joining);
                 let reactions = Reactions {
                     consecutive: self.config.outliers.consecutive_failures.unwrap_or(0),
-                    after_probe: self.ramp.after_probe(),
+                    after_probe: self.health.after_probe(),
                 };
-                let endpoint = Arc::new(Endpoint::new(
-                    task,
-                    attempt,
-                    service,
-                    self.config.load,
-                    reactions,
-                    gate,
-                    self.feedback_tx.clone(),
-                    rotation,
-                ));
-                if gate < OPEN {
-                    self.ramp.start(endpoint.clone(), Instant::now());
+                let opening = Opening { gate, load: LoadSignal::new(self.config.load), reactions };
+                let link = Link { feedback: self.feedback_tx.clone(), rotation };
+                let endpoint = Arc::new(Endpoint::new(task, attempt, service, opening, link));
+                if gate.slow_start_share().is_some() {
+                    self.health.start_slow_start(endpoint.clone(), Instant::now());
                 }
                 Counters::add(&self.shared().counters.opened, 1);
                 self.shared().open.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(task, returning, gate, "connected");
-                SlotState::Ready(endpoint)
+                tracing::debug!(task, returning, gate = gate.word(), "connected");
+                self.membership.connected(task, endpoint);
             }
             Err(error) => {
-                let (failures, until) = self.slots.record_failure(task, &address, false);
+                let (failures, until) = self.membership.connect_failed(task, &address);
                 Counters::add(&self.shared().counters.connect_failures, 1);
                 tracing::warn!(task, %error, failures, retry_in = ?until - Instant::now(), "connection failed");
-                SlotState::Backoff { until }
             }
-        };
-        self.slots.set_state(task, state);
+        }
         self.reconcile();
     }
 
-    /// The backends to keep connections to, in preference order: the first `k` serving
-    /// tasks of the frontend's order, then as many stand-ins as there are failed or
-    /// ejected members among those `k` (at most `max_stand_ins`). Stand-ins already
-    /// connected are kept (so a recovering candidate never displaces a healthy one); the
-    /// rest come next in order, skipping failed and ejected tasks. Also records how much
-    /// of the subset is out, and whether that puts it in panic (see [`SubsetHealth`]).
-    fn wanted(&mut self, now: Instant) -> Vec<usize> {
-        if self.view.size > steady_subset::MAX_BACKENDS {
-            // No subset can be computed for such a view: keep the one in force.
-            return self.shared().table.load().wanted.clone();
-        }
-        let outliers = &self.outliers;
-        let (view, slots) = (&self.view, &self.slots);
-        // A subset larger than the job is the whole job.
-        let k = self.config.subset_size.min(view.size);
-        let mut order = candidate_order(&self.config.algorithm, self.config.frontend, view.size, k);
-        let mut primary = Vec::with_capacity(k);
-        let mut failed = 0;
-        if k > 0 {
-            for task in order.by_ref() {
-                let Some(address) = view.serving_task(task) else { continue };
-                primary.push(task);
-                failed += usize::from(slots.is_failed(task, address, now) || outliers.is_ejected(task, now));
-                if primary.len() == k {
-                    break;
+    fn on_feedback(&mut self, feedback: Feedback) {
+        match feedback {
+            Feedback::Failed { task, id } => {
+                let Some((failures, until)) = self.membership.transport_failed(task, id) else { return };
+                Counters::add(&self.shared().counters.ejections, 1);
+                tracing::warn!(task, failures, retry_in = ?until - Instant::now(), "backend failed a call: out of rotation");
+                self.reconcile();
+            }
+            Feedback::Consecutive { task, id } => {
+                let Some(endpoint) = self.membership.endpoint(task).filter(|e| e.id == id).cloned() else {
+                    return;
+                };
+                let now = Instant::now();
+                let others: Vec<(usize, Arc<Endpoint<S>>)> =
+                    self.membership.ready().into_iter().filter(|(t, _)| *t != task).collect();
+                if self.health.on_run(task, &endpoint, &others, &self.publisher.shared().counters, now) {
+                    self.reconcile();
                 }
             }
-        }
-        let needed = failed.min(self.config.max_stand_ins);
-        let mut stand_ins: Vec<usize> = slots
-            .iter()
-            .filter(|(task, slot)| {
-                slot.endpoint().is_some()
-                    && !primary.contains(task)
-                    && !self.affinity.contains(*task)
-                    && view.serving_task(*task) == Some(&slot.address)
-            })
-            .map(|(task, _)| task)
-            .take(needed)
-            .collect();
-        // The order continues right after the last primary member.
-        for task in order {
-            if stand_ins.len() >= needed {
-                break;
+            Feedback::Probed { id } => {
+                if let Some(endpoint) = self.membership.endpoint_by_id(id).cloned() {
+                    self.health.probe_served(endpoint, Instant::now());
+                }
             }
-            let Some(address) = view.serving_task(task) else { continue };
-            if !primary.contains(&task)
-                && !stand_ins.contains(&task)
-                && !slots.is_failed(task, address, now)
-                && !outliers.is_ejected(task, now)
-            {
-                stand_ins.push(task);
-            }
+            Feedback::Drained { id } => self.membership.drained(id, self.publisher.shared()),
         }
-        let share = self.config.outliers.max_ejected_share;
-        let panic = failed as f64 > share * primary.len() as f64;
-        if panic != self.health.panic {
-            if panic {
-                Counters::add(&self.shared().counters.panics, 1);
-                tracing::warn!(
-                    out = failed,
-                    subset = primary.len(),
-                    "panic: most of the subset is out; ejected members serve again"
-                );
-            } else {
-                tracing::info!(out = failed, subset = primary.len(), "panic over");
-            }
-        }
-        self.health = SubsetHealth { primary: primary.len(), out: failed, panic };
-        primary.extend(stand_ins);
-        primary
     }
 
-    /// Brings connections in line with the wanted set, then publishes the table.
+    /// Whether requests have been sent through this balancer (members that join then
+    /// take up load gradually; the first ones open at once).
+    fn requests_flow(&self) -> bool {
+        let shared = self.shared();
+        shared.counters.closed_requests.load(Ordering::Relaxed) > 0
+            || shared.table.load().members.iter().any(|e| e.calls.requests.load(Ordering::Relaxed) > 0)
+    }
+
+    /// Brings the connections in line with what is wanted, then publishes the table.
+    ///
+    /// Membership plans from its inputs, the view and the health: the subset, whose
+    /// share out of rotation the health records (the panic threshold), then the
+    /// affinity connections. The table is built from the connections in rotation,
+    /// less the ejections the health keeps out.
     fn reconcile(&mut self) {
         let now = Instant::now();
-        self.slots.forget_old_failures(now);
-        let subset = self.wanted(now);
-        let draining_too = self.config.keyed_to_draining;
-        // Subset members serve; affinity connections reach a draining owner too when
-        // configured (subset members are serving, so one lookup does for both).
-        let affinity =
-            self.affinity.wanted(&subset, |t| keyed_address(&self.view, draining_too, t), &self.slots, now);
-        let wanted: Vec<usize> = subset.iter().chain(&affinity).copied().collect();
-        let keep: HashSet<usize> = wanted.iter().copied().collect();
-        // Close what is no longer wanted, or whose task moved to another address.
-        let gone: Vec<usize> = self
-            .slots
-            .iter()
-            .filter(|(task, slot)| {
-                !keep.contains(task) || keyed_address(&self.view, draining_too, *task) != Some(&slot.address)
-            })
-            .map(|(task, _)| task)
-            .collect();
-        for task in gone {
-            if let Some(SlotState::Ready(endpoint)) = self.slots.remove(task).map(|slot| slot.state) {
-                self.retiring.push((endpoint, "left the subset"));
+        let counters = &self.publisher.shared().counters;
+        // Zones will add a third input here: the frontend's zone and the per-zone views.
+        let inputs = Inputs { view: &self.view, health: &self.health };
+        let subset = match self.membership.plan(inputs, &self.config, now) {
+            Some(planned) => {
+                self.health.observe_subset(planned.primary, planned.out, counters);
+                planned.tasks
             }
-        }
-        // Open what is newly wanted.
-        for &task in &wanted {
-            if !self.slots.contains(task) {
-                // A kept subset (for a view no subset can be computed for) may name
-                // tasks that no longer serve: skip them.
-                let Some(address) = keyed_address(&self.view, draining_too, task).cloned() else { continue };
-                let attempt = self.connect(task, address.clone());
-                self.slots.insert_connecting(task, address, attempt);
-                if affinity.contains(&task) {
-                    Counters::add(&self.shared().counters.affinity_opened, 1);
-                }
-            }
-        }
-        let (view, slots, max_affinity) = (&self.view, &self.slots, self.config.max_affinity);
-        // Ejected members leave the table, unless the subset is in panic.
-        let ejected = if self.health.panic { Vec::new() } else { self.outliers.ejected(now) };
-        let mut connected = self.slots.connected();
-        connected.retain(|task, _| ejected.binary_search(task).is_err());
-        let reachable = |task: u32| {
-            let task = task as usize;
-            if ejected.binary_search(&task).is_ok() {
-                return false;
-            }
-            keyed_address(view, draining_too, task).is_some_and(|address| {
-                match slots.get(task).map(|s| &s.state) {
-                    Some(SlotState::Ready(_) | SlotState::Connecting { .. }) => true,
-                    Some(SlotState::Backoff { .. }) => false,
-                    // Not connected: an affinity connection would be asked for, if any is allowed.
-                    None => max_affinity > 0 && !slots.is_failed(task, address, now),
-                }
-            })
+            // No subset can be computed for such a view: keep the one in force.
+            None => self.publisher.shared().table.load().wanted.clone(),
         };
+        self.membership.follow(&subset, &self.view, &self.config, counters, now);
+        // Ejected members leave the table, unless the subset is in panic.
+        let kept_out = self.health.kept_out(now);
+        let connected = self.membership.in_rotation(&kept_out);
+        let (membership, view, config) = (&self.membership, &self.view, &self.config);
+        let reachable = |task: u32| membership.reachable(task as usize, &kept_out, view, config, now);
         let reachability = self.assignments.replica_tasks().iter().fold(0u64, |digest, &t| {
             steady_subset::hash::hash_pair(digest, u64::from(t) << 1 | u64::from(reachable(t)))
         });
-        let (ejected, panic) = (self.outliers.ejected(now), self.health.panic);
         self.publisher.publish(TableInputs {
             subset,
             connected,
-            ejected,
-            panic,
+            ejected: self.health.ejected(now),
+            panic: self.health.panic(),
             assignment: self.assignments.current(),
             frontend: self.config.frontend,
             fan_out: self.config.fan_out,
@@ -540,19 +385,7 @@ where
         });
         // The published table no longer names them: retire them (each closes once its
         // requests have finished).
-        for (endpoint, why) in self.retiring.drain(..) {
-            self.draining.retire(endpoint, why, self.publisher.shared());
-        }
-    }
-
-    /// Starts a connection attempt; returns its id. It comes to an outcome (see
-    /// [`attempts`]) within the connect timeout, without holding up the control task.
-    fn connect(&mut self, task: usize, address: T) -> u64 {
-        self.last_attempt += 1;
-        let attempt = self.last_attempt;
-        tracing::debug!(task, ?address, attempt, "connecting");
-        self.attempts.start(task, attempt, address);
-        attempt
+        self.membership.retire(self.publisher.shared());
     }
 }
 
@@ -584,15 +417,5 @@ async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
-    }
-}
-
-/// Where requests may reach `task`: serving, or draining too when keyed requests may go
-/// to draining owners ([`BalanceConfig::keyed_to_draining`]).
-fn keyed_address<T>(view: &JobView<T>, draining_too: bool, task: usize) -> Option<&T> {
-    if draining_too {
-        view.live_task(task)
-    } else {
-        view.serving_task(task)
     }
 }

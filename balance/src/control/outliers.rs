@@ -49,10 +49,10 @@ impl Counts {
     /// request counts as sent before it completes, so counting those in flight would
     /// understate the share that fails), and those that failed.
     fn of<S>(endpoint: &Endpoint<S>) -> Self {
-        let in_flight = endpoint.in_flight.load(Ordering::Relaxed) as u64;
+        let in_flight = endpoint.calls.in_flight.load(Ordering::Relaxed) as u64;
         Self {
-            requests: endpoint.requests.load(Ordering::Relaxed).saturating_sub(in_flight),
-            failures: endpoint.failures.load(Ordering::Relaxed),
+            requests: endpoint.calls.requests.load(Ordering::Relaxed).saturating_sub(in_flight),
+            failures: endpoint.calls.failures.load(Ordering::Relaxed),
         }
     }
 
@@ -162,7 +162,7 @@ impl Outliers {
             return false;
         }
         // The run ended if the member succeeded since.
-        if failing.endpoint.consecutive_failures() < limit {
+        if failing.endpoint.calls.consecutive_failures() < limit {
             return false;
         }
         // The others' share over the last one to two intervals.
@@ -180,7 +180,7 @@ impl Outliers {
             return false;
         }
         self.eject(failing.task, failing.endpoint.id, now);
-        failing.endpoint.reset_run();
+        failing.endpoint.calls.reset_run();
         true
     }
 
@@ -240,7 +240,7 @@ impl Outliers {
                     let c = &candidates[i];
                     if !self.is_ejected(c.task, now) {
                         self.eject(c.task, c.endpoint.id, now);
-                        c.endpoint.reset_run();
+                        c.endpoint.calls.reset_run();
                         ejected.push(c.task);
                         budget -= 1;
                     }

@@ -44,7 +44,7 @@ impl<T, S> Slot<T, S> {
 
 /// A task that failed (a connection attempt, or a call), kept whether or not it is
 /// still wanted, so that a failing stand-in is not reopened at once when its slot goes.
-struct Health<T> {
+struct FailureHistory<T> {
     address: T,
     /// Consecutive failures: connection attempts that failed, or connections that
     /// failed before serving any request. Drives the backoff.
@@ -57,7 +57,7 @@ struct Health<T> {
 pub(super) struct Slots<T, S> {
     slots: BTreeMap<usize, Slot<T, S>>,
     /// Tasks that failed, until they connect and serve again (or their failure is long past).
-    health: HashMap<usize, Health<T>>,
+    failed: HashMap<usize, FailureHistory<T>>,
     backoff: Backoff,
     /// Jitter for the backoff.
     rng: SplitMix64,
@@ -65,7 +65,7 @@ pub(super) struct Slots<T, S> {
 
 impl<T: Address, S> Slots<T, S> {
     pub(super) fn new(backoff: Backoff, rng: SplitMix64) -> Self {
-        Self { slots: BTreeMap::new(), health: HashMap::new(), backoff, rng }
+        Self { slots: BTreeMap::new(), failed: HashMap::new(), backoff, rng }
     }
 
     pub(super) fn get(&self, task: usize) -> Option<&Slot<T, S>> {
@@ -147,18 +147,18 @@ impl<T: Address, S> Slots<T, S> {
     /// Whether `task` (at `address`) is unusable: it failed, and is waiting out its
     /// backoff or retrying, and has not connected since.
     pub(super) fn is_failed(&self, task: usize, address: &T, now: Instant) -> bool {
-        let Some(health) = self.health.get(&task).filter(|h| h.address == *address) else { return false };
+        let Some(history) = self.failed.get(&task).filter(|h| h.address == *address) else { return false };
         match self.slots.get(&task).map(|s| &s.state) {
             Some(SlotState::Ready(_)) => false,
             Some(SlotState::Connecting { .. } | SlotState::Backoff { .. }) => true,
-            None => now < health.retry_at,
+            None => now < history.retry_at,
         }
     }
 
     /// Whether `task` (at `address`) failed before and has not served since: a new
     /// connection to it is a return from failure.
     pub(super) fn has_failed(&self, task: usize, address: &T) -> bool {
-        self.health.get(&task).is_some_and(|h| h.address == *address)
+        self.failed.get(&task).is_some_and(|h| h.address == *address)
     }
 
     /// Records a failure of `task` and returns the consecutive failures and when to
@@ -166,25 +166,25 @@ impl<T: Address, S> Slots<T, S> {
     /// which restarts the count.
     pub(super) fn record_failure(&mut self, task: usize, address: &T, served: bool) -> (u32, Instant) {
         let now = Instant::now();
-        let health = self.health.entry(task).or_insert_with(|| Health {
+        let history = self.failed.entry(task).or_insert_with(|| FailureHistory {
             address: address.clone(),
             failures: 0,
             retry_at: now,
         });
-        if health.address != *address || served {
-            health.address = address.clone();
-            health.failures = 0;
+        if history.address != *address || served {
+            history.address = address.clone();
+            history.failures = 0;
         }
-        health.failures += 1;
-        health.retry_at = now + self.backoff.delay(health.failures, &mut self.rng);
-        (health.failures, health.retry_at)
+        history.failures += 1;
+        history.retry_at = now + self.backoff.delay(history.failures, &mut self.rng);
+        (history.failures, history.retry_at)
     }
 
     /// Forgets the failures of tasks without a slot once they are a longest backoff past.
     pub(super) fn forget_old_failures(&mut self, now: Instant) {
         let forget_after = self.backoff.max;
         let slots = &self.slots;
-        self.health.retain(|task, h| {
+        self.failed.retain(|task, h| {
             slots.contains_key(task) || h.retry_at.checked_add(forget_after).is_none_or(|t| t > now)
         });
     }

@@ -1,7 +1,7 @@
 //! One connection to one backend task, shared by the routing table and the requests
 //! in flight on it.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -11,8 +11,11 @@ use tokio::time::Instant;
 use steady_slice::SliceKey;
 use tokio::sync::mpsc;
 
+use super::calls::Calls;
+use super::gate::{Gate, GateState, Share};
+use super::load::{Load, LoadSignal};
 use crate::classify::{Outcome, OutcomeSink};
-use crate::config::{Load, Waits};
+use crate::config::Waits;
 
 /// A member picked for a request that had none (the slow path) or had to move: the
 /// endpoint, and whether the request still routes by its key there (false once it fell
@@ -58,16 +61,6 @@ pub(crate) enum Feedback {
     Drained { id: u64 },
 }
 
-/// The gate of an endpoint open to every pick (see [`Endpoint::gate`]).
-pub(crate) const OPEN: u32 = 1 << 16;
-/// The gate of an endpoint on probation whose one request has not been sent.
-pub(crate) const PROBE_WAITING: u32 = OPEN + 1;
-/// The gate of an endpoint on probation whose one request is in flight.
-pub(crate) const PROBE_SENT: u32 = OPEN + 2;
-/// The gate of an endpoint whose connection failed: no pick takes it, unless nothing else
-/// is there.
-pub(crate) const BROKEN: u32 = OPEN + 3;
-
 /// How an endpoint reacts to the outcomes of its calls (from the configuration).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Reactions {
@@ -75,140 +68,125 @@ pub(crate) struct Reactions {
     pub(crate) consecutive: u32,
     /// The gate a probation endpoint opens to once its probe succeeded (its slow
     /// start's first share).
-    pub(crate) after_probe: u32,
+    pub(crate) after_probe: GateState,
 }
 
 impl Reactions {
     #[cfg(test)]
-    pub(crate) const NONE: Reactions = Reactions { consecutive: 0, after_probe: OPEN };
+    pub(crate) const NONE: Reactions = Reactions { consecutive: 0, after_probe: GateState::OPEN };
 }
 
-/// A connected backend: the service to call and its counters.
+/// How a new connection opens: the picks its gate lets through at first, how its load
+/// is measured, and how it reacts to the outcomes of its calls.
 #[derive(Debug)]
+pub(crate) struct Opening {
+    pub(crate) gate: GateState,
+    pub(crate) load: LoadSignal,
+    pub(crate) reactions: Reactions,
+}
+
+/// An endpoint's ties to its balancer: the control task it reports to, and the state
+/// the request side shares (held weakly: the table holds the endpoints, so a strong
+/// reference would be a cycle).
+#[derive(Debug)]
+pub(crate) struct Link<S> {
+    pub(crate) feedback: mpsc::UnboundedSender<Feedback>,
+    pub(crate) rotation: Weak<dyn Rotation<S>>,
+}
+
+/// A connected backend: the service to call, which picks may choose it, its load and
+/// its counters.
+///
+/// `repr(C)` keeps the fields in the order written: what the pick reads of a member
+/// (its gate, its requests in flight, its load signal) first and together, so that a
+/// pick touches as few cache lines per member as it can; then what requests write.
+#[derive(Debug)]
+#[repr(C)]
 pub(crate) struct Endpoint<S> {
+    /// Which picks may choose the endpoint: all, a share (slow start: picks that draw
+    /// it take it with that chance), probation, or none (broken, set by the first
+    /// transport failure so that requests avoid the endpoint at once, before the control
+    /// task has published a table without it). Written by the control task (the slow
+    /// start) and by calls' outcomes. One word, so that the pick's fast path reads one
+    /// value per member to know it may take it.
+    gate: Gate,
+    /// Set when the endpoint leaves rotation; the last request out reports `Drained`.
+    draining: AtomicBool,
+    pub(crate) calls: Calls,
+    load: LoadSignal,
+    reactions: Reactions,
     /// The backend task's index.
     pub(crate) task: usize,
     /// Unique per connection, so stale feedback about an old connection is ignored.
     pub(crate) id: u64,
+    link: Link<S>,
     /// The connection; each request calls a clone.
     pub(crate) service: S,
-    pub(crate) in_flight: AtomicUsize,
-    pub(crate) requests: AtomicU64,
-    /// Requests routed here by their slice key (a subset of `requests`).
-    pub(crate) keyed: AtomicU64,
-    pub(crate) failures: AtomicU64,
-    /// Failed calls since the last success.
-    consecutive: AtomicU32,
-    /// Set when the endpoint leaves rotation; the last request out reports `Drained`.
-    pub(crate) draining: AtomicBool,
-    /// Which picks may choose the endpoint: [`OPEN`] (all), a share of [`OPEN`] (slow
-    /// start: picks that draw it take it with that chance), probation
-    /// ([`PROBE_WAITING`], [`PROBE_SENT`]), or none ([`BROKEN`], set by the first
-    /// transport failure so that requests avoid the endpoint at once, before the control
-    /// task has published a table without it). Written by the control task (the ramp) and
-    /// by calls' outcomes. One word, so that the pick's fast path reads one value per
-    /// member to know it may take it.
-    gate: AtomicU32,
-    reactions: Reactions,
-    ewma: Option<PeakEwma>,
-    feedback: mpsc::UnboundedSender<Feedback>,
-    /// The balancer, to pick another endpoint when this one cannot take a request.
-    pub(crate) rotation: Weak<dyn Rotation<S>>,
 }
 
 impl<S> Endpoint<S> {
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
-        task: usize,
-        id: u64,
-        service: S,
-        load: Load,
-        reactions: Reactions,
-        gate: u32,
-        feedback: mpsc::UnboundedSender<Feedback>,
-        rotation: Weak<dyn Rotation<S>>,
-    ) -> Self {
-        let ewma = match load {
-            Load::InFlight => None,
-            Load::PeakEwma { decay, default_rtt } => Some(PeakEwma::new(decay, default_rtt)),
-        };
+    /// Connection `id` to backend task `task`, calling `service`.
+    pub(crate) fn new(task: usize, id: u64, service: S, opening: Opening, link: Link<S>) -> Self {
+        let Opening { gate, load, reactions } = opening;
+        debug_assert!(reactions.after_probe.serves(), "probation opens to a share: {reactions:?}");
         Self {
+            gate: Gate::new(gate),
+            draining: AtomicBool::new(false),
+            calls: Calls::default(),
+            load,
+            reactions,
             task,
             id,
+            link,
             service,
-            in_flight: AtomicUsize::new(0),
-            requests: AtomicU64::new(0),
-            keyed: AtomicU64::new(0),
-            failures: AtomicU64::new(0),
-            consecutive: AtomicU32::new(0),
-            draining: AtomicBool::new(false),
-            gate: AtomicU32::new(gate),
-            reactions,
-            ewma,
-            feedback,
-            rotation,
         }
     }
 
-    /// An endpoint of no balancer, for unit tests: feedback goes nowhere.
+    /// An endpoint of no balancer, for unit tests: open, counting requests in flight,
+    /// reacting to nothing; feedback goes nowhere.
     #[cfg(test)]
     pub(crate) fn detached(task: usize, id: u64, service: S) -> Self {
         let (feedback, _) = mpsc::unbounded_channel();
-        Self::new(task, id, service, Load::InFlight, Reactions::NONE, OPEN, feedback, nowhere())
+        Self::new(task, id, service, Opening::plain(), Link { feedback, rotation: nowhere() })
     }
 
-    /// The load estimate: lower is better. Whether the endpoint may be picked at all
-    /// (broken, held back) is its gate's to say, read first.
+    /// The load estimate, lower is better: what its load signal (see [`Load`]) makes of
+    /// its requests in flight. Whether the endpoint may be picked at all (broken, held
+    /// back) is its gate's to say, read first.
     #[inline]
     pub(crate) fn load(&self) -> f64 {
-        let pending = self.in_flight.load(Ordering::Relaxed) as f64;
-        match &self.ewma {
-            None => pending,
-            Some(e) => e.rtt_ns() * (pending + 1.0),
-        }
+        self.load.load(self.calls.in_flight.load(Ordering::Relaxed))
     }
 
     /// Whether its connection failed.
     #[inline]
     pub(crate) fn is_broken(&self) -> bool {
-        self.gate() == BROKEN
+        self.gate().is_broken()
     }
 
-    /// Whether latency is measured (Peak EWMA).
+    /// Which picks may choose the endpoint (see the field's doc): one atomic load.
     #[inline]
-    pub(crate) fn measures_latency(&self) -> bool {
-        self.ewma.is_some()
+    pub(crate) fn gate(&self) -> GateState {
+        self.gate.read()
     }
 
-    /// Which picks may choose the endpoint (see the field's doc).
-    #[inline]
-    pub(crate) fn gate(&self) -> u32 {
-        self.gate.load(Ordering::Relaxed)
-    }
-
-    /// Sets the share of picks that may choose the endpoint (the control task's ramp).
-    /// A probation endpoint keeps its probation: the ramp starts after the probe.
-    pub(crate) fn set_share(&self, share: u32) {
-        let share = share.min(OPEN);
-        let _ =
-            self.gate.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |g| (g <= OPEN).then_some(share));
+    /// Sets the share of picks that may choose the endpoint (the control task's slow
+    /// start). A probation endpoint keeps its probation: the slow start starts after
+    /// the probe.
+    pub(crate) fn set_share(&self, share: Share) {
+        self.gate.set_share(share);
     }
 
     /// Claims the probe of an endpoint on probation: true for the one request that
     /// then goes.
     #[inline]
     pub(crate) fn try_probe(&self) -> bool {
-        self.gate.compare_exchange(PROBE_WAITING, PROBE_SENT, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+        self.gate.try_probe()
     }
 
-    /// Failed calls since the last success.
-    pub(crate) fn consecutive_failures(&self) -> u32 {
-        self.consecutive.load(Ordering::Relaxed)
-    }
-
-    /// Starts the count of consecutive failures afresh (the member was ejected for it).
-    pub(crate) fn reset_run(&self) {
-        self.consecutive.store(0, Ordering::Relaxed);
+    /// The balancer, while it lives.
+    pub(crate) fn rotation(&self) -> Option<Arc<dyn Rotation<S>>> {
+        self.link.rotation.upgrade()
     }
 
     /// Records what a call on this connection came to: counts failures, reports a run
@@ -217,11 +195,8 @@ impl<S> Endpoint<S> {
     pub(crate) fn record(&self, outcome: Outcome) {
         match outcome {
             Outcome::Success => {
-                // Read first: a store on every success would bounce the cache line.
-                if self.consecutive.load(Ordering::Relaxed) != 0 {
-                    self.consecutive.store(0, Ordering::Relaxed);
-                }
-                if self.gate() == PROBE_SENT {
+                self.calls.succeeded();
+                if self.gate() == GateState::PROBE_SENT {
                     self.probe_succeeded();
                 }
             }
@@ -232,9 +207,8 @@ impl<S> Endpoint<S> {
 
     #[cold]
     fn probe_succeeded(&self) {
-        let opened = self.reactions.after_probe;
-        if self.gate.compare_exchange(PROBE_SENT, opened, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
-            let _ = self.feedback.send(Feedback::Probed { id: self.id });
+        if self.gate.probe_served(self.reactions.after_probe) {
+            let _ = self.link.feedback.send(Feedback::Probed { id: self.id });
         }
     }
 
@@ -242,17 +216,17 @@ impl<S> Endpoint<S> {
     #[cold]
     fn faulted(&self) {
         self.count_failure();
-        if let Some(ewma) = &self.ewma {
+        if let Some(ewma) = self.load.latency() {
             ewma.penalize();
         }
         // A failed probe: the next pick that draws the endpoint probes again.
-        let _ = self.gate.compare_exchange(PROBE_SENT, PROBE_WAITING, Ordering::Relaxed, Ordering::Relaxed);
-        let run = self.consecutive.fetch_add(1, Ordering::Relaxed).saturating_add(1);
+        self.gate.free_probe();
+        let run = self.calls.extend_run();
         // Reported when the run reaches the limit, and again at each multiple of it (the
         // control task may have kept the member then: the others were failing too).
         let limit = self.reactions.consecutive;
         if limit != 0 && run % limit == 0 {
-            let _ = self.feedback.send(Feedback::Consecutive { task: self.task, id: self.id });
+            let _ = self.link.feedback.send(Feedback::Consecutive { task: self.task, id: self.id });
         }
     }
 
@@ -264,9 +238,9 @@ impl<S> Endpoint<S> {
     }
 
     fn count_failure(&self) {
-        self.failures.fetch_add(1, Ordering::Relaxed);
+        self.calls.failed();
         // The failure path only: an upgrade costs little next to a failed call.
-        if let Some(rotation) = self.rotation.upgrade() {
+        if let Some(rotation) = self.rotation() {
             rotation.call_failed();
         }
     }
@@ -275,8 +249,8 @@ impl<S> Endpoint<S> {
     /// did): requests avoid it from now on, and the control task retires it and backs
     /// off.
     pub(crate) fn eject(&self) {
-        self.gate.store(BROKEN, Ordering::Relaxed);
-        let _ = self.feedback.send(Feedback::Failed { task: self.task, id: self.id });
+        self.gate.set_broken();
+        let _ = self.link.feedback.send(Feedback::Failed { task: self.task, id: self.id });
     }
 
     /// Ages the latency estimate (Peak EWMA) if no timed response came for `idle`: it
@@ -285,7 +259,7 @@ impl<S> Endpoint<S> {
     /// no requests, for ever; tower's `PeakEwma` decays on every read, which needs a
     /// clock read per pick. The control task calls this once per `idle`.
     pub(crate) fn age_latency(&self, now: Instant, idle: Duration) {
-        if let Some(ewma) = &self.ewma {
+        if let Some(ewma) = self.load.latency() {
             ewma.age(now, idle);
         }
     }
@@ -293,7 +267,19 @@ impl<S> Endpoint<S> {
     /// Takes the endpoint out of rotation; true when nothing is in flight (close now).
     pub(crate) fn start_draining(&self) -> bool {
         self.draining.store(true, Ordering::SeqCst);
-        self.in_flight.load(Ordering::SeqCst) == 0
+        self.calls.in_flight.load(Ordering::SeqCst) == 0
+    }
+}
+
+#[cfg(test)]
+impl Opening {
+    /// Open at once, counting requests in flight, reacting to nothing (unit tests).
+    pub(crate) fn plain() -> Self {
+        Opening {
+            gate: GateState::OPEN,
+            load: LoadSignal::new(crate::config::Load::InFlight),
+            reactions: Reactions::NONE,
+        }
     }
 }
 
@@ -312,7 +298,7 @@ impl<S> InFlight<S> {
     /// (requests and keyed requests count once sent, see [`InFlight::sent`]).
     #[inline]
     pub(crate) fn start(endpoint: Arc<Endpoint<S>>) -> Self {
-        endpoint.in_flight.fetch_add(1, Ordering::SeqCst);
+        endpoint.calls.in_flight.fetch_add(1, Ordering::SeqCst);
         Self { endpoint, start: None, keyed: false }
     }
 
@@ -325,15 +311,15 @@ impl<S> InFlight<S> {
 
     /// The request is handed to the backend's service: count it (a request that moved
     /// before this counts only on the member that got it), and with Peak EWMA, time it
-    /// if it is one of the sampled requests (see [`LATENCY_SAMPLE`]).
+    /// if it is one of the sampled requests (see [`LoadSignal::times`]).
     #[inline]
     pub(crate) fn sent(mut self) -> Self {
-        let n = self.endpoint.requests.fetch_add(1, Ordering::Relaxed);
-        if self.endpoint.measures_latency() && (n < LATENCY_SAMPLE || n % LATENCY_SAMPLE == 0) {
+        let n = self.endpoint.calls.requests.fetch_add(1, Ordering::Relaxed);
+        if self.endpoint.load.times(n) {
             self.start = Some(Instant::now());
         }
         if self.keyed {
-            self.endpoint.keyed.fetch_add(1, Ordering::Relaxed);
+            self.endpoint.calls.keyed.fetch_add(1, Ordering::Relaxed);
         }
         self
     }
@@ -345,38 +331,25 @@ impl<S> InFlight<S> {
     /// The response's head arrived: feed the latency estimate (timed requests only).
     #[inline]
     pub(crate) fn answered(&self) {
-        if let (Some(ewma), Some(start)) = (&self.endpoint.ewma, self.start) {
+        if let (Some(ewma), Some(start)) = (self.endpoint.load.latency(), self.start) {
             ewma.observe(start, Instant::now());
         }
     }
 }
-
-/// With Peak EWMA, the first `LATENCY_SAMPLE` requests of a connection and one in
-/// `LATENCY_SAMPLE` after them are timed. Reading the clock twice and updating the
-/// estimate cost about three times the rest of a pick (the `pick` bench); one request in
-/// sixteen still gives a busy member hundreds of samples a second, and a slow member
-/// (which gets few requests) is timed on its first ones. The price: a member that turns
-/// slow is noticed up to sixteen requests later (its requests in flight rise at once).
-const LATENCY_SAMPLE: u64 = 16;
 
 impl<S> Drop for InFlight<S> {
     #[inline]
     fn drop(&mut self) {
         // SeqCst pairs with `start_draining`: either it sees our decrement, or we see
         // its flag, so a draining connection is always closed once it is idle.
-        let before = self.endpoint.in_flight.fetch_sub(1, Ordering::SeqCst);
+        let before = self.endpoint.calls.in_flight.fetch_sub(1, Ordering::SeqCst);
         if before == 1 {
             if self.endpoint.draining.load(Ordering::SeqCst) {
-                let _ = self.endpoint.feedback.send(Feedback::Drained { id: self.endpoint.id });
+                let _ = self.endpoint.link.feedback.send(Feedback::Drained { id: self.endpoint.id });
             }
             // A probe given up on before its outcome (or whose outcome is deferred to
             // its body): free the probe, so that probation cannot stick.
-            let _ = self.endpoint.gate.compare_exchange(
-                PROBE_SENT,
-                PROBE_WAITING,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            );
+            self.endpoint.gate.free_probe();
         }
     }
 }
@@ -384,80 +357,6 @@ impl<S> Drop for InFlight<S> {
 impl<S: Send + Sync> OutcomeSink for Endpoint<S> {
     fn record(&self, outcome: Outcome) {
         Endpoint::record(self, outcome);
-    }
-}
-
-/// The highest latency estimate failures raise a member's to (see `PeakEwma::penalize`).
-const MAX_PENALTY: Duration = Duration::from_secs(10);
-
-/// Peak-EWMA latency, updated without locks (last writer wins under contention,
-/// which only blurs an estimate).
-#[derive(Debug)]
-struct PeakEwma {
-    decay_ns: f64,
-    /// The estimate before the first response, in nanoseconds.
-    default_ns: f64,
-    base: Instant,
-    /// The estimate in nanoseconds, as f64 bits.
-    rtt_ns: AtomicU64,
-    /// When it was last updated, in nanoseconds since `base`.
-    stamp_ns: AtomicU64,
-}
-
-impl PeakEwma {
-    fn new(decay: Duration, default_rtt: Duration) -> Self {
-        Self {
-            decay_ns: decay.as_nanos().max(1) as f64,
-            default_ns: default_rtt.as_nanos() as f64,
-            base: Instant::now(),
-            // Untimed: as good as idle (see `Load::PeakEwma`).
-            rtt_ns: AtomicU64::new(0f64.to_bits()),
-            stamp_ns: AtomicU64::new(0),
-        }
-    }
-
-    fn rtt_ns(&self) -> f64 {
-        f64::from_bits(self.rtt_ns.load(Ordering::Relaxed))
-    }
-
-    /// A call failed: the estimate doubles (from at least the default), up to
-    /// [`MAX_PENALTY`]. A backend that fails at once would otherwise look like the fastest
-    /// (its failures are never timed) and draw more requests, the more it fails; doubled
-    /// per failure, it is avoided after a few, and its estimate decays back as any does.
-    fn penalize(&self) {
-        let estimate = (self.rtt_ns().max(self.default_ns) * 2.0).min(MAX_PENALTY.as_nanos() as f64);
-        self.rtt_ns.store(estimate.to_bits(), Ordering::Relaxed);
-    }
-
-    /// Decays the estimate toward zero for the time since its last update, if that is
-    /// at least `idle` (see `Endpoint::age_latency`).
-    fn age(&self, now: Instant, idle: Duration) {
-        let now = now.saturating_duration_since(self.base).as_nanos() as u64;
-        let stamp = self.stamp_ns.load(Ordering::Relaxed);
-        let elapsed = now.saturating_sub(stamp);
-        if elapsed < idle.as_nanos() as u64 {
-            return;
-        }
-        // Last writer wins against a response arriving now: either keeps the estimate sane.
-        self.stamp_ns.store(now, Ordering::Relaxed);
-        let decayed = self.rtt_ns() * (-(elapsed as f64) / self.decay_ns).exp();
-        self.rtt_ns.store(decayed.to_bits(), Ordering::Relaxed);
-    }
-
-    /// A response to a request sent at `sent` arrived at `now`.
-    fn observe(&self, sent: Instant, now: Instant) {
-        let rtt = now.saturating_duration_since(sent).as_nanos() as f64;
-        let now = now.saturating_duration_since(self.base).as_nanos() as u64;
-        let elapsed = now.saturating_sub(self.stamp_ns.swap(now, Ordering::Relaxed)) as f64;
-        let old = self.rtt_ns();
-        let estimate = if rtt > old {
-            // Peak: a slow response counts in full at once.
-            rtt
-        } else {
-            let decay = (-elapsed / self.decay_ns).exp();
-            old * decay + rtt * (1.0 - decay)
-        };
-        self.rtt_ns.store(estimate.to_bits(), Ordering::Relaxed);
     }
 }
 
@@ -480,15 +379,27 @@ pub(crate) fn nowhere<S>() -> Weak<dyn Rotation<S>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Load as LoadConfig;
+
+    /// An open endpoint of no balancer with `load`, reporting to `feedback`.
+    fn endpoint(
+        task: usize,
+        id: u64,
+        load: LoadConfig,
+        feedback: mpsc::UnboundedSender<Feedback>,
+    ) -> Endpoint<()> {
+        let opening = Opening { load: LoadSignal::new(load), ..Opening::plain() };
+        Endpoint::new(task, id, (), opening, Link { feedback, rotation: nowhere() })
+    }
 
     #[test]
     fn in_flight_counts_until_dropped_and_a_draining_endpoint_reports_idle() {
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let ep = Arc::new(Endpoint::new(3, 9, (), Load::InFlight, Reactions::NONE, OPEN, tx, nowhere()));
+        let ep = Arc::new(endpoint(3, 9, LoadConfig::InFlight, tx));
         let a = InFlight::start(ep.clone()).sent();
         let b = InFlight::start(ep.clone());
         // Picked but not sent (it moved elsewhere, say): in the load, not in the count.
-        assert_eq!(ep.requests.load(Ordering::Relaxed), 1);
+        assert_eq!(ep.calls.requests.load(Ordering::Relaxed), 1);
         let b = b.sent();
         assert_eq!(ep.load(), 2.0);
         assert!(!ep.start_draining());
@@ -496,60 +407,20 @@ mod tests {
         assert!(rx.try_recv().is_err());
         drop(b);
         assert_eq!(rx.try_recv().unwrap(), Feedback::Drained { id: 9 });
-        assert_eq!(ep.requests.load(Ordering::Relaxed), 2);
+        assert_eq!(ep.calls.requests.load(Ordering::Relaxed), 2);
     }
 
     #[test]
     fn with_peak_ewma_the_first_requests_and_one_in_sixteen_after_are_timed() {
         let timed = |load| {
             let (tx, _rx) = mpsc::unbounded_channel();
-            let ep = Arc::new(Endpoint::new(0, 1, (), load, Reactions::NONE, OPEN, tx, nowhere()));
+            let ep = Arc::new(endpoint(0, 1, load, tx));
             (0..64).map(|_| InFlight::start(ep.clone()).sent().start.is_some()).collect::<Vec<bool>>()
         };
-        let ewma = timed(Load::peak_ewma());
+        let ewma = timed(LoadConfig::peak_ewma());
         assert!(ewma[..16].iter().all(|t| *t));
         let later: Vec<usize> = (16..64).filter(|&n| ewma[n]).collect();
         assert_eq!(later, vec![16, 32, 48]);
-        assert!(timed(Load::InFlight).iter().all(|t| !t), "in-flight counting reads no clock");
-    }
-
-    #[test]
-    fn each_failure_doubles_the_estimate_up_to_the_cap() {
-        let e = PeakEwma::new(Duration::from_secs(1), Duration::from_millis(1));
-        assert_eq!(e.rtt_ns(), 0.0, "untimed: as good as idle");
-        e.penalize();
-        assert_eq!(e.rtt_ns(), 2e6, "from the default");
-        e.penalize();
-        assert_eq!(e.rtt_ns(), 4e6);
-        for _ in 0..30 {
-            e.penalize();
-        }
-        assert_eq!(e.rtt_ns(), MAX_PENALTY.as_nanos() as f64);
-    }
-
-    #[test]
-    fn an_idle_estimate_is_aged_toward_zero_and_a_fresh_one_is_left() {
-        let e = PeakEwma::new(Duration::from_secs(1), Duration::from_millis(1));
-        let t = Instant::now();
-        e.observe(t, t + Duration::from_millis(20));
-        let idle = Duration::from_secs(1);
-        e.age(t + Duration::from_millis(500), idle);
-        assert_eq!(e.rtt_ns(), 20e6, "updated half a second ago: left as it is");
-        e.age(t + Duration::from_millis(2020), idle);
-        let aged = e.rtt_ns();
-        // Two seconds at a 1 s decay: e^-2 of it.
-        assert!((aged - 20e6 * (-2.0f64).exp()).abs() < 1e3, "{aged}");
-    }
-
-    #[test]
-    fn peak_ewma_jumps_up_and_decays_down() {
-        let e = PeakEwma::new(Duration::from_millis(10), Duration::from_millis(1));
-        let t = Instant::now();
-        e.observe(t, t + Duration::from_millis(50));
-        assert_eq!(e.rtt_ns(), 50e6);
-        let later = t + Duration::from_millis(80);
-        e.observe(later - Duration::from_millis(1), later);
-        let after = e.rtt_ns();
-        assert!(after < 10e6 && after > 1e6, "{after}");
+        assert!(timed(LoadConfig::InFlight).iter().all(|t| !t), "in-flight counting reads no clock");
     }
 }

@@ -172,7 +172,7 @@ fn another_endpoint<S>(
     if moves > MAX_MOVES {
         return None;
     }
-    let picked = failed.rotation.upgrade()?.another(failed, *key)?;
+    let picked = failed.rotation()?.another(failed, *key)?;
     if !picked.keyed {
         *key = None;
     }

@@ -3,9 +3,14 @@
 //!
 //! The pieces, from the leaves up (each module imports only the ones before it):
 //! * [`key_counts`]: keyed requests counted per bin, for assignments made in process.
+//! * [`gate`]: which picks may choose a member (open, slow start, probation, broken),
+//!   in one atomic word.
+//! * [`load`]: the load signals (requests in flight, Peak EWMA) behind the [`load::Load`]
+//!   trait the pick asks.
+//! * [`calls`]: a member's call counters.
+//! * [`endpoint`]: one connection (its gate, load signal and counters), what it tells
+//!   the control task, and the in-flight guard a request holds.
 //! * [`pick`]: power of two choices with its tie band, and the per-thread generator.
-//! * [`endpoint`]: one connection, its load and counters, and the in-flight guard a
-//!   request holds.
 //! * [`slices`]: the keyed half of the table: per slice of the assignment in force, the
 //!   replicas this frontend uses and which are ready.
 //! * [`table`]: the immutable routing table the control task publishes, and the state
@@ -15,9 +20,12 @@
 //! * [`future`]: the response future: the slow path's wait, the chosen backend's
 //!   readiness, and a move to another member for a request that was never sent.
 
+pub(crate) mod calls;
 pub(crate) mod endpoint;
 pub(crate) mod future;
+pub(crate) mod gate;
 pub(crate) mod key_counts;
+pub(crate) mod load;
 pub(crate) mod pick;
 pub(crate) mod slices;
 pub(crate) mod table;

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use steady_subset::prng::SplitMix64;
 
-use super::endpoint::{Endpoint, OPEN, PROBE_WAITING};
+use super::endpoint::Endpoint;
 
 /// Two loads closer than this ratio count as a tie: the second draw is taken over the
 /// first only when its load is at most `TIE_RATIO` times the first's.
@@ -42,8 +42,9 @@ pub(crate) fn p2c<'a, S>(
                 j += 1;
             }
             let (a, b) = (&members[i], &members[j]);
-            // One read per member says it may take the request (not broken, not held back).
-            if a.gate() != OPEN || b.gate() != OPEN {
+            // One read per member says it may take the request (not broken, not held back):
+            // one atomic load, compared with the open state.
+            if !a.gate().is_open() || !b.gate().is_open() {
                 return gated(members, a, b, rng);
             }
             Some(if b.load() <= a.load() * TIE_RATIO { b } else { a })
@@ -57,16 +58,16 @@ pub(crate) fn p2c<'a, S>(
 fn any_healthy<S>(members: &[Arc<Endpoint<S>>]) -> Option<&Arc<Endpoint<S>>> {
     members
         .iter()
-        .find(|e| !e.is_broken() && e.gate() <= OPEN)
+        .find(|e| !e.is_broken() && e.gate().serves())
         .or_else(|| members.iter().find(|e| !e.is_broken()))
 }
 
-/// The pick when a draw is held back: a member in slow start (gate below [`OPEN`])
+/// The pick when a draw is held back: a member in slow start (a gate with a share)
 /// takes a pick that draws it with the chance its gate says, else counts as infinitely
 /// loaded; a member on probation waiting for its probe is as attractive as an idle
 /// one, and takes the request only if it wins and claims the probe; one whose probe is
 /// in flight is held back. When both draws are held back, a slow-starting one still
-/// serves (a ramp only shifts load between members), and probation members only when
+/// serves (a slow start only shifts load between members), and probation members only when
 /// nothing else can.
 #[cold]
 #[inline(never)]
@@ -77,29 +78,33 @@ fn gated<'a, S>(
     rng: &mut SplitMix64,
 ) -> Option<&'a Arc<Endpoint<S>>> {
     let mut admitted_load = |e: &Endpoint<S>| -> f64 {
-        match e.gate() {
-            OPEN => e.load(),
-            PROBE_WAITING => 0.0,
-            share if share < OPEN && rng.below(u64::from(OPEN)) < u64::from(share) => e.load(),
-            // Probe in flight, or broken.
-            _ => f64::INFINITY,
+        let gate = e.gate();
+        if gate.is_open() {
+            e.load()
+        } else if gate.is_probe_waiting() {
+            0.0
+        } else if gate.slow_start_share().is_some_and(|share| share.admits(rng)) {
+            e.load()
+        } else {
+            // Probe in flight, or broken, or a slow start's draw lost.
+            f64::INFINITY
         }
     };
     let (la, lb) = (admitted_load(a), admitted_load(b));
     let (best, other) = if lb <= la * TIE_RATIO { (b, a) } else { (a, b) };
     let best_load = if std::ptr::eq(best, b) { lb } else { la };
     if best_load.is_finite() {
-        if best.gate() != PROBE_WAITING || best.try_probe() {
+        if !best.gate().is_probe_waiting() || best.try_probe() {
             return Some(best);
         }
         // Another request claimed the probe first.
         let other_load = if std::ptr::eq(other, b) { lb } else { la };
-        if other_load.is_finite() && other.gate() <= OPEN {
+        if other_load.is_finite() && other.gate().serves() {
             return Some(other);
         }
     }
     // Both held back: a healthy one not on probation, the better draw first.
-    [best, other].into_iter().find(|e| !e.is_broken() && e.gate() <= OPEN).or_else(|| any_healthy(members))
+    [best, other].into_iter().find(|e| !e.is_broken() && e.gate().serves()).or_else(|| any_healthy(members))
 }
 
 /// Power of two choices over `members` other than connection `avoid`, for a request
@@ -142,7 +147,7 @@ mod tests {
             .enumerate()
             .map(|(i, &l)| {
                 let ep = Endpoint::detached(i, i as u64, ());
-                ep.in_flight.store(l, Ordering::Relaxed);
+                ep.calls.in_flight.store(l, Ordering::Relaxed);
                 Arc::new(ep)
             })
             .collect()

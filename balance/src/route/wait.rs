@@ -44,7 +44,7 @@ impl WaitBudget {
     /// A budget starting now for a request on `endpoint`, from its balancer's waits; one
     /// that has run out already when the balancer is gone.
     pub(crate) fn for_endpoint<S>(endpoint: &Endpoint<S>, keyed: bool) -> Self {
-        match endpoint.rotation.upgrade() {
+        match endpoint.rotation() {
             Some(rotation) => Self::start(&rotation.waits(), keyed),
             None => Self::lasting(Duration::ZERO),
         }

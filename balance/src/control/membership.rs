@@ -1,0 +1,380 @@
+//! Membership: which backend tasks the frontend keeps connections to, and those
+//! connections from the attempt to the close.
+//!
+//! It plans from its [`Inputs`] (the job view and the members' health): the subset
+//! (the first `k` serving tasks of the frontend's order, and stand-ins for those out),
+//! then the affinity connections keyed requests asked for; and it brings the
+//! connections in line with the plan (opening, retiring, reconnecting with backoff).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::time::Instant;
+
+use super::affinity::AffinitySet;
+use super::attempts::{Attempts, Outcome};
+use super::draining::Draining;
+use super::health::Health;
+use super::order::candidate_order;
+use super::slots::{SlotState, Slots};
+use crate::config::BalanceConfig;
+use crate::connector::{Address, Connector};
+use crate::route::endpoint::Endpoint;
+use crate::route::pick::fresh_rng;
+use crate::route::table::{Counters, Shared};
+use steady_core::JobView;
+
+/// What membership plans from: the job view, and the members' health (ejected tasks
+/// are out, and stand-ins replace them).
+///
+/// Zones will add a third input here: the frontend's zone and the per-zone views.
+pub(super) struct Inputs<'a, T, S> {
+    pub(super) view: &'a JobView<T>,
+    pub(super) health: &'a Health<S>,
+}
+
+/// A planned subset: the tasks to keep connections to, in preference order.
+pub(super) struct Subset {
+    /// The first `k` serving tasks of the frontend's order, then the stand-ins.
+    pub(super) tasks: Vec<usize>,
+    /// How many of `tasks` are the first `k` (the rest are stand-ins).
+    pub(super) primary: usize,
+    /// How many of those `primary` are out of rotation (failed and backing off, or
+    /// ejected).
+    pub(super) out: usize,
+}
+
+/// The connections of one balancer, from the attempt to the close.
+pub(super) struct Membership<T, C, S> {
+    attempts: Attempts<T, C, S>,
+    slots: Slots<T, S>,
+    draining: Draining<S>,
+    affinity: AffinitySet,
+    /// The last connection attempt's id (also the id of the connection it makes).
+    last_attempt: u64,
+    /// Connections leaving rotation, retired once a table without them is published (so
+    /// that no published table names a retired connection).
+    retiring: Vec<(Arc<Endpoint<S>>, &'static str)>,
+}
+
+impl<T, C, S> Membership<T, C, S>
+where
+    T: Address,
+    C: Connector<T, S>,
+    S: Send + Sync + 'static,
+{
+    pub(super) fn new(config: &BalanceConfig, connector: C) -> Self {
+        Self {
+            attempts: Attempts::new(connector, config.connect_timeout),
+            // Jitter seeded per process (not by the frontend index, which frontends of other
+            // client jobs share): their retries do not fall in step.
+            slots: Slots::new(config.backoff, fresh_rng()),
+            draining: Draining::new(),
+            affinity: AffinitySet::new(config.max_affinity, config.affinity_idle),
+            last_attempt: 0,
+            retiring: Vec::new(),
+        }
+    }
+
+    /// Forgets the bookkeeping a panic may have left half changed, keeping the
+    /// connections that work: a connection known broken is retired, attempts under way
+    /// are dropped with their slots, and affinity connections are forgotten.
+    pub(super) fn recover(&mut self, config: &BalanceConfig) {
+        // A failure may have been half handled: a connection known broken is retired now.
+        for endpoint in self.slots.take_broken() {
+            self.retiring.push((endpoint, "failed"));
+        }
+        self.slots.retain_settled();
+        self.affinity = AffinitySet::new(config.max_affinity, config.affinity_idle);
+    }
+
+    /// When [`Membership::on_timer`] is next due: the earliest backoff's end or
+    /// affinity sweep.
+    pub(super) fn next_deadline(&self) -> Option<Instant> {
+        [self.slots.next_retry(), self.affinity.next_sweep()].into_iter().flatten().min()
+    }
+
+    /// Whether connection attempts are waiting or under way.
+    pub(super) fn is_connecting(&self) -> bool {
+        !self.attempts.is_idle()
+    }
+
+    /// The next attempt's outcome (see `Attempts::poll_outcome`); attempts whose slot
+    /// waits for them no more are dropped.
+    pub(super) fn poll_attempts(&mut self, cx: &mut Context<'_>) -> Poll<Outcome<S>> {
+        let slots = &self.slots;
+        self.attempts.poll_outcome(cx, |task, attempt| slots.get(task).is_some_and(|s| s.awaits(attempt)))
+    }
+
+    /// The timer work: reconnects the tasks whose backoff ended, and forgets affinity
+    /// connections idle too long (if a sweep is due). Returns whether it forgot any.
+    pub(super) fn on_timer(&mut self, now: Instant) -> bool {
+        for (task, address) in self.slots.due(now) {
+            let attempt = self.connect(task, address);
+            self.slots.set_state(task, SlotState::Connecting { attempt });
+        }
+        self.affinity.sweep(&self.slots, now)
+    }
+
+    /// Where connection attempt `attempt` to `task` goes, if its slot still waits for
+    /// it (else the attempt is stale: the task left, or a newer attempt replaced it).
+    pub(super) fn awaiting(&self, task: usize, attempt: u64) -> Option<T> {
+        self.slots.get(task).filter(|s| s.awaits(attempt)).map(|s| s.address.clone())
+    }
+
+    /// Whether `task` (at `address`) failed before and has not served since: a new
+    /// connection to it is a return from failure.
+    pub(super) fn has_failed(&self, task: usize, address: &T) -> bool {
+        self.slots.has_failed(task, address)
+    }
+
+    /// Whether `task` is kept for keyed requests only (an affinity connection).
+    pub(super) fn is_affinity(&self, task: usize) -> bool {
+        self.affinity.contains(task)
+    }
+
+    /// `task`'s connection is up: in rotation from the next table.
+    pub(super) fn connected(&mut self, task: usize, endpoint: Arc<Endpoint<S>>) {
+        self.slots.set_state(task, SlotState::Ready(endpoint));
+    }
+
+    /// `task`'s connection attempt (to `address`) failed: it backs off. Returns its
+    /// consecutive failures and when it is retried.
+    pub(super) fn connect_failed(&mut self, task: usize, address: &T) -> (u32, Instant) {
+        let (failures, until) = self.slots.record_failure(task, address, false);
+        self.slots.set_state(task, SlotState::Backoff { until });
+        (failures, until)
+    }
+
+    /// Connection `id` to `task` failed a call at the transport: it leaves rotation
+    /// (retired with the next table) and the task backs off. Returns the task's
+    /// consecutive failures and when it is retried; `None` when `id` is not `task`'s
+    /// connection any more (already handled, or about an older connection).
+    pub(super) fn transport_failed(&mut self, task: usize, id: u64) -> Option<(u32, Instant)> {
+        let slot = self.slots.get(task)?;
+        let endpoint = slot.endpoint().filter(|e| e.id == id)?.clone();
+        let address = slot.address.clone();
+        // A connection that served requests before failing starts the count afresh; one
+        // that never did makes the backoff grow.
+        let served =
+            endpoint.calls.requests.load(Ordering::Relaxed) > endpoint.calls.failures.load(Ordering::Relaxed);
+        let (failures, until) = self.slots.record_failure(task, &address, served);
+        self.slots.set_state(task, SlotState::Backoff { until });
+        self.retiring.push((endpoint, "failed"));
+        Some((failures, until))
+    }
+
+    /// Connection `id` reported its last request done: close it if it is still idle.
+    pub(super) fn drained(&mut self, id: u64, shared: &Shared<S>) {
+        self.draining.drained(id, shared);
+    }
+
+    /// The connection of `task`, when it is in rotation.
+    pub(super) fn endpoint(&self, task: usize) -> Option<&Arc<Endpoint<S>>> {
+        self.slots.endpoint(task)
+    }
+
+    /// The connection in rotation whose id is `id`.
+    pub(super) fn endpoint_by_id(&self, id: u64) -> Option<&Arc<Endpoint<S>>> {
+        self.slots.iter().find_map(|(_, s)| s.endpoint().filter(|e| e.id == id))
+    }
+
+    /// Every connection in rotation, by ascending task.
+    pub(super) fn ready(&self) -> Vec<(usize, Arc<Endpoint<S>>)> {
+        self.slots.iter().filter_map(|(t, s)| Some((t, s.endpoint()?.clone()))).collect()
+    }
+
+    /// Whether `task` has a slot (connected, connecting or backing off).
+    pub(super) fn has_slot(&self, task: usize) -> bool {
+        self.slots.contains(task)
+    }
+
+    /// A keyed request needs `tasks`: keep affinity connections to those reachable
+    /// outside `subset` (see `AffinitySet::request`).
+    pub(super) fn request_affinity(
+        &mut self,
+        tasks: Vec<u32>,
+        subset: &[usize],
+        view: &JobView<T>,
+        config: &BalanceConfig,
+        now: Instant,
+    ) {
+        let draining_too = config.keyed_to_draining;
+        let address_of = |t| keyed_address(view, draining_too, t);
+        self.affinity.request(tasks, subset, address_of, &self.slots, now);
+    }
+
+    /// Plans the subset from `inputs`: the first `k` serving tasks of the frontend's
+    /// order, then as many stand-ins as there are failed or ejected members among
+    /// those `k` (at most `max_stand_ins`). Stand-ins already connected are kept (so a
+    /// recovering candidate never displaces a healthy one); the rest come next in
+    /// order, skipping failed and ejected tasks. Old failures are forgotten first.
+    /// `None` when no subset can be computed for the view (more tasks than subsetting
+    /// allows): the subset in force stays.
+    pub(super) fn plan(
+        &mut self,
+        inputs: Inputs<'_, T, S>,
+        config: &BalanceConfig,
+        now: Instant,
+    ) -> Option<Subset> {
+        let Inputs { view, health } = inputs;
+        self.slots.forget_old_failures(now);
+        if view.size > steady_subset::MAX_BACKENDS {
+            return None;
+        }
+        let slots = &self.slots;
+        let is_out = |task, address| slots.is_failed(task, address, now) || health.is_ejected(task, now);
+        // A subset larger than the job is the whole job.
+        let k = config.subset_size.min(view.size);
+        let mut order = candidate_order(&config.algorithm, config.frontend, view.size, k);
+        let mut primary = Vec::with_capacity(k);
+        let mut failed = 0;
+        if k > 0 {
+            for task in order.by_ref() {
+                let Some(address) = view.serving_task(task) else { continue };
+                primary.push(task);
+                failed += usize::from(is_out(task, address));
+                if primary.len() == k {
+                    break;
+                }
+            }
+        }
+        let needed = failed.min(config.max_stand_ins);
+        let mut stand_ins: Vec<usize> = slots
+            .iter()
+            .filter(|(task, slot)| {
+                slot.endpoint().is_some()
+                    && !primary.contains(task)
+                    && !self.affinity.contains(*task)
+                    && view.serving_task(*task) == Some(&slot.address)
+            })
+            .map(|(task, _)| task)
+            .take(needed)
+            .collect();
+        // The order continues right after the last primary member.
+        for task in order {
+            if stand_ins.len() >= needed {
+                break;
+            }
+            let Some(address) = view.serving_task(task) else { continue };
+            if !primary.contains(&task) && !stand_ins.contains(&task) && !is_out(task, address) {
+                stand_ins.push(task);
+            }
+        }
+        debug_assert!(primary.len() <= k && failed <= primary.len() && stand_ins.len() <= needed);
+        let (primary_len, out) = (primary.len(), failed);
+        primary.extend(stand_ins);
+        Some(Subset { tasks: primary, primary: primary_len, out })
+    }
+
+    /// Brings the connections in line with `subset` and the affinity connections still
+    /// worth keeping: closes what is no longer wanted (or whose task moved to another
+    /// address: retired with the next table) and opens what is newly wanted.
+    pub(super) fn follow(
+        &mut self,
+        subset: &[usize],
+        view: &JobView<T>,
+        config: &BalanceConfig,
+        counters: &Counters,
+        now: Instant,
+    ) {
+        let draining_too = config.keyed_to_draining;
+        // Subset members serve; affinity connections reach a draining owner too when
+        // configured (subset members are serving, so one lookup does for both).
+        let affinity =
+            self.affinity.wanted(subset, |t| keyed_address(view, draining_too, t), &self.slots, now);
+        let wanted: Vec<usize> = subset.iter().chain(&affinity).copied().collect();
+        let keep: HashSet<usize> = wanted.iter().copied().collect();
+        // Close what is no longer wanted, or whose task moved to another address.
+        let gone: Vec<usize> = self
+            .slots
+            .iter()
+            .filter(|(task, slot)| {
+                !keep.contains(task) || keyed_address(view, draining_too, *task) != Some(&slot.address)
+            })
+            .map(|(task, _)| task)
+            .collect();
+        for task in gone {
+            if let Some(SlotState::Ready(endpoint)) = self.slots.remove(task).map(|slot| slot.state) {
+                self.retiring.push((endpoint, "left the subset"));
+            }
+        }
+        // Open what is newly wanted.
+        for &task in &wanted {
+            if !self.slots.contains(task) {
+                // A kept subset (for a view no subset can be computed for) may name
+                // tasks that no longer serve: skip them.
+                let Some(address) = keyed_address(view, draining_too, task).cloned() else { continue };
+                let attempt = self.connect(task, address.clone());
+                self.slots.insert_connecting(task, address, attempt);
+                if affinity.contains(&task) {
+                    Counters::add(&counters.affinity_opened, 1);
+                }
+            }
+        }
+    }
+
+    /// Every connection in rotation but those of the `kept_out` tasks (ascending), by
+    /// task.
+    pub(super) fn in_rotation(&self, kept_out: &[usize]) -> HashMap<usize, Arc<Endpoint<S>>> {
+        let mut connected = self.slots.connected();
+        connected.retain(|task, _| kept_out.binary_search(task).is_err());
+        connected
+    }
+
+    /// Whether requests can reach replica `task` now or soon: not kept out (`kept_out`,
+    /// ascending), where keyed requests may go, and connected, connecting, or
+    /// connectable through an affinity connection (if any is allowed, and the task is
+    /// not backing off).
+    pub(super) fn reachable(
+        &self,
+        task: usize,
+        kept_out: &[usize],
+        view: &JobView<T>,
+        config: &BalanceConfig,
+        now: Instant,
+    ) -> bool {
+        if kept_out.binary_search(&task).is_ok() {
+            return false;
+        }
+        keyed_address(view, config.keyed_to_draining, task).is_some_and(|address| {
+            match self.slots.get(task).map(|s| &s.state) {
+                Some(SlotState::Ready(_) | SlotState::Connecting { .. }) => true,
+                Some(SlotState::Backoff { .. }) => false,
+                // Not connected: an affinity connection would be asked for, if any is allowed.
+                None => config.max_affinity > 0 && !self.slots.is_failed(task, address, now),
+            }
+        })
+    }
+
+    /// Retires the connections leaving rotation, once the published table no longer
+    /// names them (each closes once its requests have finished).
+    pub(super) fn retire(&mut self, shared: &Shared<S>) {
+        for (endpoint, why) in self.retiring.drain(..) {
+            self.draining.retire(endpoint, why, shared);
+        }
+    }
+
+    /// Starts a connection attempt; returns its id. It comes to an outcome (see
+    /// [`super::attempts`]) within the connect timeout, without holding up the control
+    /// task.
+    fn connect(&mut self, task: usize, address: T) -> u64 {
+        self.last_attempt += 1;
+        let attempt = self.last_attempt;
+        tracing::debug!(task, ?address, attempt, "connecting");
+        self.attempts.start(task, attempt, address);
+        attempt
+    }
+}
+
+/// Where requests may reach `task`: serving, or draining too when keyed requests may go
+/// to draining owners ([`BalanceConfig::keyed_to_draining`]).
+fn keyed_address<T>(view: &JobView<T>, draining_too: bool, task: usize) -> Option<&T> {
+    if draining_too {
+        view.live_task(task)
+    } else {
+        view.serving_task(task)
+    }
+}
