@@ -83,19 +83,9 @@ mod route;
 mod service;
 mod stats;
 
-// The slice model lives in `steady-slice`; re-exported so that `steady_balance::Assignment`
-// and friends keep working (deprecated paths are kept for one release; prefer
-// `steady_slice`).
-pub use steady_slice::{
-    Assignment, AssignmentError, DecodeError, Slice, SliceKey, MAX_REPLICAS, MAX_SLICES, MAX_TASK,
-};
-
 // An assignment may name any backend index the subsetting handles, and no more.
-const _: () = assert!(MAX_TASK as usize == steady_subset::MAX_BACKENDS - 1);
+const _: () = assert!(steady_slice::MAX_TASK as usize == steady_subset::MAX_BACKENDS - 1);
 
-// Shared with discovery, the Slicelet and the control plane, so they live in
-// `steady-core`; re-exported here so `steady_balance::{Backoff, JobView, ...}` keep working
-// (these paths stay for one release; prefer `steady_core`).
 pub use classify::{Classify, Outcome, Report, TransportErrors};
 pub use config::{
     BalanceConfig, FailureRate, Load, NoReplicaPolicy, OutlierDetection, SlowStart, MAX_IDLE,
@@ -109,4 +99,9 @@ pub use route::future::ResponseFuture;
 pub use route::key_counts::{KeyCounts, MAX_BINS_LOG2};
 pub use service::Balance;
 pub use stats::{BalanceStats, MemberState, MemberStats};
+// Types of other crates that the balancer's own API takes or returns, so that its users
+// need no second dependency to name them: the assignments it follows and the keys it
+// routes by (`steady-slice`), the job views, backoff and configuration errors it shares
+// with discovery, the Slicelet and the control plane (`steady-core`).
 pub use steady_core::{Backoff, ConfigError, JobView, Task, TaskState};
+pub use steady_slice::{Assignment, SliceKey};

@@ -76,8 +76,9 @@ impl Load for LoadSignal {
 }
 
 /// With Peak EWMA, the first `LATENCY_SAMPLE` requests of a connection and one in
-/// `LATENCY_SAMPLE` after them are timed. Reading the clock twice and updating the
-/// estimate cost about three times the rest of a pick (the `pick` bench); one request in
+/// `LATENCY_SAMPLE` after them are timed. Timing every request would put two clock reads
+/// and an estimate update on every request's path (what that cost:
+/// `docs/benchmarks.md#the-load-signal`); one request in
 /// sixteen still gives a busy member hundreds of samples a second, and a slow member
 /// (which gets few requests) is timed on its first ones. The price: a member that turns
 /// slow is noticed up to sixteen requests later (its requests in flight rise at once).

@@ -9,15 +9,8 @@ use super::endpoint::Endpoint;
 /// Two loads closer than this ratio count as a tie: the second draw is taken over the
 /// first only when its load is at most `TIE_RATIO` times the first's.
 ///
-/// Why: at high concurrency the in-flight count of a connection moves in bursts (HTTP/2
-/// delivers many responses in one read), so small differences between two connections
-/// are mostly timing. Following them sends the requests issued right after a burst back
-/// to the connection the burst came from, and requests then travel in clumps: over 4
-/// loopback servers at concurrency 256 this made p99 two to three times round-robin's,
-/// and a 25% tie band brought it back to round-robin's (see `docs/benchmarks.md`,
-/// "Throughput over loopback, equal servers"). A slow or overloaded backend shows as a
-/// large difference and is still avoided. The price: in-flight counts of 4 against 5 (or 8 against 10) are a tie
-/// too, and with Peak EWMA so are latency estimates within 25% of each other.
+/// Why a band, and what it costs: `docs/balancer.md#the-tie-band` (the runs:
+/// `docs/benchmarks.md#the-tie-band-measured`).
 const TIE_RATIO: f64 = 0.75;
 
 /// Power of two choices over `members`: two distinct random ones, the less loaded
