@@ -71,7 +71,7 @@ pub use browser::{Browser, BROWSER_BIN, PAGE_TIMEOUT, REQUIRE_BROWSER};
 pub use percentile::percentile;
 pub use wait::eventually_blocking;
 #[cfg(feature = "tokio")]
-pub use wait::{eventually, eventually_within, holds_within};
+pub use wait::{eventually, eventually_within, holds_within, within};
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};

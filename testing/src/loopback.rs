@@ -16,9 +16,11 @@ use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 use tonic::body::Body;
 use tonic::codegen::http;
 use tonic::server::NamedService;
@@ -112,23 +114,52 @@ impl Loopback {
     {
         let (stop, stopped) = oneshot::channel();
         let incoming = TcpIncoming::from(self.listener).with_nodelay(Some(true));
-        tokio::spawn(start(incoming, Stopped(stopped)));
-        ServerGuard { addr: self.addr, _stop: stop }
+        let task = tokio::spawn(start(incoming, Stopped(stopped)));
+        ServerGuard { addr: self.addr, stop, task }
     }
 }
 
 /// A running loopback server: dropping it shuts the server down (it accepts no new
-/// connection; calls in flight finish).
+/// connection; calls in flight finish), without waiting for it to stop.
 #[derive(Debug)]
 pub struct ServerGuard {
     addr: SocketAddr,
-    _stop: oneshot::Sender<()>,
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<Result<(), tonic::transport::Error>>,
 }
 
 impl ServerGuard {
+    /// How long [`ServerGuard::stop`] waits for its server to stop.
+    pub const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
     /// The server's address.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Lets the server run until its runtime shuts down, as a server spawned with no
+    /// shutdown signal would (for a helper that returns only the address); its address.
+    pub fn detach(self) -> SocketAddr {
+        std::mem::forget(self.stop);
+        self.addr
+    }
+
+    /// Shuts the server down and waits until it has stopped and its port is free again
+    /// (for a test that starts a server on the same address next).
+    ///
+    /// # Panics
+    ///
+    /// When the server does not stop within [`ServerGuard::STOP_TIMEOUT`], or ended with
+    /// an error.
+    pub async fn stop(self) {
+        let Self { addr, stop, task } = self;
+        let _ = stop.send(());
+        match tokio::time::timeout(Self::STOP_TIMEOUT, task).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => panic!("the server on {addr} failed: {e}"),
+            Ok(Err(e)) => panic!("the server on {addr} panicked: {e}"),
+            Err(_) => panic!("the server on {addr} did not stop in {:?}", Self::STOP_TIMEOUT),
+        }
     }
 }
 

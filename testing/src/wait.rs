@@ -11,6 +11,9 @@
 //!   tool that reports a timeout as an error.
 //! * [`eventually_blocking`] (std only): `eventually_within` for a test without a
 //!   runtime on its thread.
+//! * `within` (feature `tokio`): a future's output, awaited for at most a bound, for a
+//!   state that comes as an event (a watch's next value, a connection) rather than one
+//!   polled for.
 //!
 //! The async waits sleep on tokio's clock: under `#[tokio::test(start_paused = true)]`
 //! time advances by itself while they sleep, so they wait no wall-clock time and a test
@@ -70,6 +73,20 @@ pub async fn holds_within(limit: Duration, mut condition: impl FnMut() -> bool) 
     }
 }
 
+/// The output of `future`, awaited for at most `limit` of tokio's clock.
+///
+/// # Panics
+///
+/// When `future` is not ready within `limit`; the message names `what` the test waited
+/// for.
+#[cfg(feature = "tokio")]
+pub async fn within<T>(limit: Duration, what: &str, future: impl std::future::Future<Output = T>) -> T {
+    match tokio::time::timeout(limit, future).await {
+        Ok(output) => output,
+        Err(_) => panic!("timed out after {limit:?} waiting for {what}"),
+    }
+}
+
 /// Blocks the thread until `condition` holds, looking at it every [`POLL_BLOCKING`]:
 /// `eventually_within` for a test that has no runtime on its thread.
 ///
@@ -116,6 +133,14 @@ mod tests {
         let before = tokio::time::Instant::now();
         assert!(!holds_within(Duration::from_secs(5), || false).await);
         assert!(before.elapsed() >= Duration::from_secs(5));
+    }
+
+    #[cfg(feature = "tokio")]
+    #[tokio::test(start_paused = true)]
+    #[should_panic(expected = "timed out after 1s waiting for the answer")]
+    async fn within_panics_naming_what_it_waited_for() {
+        assert_eq!(within(Duration::from_secs(1), "a ready answer", async { 42 }).await, 42);
+        within(Duration::from_secs(1), "the answer", std::future::pending::<()>()).await;
     }
 
     #[cfg(feature = "tokio")]
