@@ -137,6 +137,8 @@ async fn frontends_keep_up_through_the_backends_while_their_distributor_is_down(
     wait_for_generation(&only_one, 5, "a frontend that knows one backend").await;
     publish(6);
     wait_for_generation(&only_one, 6, "a frontend that knows one backend").await;
+    // The load runs on until it has sent enough to show (the distributor still down).
+    eventually("the load to send 100 requests", || sent.load(Ordering::Relaxed) > 100).await;
 
     stop.store(true, Ordering::Relaxed);
     load.await.unwrap();
