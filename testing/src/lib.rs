@@ -31,6 +31,8 @@
 //! * [`wait`]: bounded waits for the state a test asserts (`eventually` and its kin):
 //!   a condition polled until it holds, never a fixed sleep, and a panic naming what the
 //!   test waited for when it does not come in time.
+//! * [`check_golden_file`]: a frozen contract written out as text (golden vectors),
+//!   compared line by line with what the code computes now.
 //! * [`percentile`]: the nearest-rank latency percentile the lab and the benchmarks
 //!   report.
 //! * `tls::TestPki` (feature `tls`): a certificate authority for one test and the
@@ -60,6 +62,7 @@
 mod browser;
 #[cfg(feature = "grpc")]
 pub mod echo;
+mod golden;
 #[cfg(feature = "grpc")]
 pub mod loopback;
 mod percentile;
@@ -68,6 +71,7 @@ pub mod tls;
 pub mod wait;
 
 pub use browser::{Browser, BROWSER_BIN, PAGE_TIMEOUT, REQUIRE_BROWSER};
+pub use golden::check_golden_file;
 pub use percentile::percentile;
 pub use wait::eventually_blocking;
 #[cfg(feature = "tokio")]
