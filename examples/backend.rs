@@ -11,15 +11,17 @@
 //! assignments to follow and the collector to report load to. Stops on Ctrl-C.
 //!
 //! A backend only needs `steady-slicelet` (and tonic): no etcd client, no command-line
-//! parser, no assigner and no client balancer.
+//! parser, no assigner and no client balancer. (The echo service's generated code comes
+//! from the workspace's test support, `steady_testing::echo`, standing in for the
+//! application's own.)
 
 use std::error::Error;
 use std::time::Duration;
 
 use steady_core::Backoff;
-use steady_proto::echo::echo_server::{Echo, EchoServer};
-use steady_proto::echo::{EchoReply, EchoRequest};
 use steady_slicelet::Slicelet;
+use steady_testing::echo::echo_server::{Echo, EchoServer};
+use steady_testing::echo::{EchoReply, EchoRequest};
 use tonic::transport::{Endpoint, Server};
 use tonic::{Request, Response, Status};
 

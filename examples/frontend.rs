@@ -13,6 +13,9 @@
 //! `operator` example, or `steady-slicer`). The frontend's own index comes from
 //! `TASK_INDEX` or a StatefulSet hostname (`web-3`); with neither, it takes a random one
 //! and random subsetting.
+//!
+//! The echo service's generated code comes from the workspace's test support
+//! (`steady_testing::echo`), standing in for the application's own.
 
 use std::error::Error;
 
@@ -20,10 +23,9 @@ use steady_balance::BalanceConfig;
 use steady_core::Backoff;
 use steady_discovery::identity::{self, IdentitySource};
 use steady_discovery::Discovery;
-use steady_proto::echo::echo_client::EchoClient;
-use steady_proto::echo::EchoRequest;
-use steady_proto::DEFAULT_KEY_HEADER;
-use steady_tonic::{watch_assignments, SteadyChannel};
+use steady_testing::echo::echo_client::EchoClient;
+use steady_testing::echo::EchoRequest;
+use steady_tonic::{watch_assignments, SteadyChannel, DEFAULT_KEY_HEADER};
 use tonic::transport::Endpoint;
 
 /// The backend job's name, as the operator's control plane knows it.

@@ -6,6 +6,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::env::set_var("PROTOC", protoc_bin_vendored::protoc_bin_path()?);
     println!("cargo:rerun-if-changed=proto");
     tonic_prost_build::configure()
-        .compile_protos(&["proto/assignment.proto", "proto/echo.proto", "proto/load.proto"], &["proto"])?;
+        .compile_protos(&["proto/assignment.proto", "proto/load.proto"], &["proto"])?;
     Ok(())
 }

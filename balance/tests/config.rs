@@ -13,6 +13,7 @@ use steady_balance::{
     Assignment, Backoff, Balance, BalanceConfig, BalanceError, BalanceLayer, JobView, Load, SliceKey,
     MAX_SUBSET_SIZE, MAX_WAIT,
 };
+use steady_testing::holds_within;
 use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
 use tower::{service_fn, BoxError, ServiceExt};
@@ -299,18 +300,6 @@ fn panicking_source(
     .chain(futures_util::stream::pending())
 }
 
-/// Polls on tokio's paused clock until `condition` holds (at most `limit` of it).
-async fn wait_until(limit: Duration, mut condition: impl FnMut() -> bool) -> bool {
-    let deadline = tokio::time::Instant::now() + limit;
-    while !condition() {
-        if tokio::time::Instant::now() > deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    true
-}
-
 #[tokio::test(start_paused = true)]
 async fn an_assignment_source_that_panics_is_followed_again_after_a_backoff() {
     let connect = service_fn(|task: usize| async move {
@@ -319,11 +308,11 @@ async fn an_assignment_source_that_panics_is_followed_again_after_a_backoff() {
     let balance = Balance::from_addresses(BalanceConfig::new(0, 1), connect, vec![0]).unwrap();
     // Generation 1, then a panic, then generation 2.
     balance.follow_assignments(panicking_source(vec![1, 2], |poll| poll == 1));
-    assert!(wait_until(Duration::from_secs(1), || balance.stats().assignment_generation == Some(1)).await);
-    assert!(wait_until(Duration::from_secs(1), || balance.stats().assignment_source_restarts == 1).await);
+    assert!(holds_within(Duration::from_secs(1), || balance.stats().assignment_generation == Some(1)).await);
+    assert!(holds_within(Duration::from_secs(1), || balance.stats().assignment_source_restarts == 1).await);
     let panicked = tokio::time::Instant::now();
     // Polled again after the first restart delay (100 ms, less up to half of it).
-    assert!(wait_until(Duration::from_secs(1), || balance.stats().assignment_generation == Some(2)).await);
+    assert!(holds_within(Duration::from_secs(1), || balance.stats().assignment_generation == Some(2)).await);
     let waited = panicked.elapsed();
     assert!(waited >= Duration::from_millis(49) && waited <= Duration::from_millis(101), "{waited:?}");
     let s = balance.stats();
@@ -338,7 +327,7 @@ async fn an_assignment_source_that_always_panics_is_polled_again_ever_more_slowl
     });
     let balance = Balance::from_addresses(BalanceConfig::new(0, 1), connect, vec![0]).unwrap();
     balance.follow_assignments(panicking_source(vec![1], |poll| poll >= 1));
-    assert!(wait_until(Duration::from_secs(1), || balance.stats().assignment_generation == Some(1)).await);
+    assert!(holds_within(Duration::from_secs(1), || balance.stats().assignment_generation == Some(1)).await);
     // Delays of 100 ms doubling to 10 s, each less up to half: in a minute, 7 doubling
     // ones (6.35 to 12.7 s in all), then one every 5 to 10 s.
     tokio::time::sleep(Duration::from_secs(60)).await;

@@ -10,6 +10,7 @@ use steady_balance::{
     Balance, BalanceConfig, BalanceStats, Classify, FailureRate, JobView, Load, MemberState, Outcome,
     OutlierDetection, SlowStart,
 };
+use steady_testing::holds_within;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tower::{service_fn, BoxError, Service, ServiceExt};
@@ -168,22 +169,6 @@ fn config(k: usize) -> BalanceConfig {
     BalanceConfig::new(0, k).with_slow_start(SlowStart::disabled()).with_load(Load::InFlight)
 }
 
-/// Polls `stats` every 10 ms (on the paused clock) until `done` holds, for at most `limit`.
-async fn wait_until(
-    stats: &impl Fn() -> BalanceStats,
-    limit: Duration,
-    done: impl Fn(&BalanceStats) -> bool,
-) -> bool {
-    let end = Instant::now() + limit;
-    while Instant::now() < end {
-        if done(&stats()) {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    done(&stats())
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_member_answering_faults_is_ejected_after_a_run_and_a_stand_in_keeps_the_subset_size() {
     let (balance, stats, fleet, _release) = start(config(3), 6);
@@ -291,7 +276,7 @@ async fn ejection_time_grows_with_each_ejection_up_to_the_cap_and_is_forgiven_in
             assert!(sent < 5000, "never ejected: {:?}", stats());
         }
         let from = Instant::now();
-        assert!(wait_until(&stats, Duration::from_secs(10), |s| !s.ejected.contains(&0)).await);
+        assert!(holds_within(Duration::from_secs(10), || !stats().ejected.contains(&0)).await);
         from.elapsed()
     };
     let lengths = [ejection().await, ejection().await, ejection().await, ejection().await];
@@ -335,7 +320,7 @@ async fn ejection_stops_at_the_panic_threshold_and_past_it_ejected_members_serve
     // threshold. The two ejected serve again rather than leave five members to carry all.
     fleet.set(7, Answers::Broken);
     send(&balance, 100).await;
-    assert!(wait_until(&stats, Duration::from_secs(1), |s| s.panic).await, "{:?}", stats());
+    assert!(holds_within(Duration::from_secs(1), || stats().panic).await, "{:?}", stats());
     let s = stats();
     assert_eq!(s.panics, 1);
     for task in &s.ejected {
@@ -387,7 +372,7 @@ async fn a_member_reconnected_after_a_broken_connection_gets_one_request_first()
     }
     fleet.set(0, Answers::Held);
     assert!(
-        wait_until(&stats, Duration::from_secs(5), |s| s.members.iter().any(|m| m.task == 0)).await,
+        holds_within(Duration::from_secs(5), || stats().members.iter().any(|m| m.task == 0)).await,
         "{:?}",
         stats()
     );

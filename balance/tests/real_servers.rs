@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use steady_balance::{Assignment, Slice, SliceKey};
 use steady_balance::{Balance, BalanceConfig, BalanceError, JobView, TaskState};
 use steady_subset::{Algorithm, Subsetting};
+use steady_testing::eventually;
 use support::{connector, header_key, keyed_request, request, start_servers, task_of, TestServer, H2};
 use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
@@ -20,15 +21,6 @@ use tower::ServiceExt;
 
 fn view(servers: &[TestServer], size: usize) -> JobView<SocketAddr> {
     JobView::serving(servers[..size].iter().map(|s| s.addr))
-}
-
-/// Polls `condition` every 5 ms for up to 5 s.
-async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !condition() {
-        assert!(start.elapsed() < Duration::from_secs(5), "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 /// Steady load: `concurrency` loops sending requests of `delay_ms` until stopped.

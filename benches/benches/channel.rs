@@ -21,8 +21,8 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use steady_balance::{BalanceConfig, Slice, SliceKey};
 use steady_benches::echo_calls;
-use steady_tonic::echo::echo_client::EchoClient;
-use steady_tonic::echo::EchoRequest;
+use steady_testing::echo::echo_client::EchoClient;
+use steady_testing::echo::EchoRequest;
 use steady_tonic::SteadyChannel;
 use tonic::transport::{Channel, Endpoint};
 
@@ -35,7 +35,7 @@ fn channel_call(c: &mut Criterion) {
     let running: Vec<_> = servers.block_on(async {
         let mut out = Vec::new();
         for task in 0..SERVERS {
-            out.push(steady_tonic::demo::serve_echo(task).await.expect("bind 127.0.0.1"));
+            out.push(steady_testing::echo::serve_echo(task).await);
         }
         out
     });

@@ -36,7 +36,7 @@ use steady_balance::{Balance, BalanceConfig, SliceKey};
 use steady_benches::{echo_calls, hold_assignment, spread_assignment};
 use steady_slicer_server::status::MetricsRegistry;
 use steady_subset::prng::SplitMix64;
-use steady_tonic::echo::echo_client::EchoClient;
+use steady_testing::echo::echo_client::EchoClient;
 use steady_tonic::{CallMetricsLayer, SteadyChannel};
 use tonic::transport::{Channel, Endpoint};
 use tower::{service_fn, Layer, Service, ServiceExt};
@@ -184,7 +184,7 @@ fn channel(c: &mut Criterion) {
     let running: Vec<_> = servers.block_on(async {
         let mut out = Vec::new();
         for task in 0..SERVERS as u32 {
-            out.push(steady_tonic::demo::serve_echo(task).await.expect("bind 127.0.0.1"));
+            out.push(steady_testing::echo::serve_echo(task).await);
         }
         out
     });

@@ -27,7 +27,7 @@ pub fn naive_ring_subset(frontend: usize, backends: usize, size: usize) -> Vec<u
 /// after call `i` and is timed with it (a bench that scrapes every so many calls charges
 /// the scrapes to the calls).
 pub async fn echo_calls<T>(
-    client: &mut steady_tonic::echo::echo_client::EchoClient<T>,
+    client: &mut steady_testing::echo::echo_client::EchoClient<T>,
     iters: u64,
     mut after: impl FnMut(u64),
 ) -> std::time::Duration
@@ -39,7 +39,7 @@ where
 {
     let start = std::time::Instant::now();
     for i in 0..iters {
-        let request = steady_tonic::echo::EchoRequest { payload: b"ping".to_vec() };
+        let request = steady_testing::echo::EchoRequest { payload: b"ping".to_vec() };
         std::hint::black_box(client.echo(request).await.expect("the echo servers answer"));
         after(i);
     }

@@ -4,24 +4,16 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use steady_balance::BalanceConfig;
 use steady_discovery::identity::Origin;
 use steady_discovery::registry::{self, Registry, RegistryConfig};
 use steady_discovery::TaskState;
-use steady_testing::Etcd;
-use steady_tonic::echo::echo_client::EchoClient;
-use steady_tonic::echo::EchoRequest;
+use steady_testing::echo::echo_client::EchoClient;
+use steady_testing::echo::{serve_echo, EchoRequest};
+use steady_testing::{eventually, Etcd};
 use steady_tonic::SteadyChannel;
-
-async fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_draining_backend_gets_no_new_requests_and_none_fail() {
@@ -31,7 +23,7 @@ async fn a_draining_backend_gets_no_new_requests_and_none_fail() {
     let mut servers = Vec::new();
     let mut registrations = Vec::new();
     for task in 0..3u32 {
-        let (address, stop) = steady_tonic::demo::serve_echo(task).await.unwrap();
+        let (address, stop) = serve_echo(task).await;
         registrations.push(registry.register("web", task as usize, &address.to_string()).await.unwrap());
         servers.push(stop);
     }
@@ -69,14 +61,15 @@ async fn a_draining_backend_gets_no_new_requests_and_none_fail() {
             sent
         }));
     }
-    wait_for("backend 2 to serve", || served_by_2.load(Ordering::Relaxed) > 10).await;
+    eventually("backend 2 to serve", || served_by_2.load(Ordering::Relaxed) > 10).await;
     registrations[2].drain().await.unwrap();
-    wait_for("the view to show the drain", || {
+    eventually("the view to show the drain", || {
         backends.current().tasks.get(&2).is_some_and(|t| t.state == TaskState::Draining)
     })
     .await;
     // Once the balancer has the view, backend 2 gets nothing new.
-    wait_for("the balancer to drop backend 2", || channel.stats().members.iter().all(|m| m.task != 2)).await;
+    eventually("the balancer to drop backend 2", || channel.stats().members.iter().all(|m| m.task != 2))
+        .await;
     // Requests already in flight to it finish (an echo takes well under 100 ms).
     tokio::time::sleep(Duration::from_millis(100)).await;
     let after_drain = served_by_2.load(Ordering::Relaxed);

@@ -24,6 +24,7 @@ use hickory_server::store::in_memory::InMemoryAuthority;
 use hickory_server::ServerFuture;
 use steady_discovery::dns::{self, DnsConfig, DnsCounters, DnsError, IndexRule};
 use steady_discovery::{Discovery, JobView};
+use steady_testing::holds_within;
 use tokio::net::{TcpListener, UdpSocket};
 use tokio::time::{timeout, Instant};
 
@@ -190,11 +191,8 @@ async fn the_server_down_keeps_the_last_view_and_counts_failures_until_it_is_bac
 
     server.stop().await;
     let failures = counters.snapshot().failures;
-    let start = Instant::now();
-    while counters.snapshot().failures < failures + 3 {
-        assert!(start.elapsed() < PATIENCE, "no failures counted: {:?}", counters.snapshot());
-        tokio::time::sleep(PERIOD / 4).await;
-    }
+    let counted = holds_within(PATIENCE, || counters.snapshot().failures >= failures + 3).await;
+    assert!(counted, "no failures counted: {:?}", counters.snapshot());
     assert_eq!(discovery.current(), before, "the last view stays while the server is down");
     assert_eq!(counters.snapshot().changes, 0);
 
@@ -213,11 +211,8 @@ async fn an_empty_answer_keeps_the_last_view_and_is_counted() {
     let counters = DnsCounters::default();
     let discovery = dns::discover(server.config().counters(counters.clone())).await.unwrap();
     server.publish(&[], &[]).await;
-    let start = Instant::now();
-    while counters.snapshot().empty_answers < 2 {
-        assert!(start.elapsed() < PATIENCE, "no empty answer counted: {:?}", counters.snapshot());
-        tokio::time::sleep(PERIOD / 4).await;
-    }
+    let counted = holds_within(PATIENCE, || counters.snapshot().empty_answers >= 2).await;
+    assert!(counted, "no empty answer counted: {:?}", counters.snapshot());
     assert_eq!(tasks(&discovery.current()), expected(&[0, 1], 50051));
     assert_eq!(counters.snapshot().failures, 0, "an empty answer is not a resolver failure");
 }

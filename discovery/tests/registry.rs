@@ -17,7 +17,7 @@ use steady_discovery::registry::{
 };
 use steady_discovery::{Discovery, JobView, TaskState};
 use steady_subset::{Algorithm, Subsetting};
-use steady_testing::Etcd;
+use steady_testing::{within, Etcd};
 use tokio::sync::watch;
 
 /// The most any single step may take.
@@ -25,14 +25,10 @@ const WAIT: Duration = Duration::from_secs(15);
 /// The lease of these tests: etcd's minimum with its default settings.
 const TTL: Duration = Duration::from_secs(2);
 
-async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
-    tokio::time::timeout(WAIT, future).await.unwrap_or_else(|_| panic!("{what}: not within {WAIT:?}"))
-}
-
 async fn connect(etcd: &Etcd, ttl: Duration) -> Registry {
     let config =
         RegistryConfig::new([etcd.endpoint()]).lease_ttl(ttl).request_timeout(Duration::from_secs(3));
-    within("connecting", Registry::connect(config)).await.unwrap()
+    within(WAIT, "connecting", Registry::connect(config)).await.unwrap()
 }
 
 /// Waits (bounded) until `views` shows a view that satisfies `wanted`; returns it.
@@ -41,12 +37,15 @@ async fn view_where(
     views: &mut watch::Receiver<JobView<String>>,
     wanted: impl FnMut(&JobView<String>) -> bool,
 ) -> JobView<String> {
-    within(what, views.wait_for(wanted)).await.expect("the watch task runs while its Discovery lives").clone()
+    within(WAIT, what, views.wait_for(wanted))
+        .await
+        .expect("the watch task runs while its Discovery lives")
+        .clone()
 }
 
 /// The next view `views` publishes (bounded), whatever it is.
 async fn next_view(what: &str, views: &mut watch::Receiver<JobView<String>>) -> JobView<String> {
-    within(what, views.changed()).await.expect("the watch task runs while its Discovery lives");
+    within(WAIT, what, views.changed()).await.expect("the watch task runs while its Discovery lives");
     views.borrow_and_update().clone()
 }
 
@@ -73,7 +72,7 @@ async fn claim_all(
     }
     let (mut registrations, mut times) = (Vec::new(), Vec::new());
     for claim in claims {
-        let (claimed, took) = within("a claim", claim).await.unwrap();
+        let (claimed, took) = within(WAIT, "a claim", claim).await.unwrap();
         registrations.push(claimed.unwrap());
         times.push(took);
     }
@@ -89,7 +88,7 @@ fn indices(registrations: &[Registration]) -> Vec<usize> {
 async fn twenty_frontends_take_0_to_19_and_newcomers_take_exactly_the_indices_of_crashed_ones() {
     let Some(etcd) = Etcd::start() else { return };
     let registry = connect(&etcd, TTL).await;
-    let members = within("watching", registry::watch_job(&registry, "web")).await.unwrap();
+    let members = within(WAIT, "watching", registry::watch_job(&registry, "web")).await.unwrap();
     let mut view = members.views();
 
     let (mut frontends, times) = claim_all(&etcd, "web", (0..20).map(|n| format!("web-host-{n}"))).await;
@@ -121,7 +120,7 @@ async fn twenty_frontends_take_0_to_19_and_newcomers_take_exactly_the_indices_of
         kept
     };
     let crashed_at = Instant::now();
-    let early = within("an early claim", registry.claim("web", "early-bird")).await.unwrap();
+    let early = within(WAIT, "an early claim", registry.claim("web", "early-bird")).await.unwrap();
     assert_eq!(early.index(), 20, "a crashed task's index is not free before its lease lapses");
     early.release().await.unwrap();
     let after_lapse = view_where("the crashed keys lapse", &mut view, |v| v.tasks.len() == 15).await;
@@ -147,7 +146,7 @@ async fn twenty_frontends_take_0_to_19_and_newcomers_take_exactly_the_indices_of
     // As identities: the next claimant is told its origin, and its index is freed when
     // the identity drops.
     let started = Instant::now();
-    let identity = within("a claim", registry.claim_index("web", "web-host-20")).await.unwrap();
+    let identity = within(WAIT, "a claim", registry.claim_index("web", "web-host-20")).await.unwrap();
     println!("index allocation, one claim alone on a job of 20: {:?}", started.elapsed());
     assert_eq!((identity.index(), identity.origin()), (20, &Origin::Registry));
     // Its key is in the view before it drops (else a view of 20 could be one from before
@@ -171,7 +170,7 @@ async fn job_size_becomes(registry: &Registry, job: &str, size: usize) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     };
-    within(&format!("{job}'s size to read {size}"), read).await;
+    within(WAIT, &format!("{job}'s size to read {size}"), read).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -182,13 +181,13 @@ async fn a_frontends_index_and_so_its_subset_stay_put_while_other_frontends_come
     let algorithm = Algorithm::default();
 
     let (mut others, _) = claim_all(&etcd, "web", (0..4).map(|n| format!("before-{n}"))).await;
-    let me = within("my claim", registry.claim("web", "me")).await.unwrap();
+    let me = within(WAIT, "my claim", registry.claim("web", "me")).await.unwrap();
     assert_eq!(me.index(), 4);
     let (later, _) = claim_all(&etcd, "web", (0..4).map(|n| format!("after-{n}"))).await;
     others.extend(later);
     let my_subset = algorithm.subset(me.index(), backends, subset_size).unwrap();
 
-    let members = within("watching", registry::watch_job(&registry, "web")).await.unwrap();
+    let members = within(WAIT, "watching", registry::watch_job(&registry, "web")).await.unwrap();
     let mut view = members.views();
     let mine = |v: &JobView<String>| v.tasks.get(&4).map(|t| t.address.clone());
     assert_eq!(mine(&members.current()).as_deref(), Some("me"));
@@ -227,7 +226,7 @@ async fn three_watchers(etcd: &Etcd) -> Vec<(Discovery, WatchCounters, watch::Re
     for _ in 0..3 {
         let registry = connect(etcd, TTL).await;
         let (discovery, counters) =
-            within("watching", registry::watch_job_counted(&registry, "api")).await.unwrap();
+            within(WAIT, "watching", registry::watch_job_counted(&registry, "api")).await.unwrap();
         let views = discovery.views();
         watchers.push((discovery, counters, views));
     }
@@ -253,11 +252,11 @@ async fn next_views_after<T>(
             })
         })
         .collect();
-    let changed = within(what, change).await;
+    let changed = within(WAIT, what, change).await;
     let took = since.elapsed();
     let mut seen = Vec::new();
     for (wait, (_, _, views)) in waits.into_iter().zip(watchers.iter_mut()) {
-        let (view, latency, seen_by) = within(what, wait).await.unwrap();
+        let (view, latency, seen_by) = within(WAIT, what, wait).await.unwrap();
         // Carries on from the view just seen.
         *views = seen_by;
         seen.push((view, latency));
@@ -351,7 +350,7 @@ async fn a_backend_appears_drains_and_goes_in_every_watchers_view_within_one_wat
 
 /// A plain etcd client, to write around the registry as another program could.
 async fn raw_client(etcd: &Etcd) -> etcd_client::Client {
-    within("connecting", etcd_client::Client::connect([etcd.endpoint()], None)).await.unwrap()
+    within(WAIT, "connecting", etcd_client::Client::connect([etcd.endpoint()], None)).await.unwrap()
 }
 
 /// Waits (bounded) until etcd knows `lease` no more (revoked or expired).
@@ -363,7 +362,7 @@ async fn lease_gone(etcd: &Etcd, lease: i64) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     };
-    within("the lease to go", gone).await;
+    within(WAIT, "the lease to go", gone).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -380,7 +379,7 @@ async fn values_written_around_the_registry_are_read_and_bad_ones_are_counted_an
     raw.put(format!("{prefix}{MAX_TASKS}"), "serving 10.0.0.5:80", None).await.unwrap();
     raw.put("/steady/jobs/api2/tasks/0", "serving 10.9.9.9:80", None).await.unwrap();
     let (discovery, counters) =
-        within("watching", registry::watch_job_counted(&registry, "api")).await.unwrap();
+        within(WAIT, "watching", registry::watch_job_counted(&registry, "api")).await.unwrap();
     let view = discovery.current();
     assert_eq!(view.size, 2);
     assert_eq!(view.serving_task(0).map(String::as_str), Some("10.0.0.1:80"));
@@ -416,7 +415,7 @@ async fn a_watch_survives_an_etcd_restart_and_converges_whether_or_not_a_compact
     let staying = registry.register("api", 0, "10.0.0.1:80").await.unwrap();
     let leaving = registry.register("api", 1, "10.0.0.2:80").await.unwrap();
     let (discovery, counters) =
-        within("watching", registry::watch_job_counted(&registry, "api")).await.unwrap();
+        within(WAIT, "watching", registry::watch_job_counted(&registry, "api")).await.unwrap();
     let mut views = discovery.views();
     assert_eq!(views.borrow_and_update().tasks.len(), 2);
 
@@ -428,13 +427,13 @@ async fn a_watch_survives_an_etcd_restart_and_converges_whether_or_not_a_compact
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     };
-    within("the watch to notice the outage", noticed).await;
+    within(WAIT, "the watch to notice the outage", noticed).await;
     tokio::time::sleep(Duration::from_secs(3).saturating_sub(down.elapsed())).await;
     etcd.restart();
     // Changes right after the restart, then a compaction past them: the watch either
     // sees the events or (resuming from a compacted revision) reads the prefix again.
     let mut raw = raw_client(&etcd).await;
-    within("revoking", leaving.release()).await.unwrap();
+    within(WAIT, "revoking", leaving.release()).await.unwrap();
     raw.put(registry.task_key("api", 2), "serving 10.0.0.3:80", None).await.unwrap();
     let revision = raw.get("x", None).await.unwrap().header().unwrap().revision();
     raw.compact(revision, None).await.unwrap();
@@ -499,13 +498,13 @@ async fn a_maintenance_storm_drains_at_most_the_budget_at_once_and_every_drain_c
         .collect();
     let mut back = Vec::new();
     for r in restarts {
-        back.push(within("a restart", r).await.unwrap());
+        back.push(within(WAIT, "a restart", r).await.unwrap());
     }
     done.store(true, std::sync::atomic::Ordering::Relaxed);
     let most = monitor.await.unwrap();
     assert!((1..=2).contains(&most), "{most} tasks were draining at once (budget 2)");
     assert!(back.iter().all(|t| t.state() == TaskState::Serving));
-    assert_eq!(within("size", registry.job_size("storm")).await.unwrap(), 6);
+    assert_eq!(within(WAIT, "size", registry.job_size("storm")).await.unwrap(), 6);
 }
 
 /// A drain that does not get its turn in time is refused with the reason, and the task

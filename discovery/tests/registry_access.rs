@@ -7,7 +7,6 @@
 
 #![cfg(feature = "etcd")]
 
-use std::future::Future;
 use std::time::Duration;
 
 use steady_discovery::registry::{
@@ -15,41 +14,39 @@ use steady_discovery::registry::{
 };
 use steady_discovery::{JobView, TaskState};
 use steady_testing::tls::TestPki;
-use steady_testing::{Etcd, EtcdOptions};
+use steady_testing::{within, Etcd, EtcdOptions};
 
 /// The most any single step may take.
 const WAIT: Duration = Duration::from_secs(15);
-
-async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
-    tokio::time::timeout(WAIT, future).await.unwrap_or_else(|_| panic!("{what}: not within {WAIT:?}"))
-}
 
 async fn connect(etcd: &Etcd, access: EtcdAccess) -> Result<Registry, RegistryError> {
     let config = RegistryConfig::new([etcd.endpoint()])
         .lease_ttl(Duration::from_secs(2))
         .request_timeout(Duration::from_secs(2))
         .access(access);
-    within("connecting", Registry::connect(config)).await
+    within(WAIT, "connecting", Registry::connect(config)).await
 }
 
 /// What a fleet does with its registry: frontends claim indices, a backend registers,
 /// a watcher on each connection sees them, a drain and a release reach the view.
 async fn a_fleet_works_through(registry: &Registry, other: &Registry) {
-    let first = within("claim", registry.claim("web", "web-a")).await.unwrap();
-    let second = within("claim", other.claim("web", "web-b")).await.unwrap();
+    let first = within(WAIT, "claim", registry.claim("web", "web-a")).await.unwrap();
+    let second = within(WAIT, "claim", other.claim("web", "web-b")).await.unwrap();
     assert_eq!((first.index(), second.index()), (0, 1));
-    let backend = within("register", registry.register("api", 3, "10.0.0.3:443")).await.unwrap();
-    let watch = within("watch", registry::watch_job(other, "api")).await.unwrap();
+    let backend = within(WAIT, "register", registry.register("api", 3, "10.0.0.3:443")).await.unwrap();
+    let watch = within(WAIT, "watch", registry::watch_job(other, "api")).await.unwrap();
     let mut views = watch.views();
     let state = |v: &JobView<String>| v.tasks.get(&3).map(|t| t.state);
-    within("the backend in the view", views.wait_for(|v| state(v) == Some(TaskState::Serving)))
+    within(WAIT, "the backend in the view", views.wait_for(|v| state(v) == Some(TaskState::Serving)))
         .await
         .unwrap();
-    within("drain", backend.drain()).await.unwrap();
-    within("the drain in the view", views.wait_for(|v| state(v) == Some(TaskState::Draining))).await.unwrap();
-    within("release", backend.release()).await.unwrap();
-    within("the release in the view", views.wait_for(|v| state(v).is_none())).await.unwrap();
-    assert_eq!(within("job size", registry.job_size("web")).await.unwrap(), 2);
+    within(WAIT, "drain", backend.drain()).await.unwrap();
+    within(WAIT, "the drain in the view", views.wait_for(|v| state(v) == Some(TaskState::Draining)))
+        .await
+        .unwrap();
+    within(WAIT, "release", backend.release()).await.unwrap();
+    within(WAIT, "the release in the view", views.wait_for(|v| state(v).is_none())).await.unwrap();
+    assert_eq!(within(WAIT, "job size", registry.job_size("web")).await.unwrap(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -98,7 +95,7 @@ async fn with_auth_a_user_confined_to_the_prefix_runs_the_registry_and_bad_crede
     let elsewhere = RegistryConfig::new([etcd.endpoint()])
         .key_prefix("/elsewhere/")
         .access(EtcdAccess::new().user("web", "web-secret"));
-    let refused = within("connecting", Registry::connect(elsewhere)).await.map(drop);
+    let refused = within(WAIT, "connecting", Registry::connect(elsewhere)).await.map(drop);
     assert!(
         matches!(&refused, Err(RegistryError::Connect(ConnectError::PermissionDenied { .. }))),
         "{refused:?}"

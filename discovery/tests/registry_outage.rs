@@ -12,14 +12,13 @@
 #![cfg(feature = "etcd")]
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_client::GetOptions;
 use steady_discovery::registry::{Registration, Registry, RegistryConfig, RegistryError};
-use steady_testing::Etcd;
+use steady_testing::{within, Etcd};
 use tokio::sync::watch;
 
 /// The most any single step may take.
@@ -35,14 +34,10 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(20);
 /// A frontend's pause between re-claims that etcd did not answer.
 const RECLAIM_RETRY: Duration = Duration::from_millis(100);
 
-async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
-    tokio::time::timeout(WAIT, future).await.unwrap_or_else(|_| panic!("{what}: not within {WAIT:?}"))
-}
-
 async fn connect(etcd: &Etcd) -> Registry {
     let config =
         RegistryConfig::new([etcd.endpoint()]).lease_ttl(TTL).request_timeout(Duration::from_secs(3));
-    within("connecting", Registry::connect(config)).await.unwrap()
+    within(WAIT, "connecting", Registry::connect(config)).await.unwrap()
 }
 
 /// One frontend: its member name, the index it first claimed, and its registration now
@@ -132,7 +127,7 @@ async fn sixty_frontends_keep_their_indices_through_an_etcd_outage_of_three_ttls
     let (mut frontends, mut keepers) = (Vec::new(), Vec::new());
     let losses = Arc::new(AtomicUsize::new(0));
     for claim in claims {
-        let (name, registration) = within("a claim", claim).await.unwrap();
+        let (name, registration) = within(WAIT, "a claim", claim).await.unwrap();
         let registration = Arc::new(registration.unwrap());
         let (current, watched) = watch::channel(registration.clone());
         frontends.push(Frontend { name: name.clone(), first_index: registration.index(), current: watched });
@@ -168,9 +163,10 @@ async fn sixty_frontends_keep_their_indices_through_an_etcd_outage_of_three_ttls
     eprintln!("etcd down for {:?} (lease TTL {TTL:?}), {FRONTENDS} frontends", restarted - killed);
 
     // Wait (bounded) until every frontend holds a live lease again.
-    let mut raw = within("connecting", etcd_client::Client::connect([etcd.endpoint()], None)).await.unwrap();
+    let mut raw =
+        within(WAIT, "connecting", etcd_client::Client::connect([etcd.endpoint()], None)).await.unwrap();
     let prefix = registry.tasks_prefix(job);
-    let keys = within("every frontend holding a live lease", async {
+    let keys = within(WAIT, "every frontend holding a live lease", async {
         loop {
             let (live, keys) = all_live(&mut raw, &prefix, &frontends).await;
             if live {
@@ -189,7 +185,7 @@ async fn sixty_frontends_keep_their_indices_through_an_etcd_outage_of_three_ttls
         .collect();
     let size = registry.job_size(job).await.unwrap();
     sampling.store(false, Ordering::Relaxed);
-    let (samples, clashes) = within("the sampler", sampler).await.unwrap();
+    let (samples, clashes) = within(WAIT, "the sampler", sampler).await.unwrap();
     let losses = losses.load(Ordering::Relaxed);
     eprintln!(
         "every frontend held a live lease {recovered:?} after etcd was back ({:?} after the kill); \
@@ -218,7 +214,8 @@ async fn a_lease_etcd_really_lost_is_reported_and_reclaimed_at_its_own_index_whe
     let job = "web";
     let mut frontends = Vec::new();
     for n in 0..6 {
-        let registration = within("a claim", registry.claim(job, &format!("web-host-{n}"))).await.unwrap();
+        let registration =
+            within(WAIT, "a claim", registry.claim(job, &format!("web-host-{n}"))).await.unwrap();
         assert_eq!(registration.index(), n);
         frontends.push(registration);
     }
@@ -226,12 +223,13 @@ async fn a_lease_etcd_really_lost_is_reported_and_reclaimed_at_its_own_index_whe
     // etcd up, and the leases of 1 and 3 revoked behind their holders' backs (as etcd
     // expires the lease of a holder cut off from it for a TTL): both keys are gone, and
     // each holder hears of it at its next renewal.
-    let mut raw = within("connecting", etcd_client::Client::connect([etcd.endpoint()], None)).await.unwrap();
+    let mut raw =
+        within(WAIT, "connecting", etcd_client::Client::connect([etcd.endpoint()], None)).await.unwrap();
     for index in [1, 3] {
         raw.lease_revoke(frontends[index].lease_id()).await.unwrap();
     }
     let revoked = Instant::now();
-    within("the holders see their loss", async {
+    within(WAIT, "the holders see their loss", async {
         frontends[1].lost().await;
         frontends[3].lost().await;
     })
@@ -242,9 +240,9 @@ async fn a_lease_etcd_really_lost_is_reported_and_reclaimed_at_its_own_index_whe
     assert_eq!(still_held, [0, 2, 4, 5], "the others' leases are untouched");
 
     // 3 re-claims first: its own index, although 1 is lower and free too; then 1.
-    let three = within("re-claim", frontends[3].reclaim()).await.unwrap();
+    let three = within(WAIT, "re-claim", frontends[3].reclaim()).await.unwrap();
     assert_eq!(three.index(), 3, "a re-claim takes its own free index, not the lowest free one");
-    let one = within("re-claim", frontends[1].reclaim()).await.unwrap();
+    let one = within(WAIT, "re-claim", frontends[1].reclaim()).await.unwrap();
     assert_eq!(one.index(), 1);
     assert_ne!(three.lease_id(), frontends[3].lease_id(), "a lost lease is not reused");
     assert!(one.is_held() && three.is_held());
@@ -258,9 +256,9 @@ async fn a_lease_etcd_really_lost_is_reported_and_reclaimed_at_its_own_index_whe
     // lease's lapse no longer deletes it.
     let old_lease = frontends[5].lease_id();
     frontends.pop().unwrap().crash();
-    let five = within("re-claim", registry.claim_preferring(job, "web-host-5", 5)).await.unwrap();
+    let five = within(WAIT, "re-claim", registry.claim_preferring(job, "web-host-5", 5)).await.unwrap();
     assert_eq!(five.index(), 5, "its own key, still there under the old lease");
-    within("the old lease lapses", async {
+    within(WAIT, "the old lease lapses", async {
         while raw.lease_time_to_live(old_lease, None).await.unwrap().ttl() > 0 {
             tokio::time::sleep(SAMPLE_EVERY).await;
         }
@@ -276,7 +274,7 @@ async fn a_lease_etcd_really_lost_is_reported_and_reclaimed_at_its_own_index_whe
 
     // Somebody else's key is not taken: another member preferring index 0 gets the
     // lowest free index.
-    let intruder = within("a claim", registry.claim_preferring(job, "intruder", 0)).await.unwrap();
+    let intruder = within(WAIT, "a claim", registry.claim_preferring(job, "intruder", 0)).await.unwrap();
     assert_eq!(intruder.index(), 6);
     assert!(frontends[0].is_held());
     let zero = raw.get(frontends[0].key(), None).await.unwrap();

@@ -10,15 +10,13 @@ use std::time::Duration;
 
 use etcd_client::Client;
 use steady_etcd::{HeldLease, LeaseMode};
-use steady_testing::Etcd;
+use steady_testing::{eventually_within, Etcd};
 use tokio::time::{timeout_at, Instant};
 
 /// The most any single step may take.
 const WAIT: Duration = Duration::from_secs(20);
 /// One request's timeout.
 const REQUEST: Duration = Duration::from_secs(3);
-/// How often a wait for a state looks at it.
-const POLL: Duration = Duration::from_millis(20);
 
 async fn connect(etcd: &Etcd) -> Client {
     tokio::time::timeout(WAIT, steady_etcd::connect(&[etcd.endpoint()], REQUEST))
@@ -29,15 +27,6 @@ async fn connect(etcd: &Etcd) -> Client {
 
 async fn grant(client: &Client, ttl: Duration, mode: LeaseMode) -> HeldLease {
     HeldLease::grant(client, ttl, REQUEST, "test", mode).await.expect("lease grant")
-}
-
-/// Waits (bounded) until `condition` holds.
-async fn until(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !condition() {
-        assert!(Instant::now() < deadline, "{what}: not within {WAIT:?}");
-        tokio::time::sleep(POLL).await;
-    }
 }
 
 /// The TTL etcd reports for `id` now (negative when it does not know the lease).
@@ -92,7 +81,7 @@ async fn a_strict_lease_survives_an_outage_shorter_than_its_ttl_by_retrying_soon
     eprintln!("etcd back {:?} after the grant (strict lease, TTL {ttl:?})", back - granted);
 
     // Renewed after the restart: its deadline moves past the first one.
-    until("a renewal after the restart", || {
+    eventually_within(WAIT, "a renewal after the restart", || {
         assert!(lease.is_alive(), "lost before a renewal after the restart");
         lease.renewed_until() > first_deadline
     })
@@ -120,7 +109,7 @@ async fn a_tolerant_lease_lives_through_an_outage_of_three_ttls_and_is_renewed_w
     etcd.restart();
     let back = Instant::now();
 
-    until("the lease confirmed again", || lease.is_confirmed()).await;
+    eventually_within(WAIT, "the lease confirmed again", || lease.is_confirmed()).await;
     eprintln!(
         "tolerant lease confirmed {:?} after etcd was back ({:?} after the kill, TTL {ttl:?})",
         back.elapsed(),

@@ -20,8 +20,10 @@ use clap::Args;
 use plotters::prelude::*;
 use steady_balance::{BalanceConfig, JobView};
 use steady_subset::Algorithm;
-use steady_tonic::echo::echo_client::EchoClient;
-use steady_tonic::echo::EchoRequest;
+use steady_testing::echo::echo_client::EchoClient;
+use steady_testing::echo::{serve_echo, EchoRequest};
+use steady_testing::loopback::ServerGuard;
+use steady_testing::percentile;
 use steady_tonic::{SteadyChannel, TaskEndpoint};
 use tokio::sync::watch;
 use tonic::transport::Endpoint;
@@ -82,12 +84,12 @@ struct StepResult {
     mean_per_backend: f64,
 }
 
-async fn start_backends(n: usize) -> std::io::Result<Vec<(SocketAddr, tokio::sync::oneshot::Sender<()>)>> {
+async fn start_backends(n: usize) -> Vec<(SocketAddr, ServerGuard)> {
     let mut out = Vec::new();
     for task in 0..n {
-        out.push(steady_tonic::demo::serve_echo(task as u32).await?);
+        out.push(serve_echo(task as u32).await);
     }
-    Ok(out)
+    out
 }
 
 /// Runs the experiment.
@@ -98,7 +100,7 @@ pub fn run(out: &mut impl Write, args: &ResizeArgs) -> LabResult {
 
 async fn experiment(out: &mut impl Write, args: &ResizeArgs) -> LabResult {
     let most = args.steps.iter().copied().max().unwrap_or(1);
-    let servers = start_backends(most).await?;
+    let servers = start_backends(most).await;
     let endpoints: Vec<TaskEndpoint> = servers
         .iter()
         .map(|(addr, _)| Endpoint::from_shared(format!("http://{addr}")).map(TaskEndpoint))
@@ -180,8 +182,8 @@ async fn experiment(out: &mut impl Write, args: &ResizeArgs) -> LabResult {
                 opened: now.0 - before[f].0,
                 closed: now.1 - before[f].1,
                 failures: log.failures,
-                p50_us: steady_tonic::demo::percentile(&lat, 0.5),
-                p99_us: steady_tonic::demo::percentile(&lat, 0.99),
+                p50_us: percentile(&lat, 0.5),
+                p99_us: percentile(&lat, 0.99),
                 max_per_backend: live.iter().copied().max().unwrap_or(0),
                 mean_per_backend: live.iter().sum::<usize>() as f64 / size.max(1) as f64,
             };

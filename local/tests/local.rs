@@ -8,6 +8,7 @@ use proptest::prelude::*;
 use steady_balance::{Balance, BalanceConfig, JobView, TaskState as ViewState};
 use steady_local::{agreement, tasks_of, Assignment, LocalAssignments, SliceKey, Tasks};
 use steady_subset::prng::SplitMix64;
+use steady_testing::eventually;
 use tokio::sync::watch;
 use tower::{service_fn, Service, ServiceExt};
 
@@ -61,11 +62,10 @@ async fn keyed_requests_go_to_the_owner_the_frontend_s_own_assignment_names() {
         LocalAssignments::rudolph().every(Duration::from_millis(20)).start(&balance, tasks).unwrap();
     // The first run needs no load: keys have owners at once.
     local.wait_for_generation(1).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while balance.stats().assignment_generation.is_none() {
-        assert!(tokio::time::Instant::now() < deadline, "the balancer never took the local assignment");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    eventually("the balancer to take the local assignment", || {
+        balance.stats().assignment_generation.is_some()
+    })
+    .await;
     // Skewed keys: the hot ones all in the first task's bins at rotation 0.
     let mut rng = SplitMix64::new(3);
     let mut checked = 0;
@@ -133,15 +133,8 @@ async fn a_task_that_drains_loses_its_keys_at_once_not_at_the_next_period() {
     let moved = local.assignment().unwrap();
     assert_eq!(moved.slices_of(2).count(), 0, "the draining task still owns keys");
     // The balancer routes by it (it takes it from the assigner's channel on its own task).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while balance.stats().assignment_generation != Some(moved.generation()) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the balancer never took generation {}",
-            moved.generation()
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    let what = format!("the balancer to take generation {}", moved.generation());
+    eventually(&what, || balance.stats().assignment_generation == Some(moved.generation())).await;
     // Discovery going away leaves the last view in force; the assigner keeps running.
     drop(job);
     tokio::task::yield_now().await;
@@ -157,11 +150,7 @@ async fn the_assigner_ends_with_its_balancer() {
         LocalAssignments::rudolph().every(Duration::from_millis(10)).start(&balance, tasks).unwrap();
     local.wait_for_generation(1).await;
     drop(balance);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !local.is_finished() {
-        assert!(tokio::time::Instant::now() < deadline, "the local assigner outlived its balancer");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually("the local assigner to end with its balancer", || local.is_finished()).await;
 }
 
 #[test]

@@ -37,22 +37,6 @@ impl TryFrom<proto::AssignmentUpdate> for Assignment {
     }
 }
 
-/// The protobuf message of an assignment.
-#[deprecated(since = "0.1.0", note = "use `proto::AssignmentUpdate::from(&assignment)`")]
-pub fn to_proto(a: &Assignment) -> proto::AssignmentUpdate {
-    a.into()
-}
-
-/// Validates a received message.
-///
-/// # Errors
-///
-/// The [`AssignmentError`] of the first problem (see [`Assignment::new`]).
-#[deprecated(since = "0.1.0", note = "use `Assignment::try_from(message)`")]
-pub fn from_proto(m: proto::AssignmentUpdate) -> Result<Assignment, AssignmentError> {
-    m.try_into()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,8 +9,6 @@
 //!   only on a refusal that retrying cannot change ([`WatchError`]).
 //! * [`load`]: `LoadCollector.Report` (`proto/load.proto`, package `steady.load.v1`), the
 //!   stream on which backend tasks report their keyed load to the Assigner.
-//! * [`echo`]: a tiny service whose reply names the backend task that served it, for
-//!   tests, benchmarks and demos. Not a stable API.
 //! * [`DEFAULT_KEY_HEADER`]: the request metadata a slice key travels in.
 //!
 //! The wire formats are contracts: fields are only ever added, and a message a newer
@@ -29,8 +27,6 @@ mod convert;
 mod encoded;
 mod watch;
 
-#[allow(deprecated)]
-pub use convert::{from_proto, to_proto};
 pub use encoded::{encode_update, EncodedWatch, EncodedWatchServer, EncodedWatchStream};
 pub use watch::{watch_assignments, watch_assignments_any, WatchError};
 
@@ -67,11 +63,4 @@ pub mod assignment {
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod load {
     tonic::include_proto!("steady.load.v1");
-}
-
-/// Generated code of `proto/echo.proto`: a tiny service for tests, benchmarks and the
-/// demo, whose reply names the backend task that served it. Not a stable API.
-#[allow(missing_docs, clippy::all, clippy::pedantic)]
-pub mod echo {
-    tonic::include_proto!("steady.echo.v1");
 }

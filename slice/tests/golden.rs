@@ -13,9 +13,7 @@ use std::path::PathBuf;
 
 use steady_slice::{Assignment, Slice, SliceKey};
 
-#[path = "../../tests/src/golden_file.rs"]
-mod golden_file;
-use golden_file::check_golden_file;
+use steady_testing::check_golden_file;
 
 fn golden_path(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests").join("golden").join(name)

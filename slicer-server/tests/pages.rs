@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use steady_slice::SliceKey;
 use steady_slicelet::Slicelet;
+use steady_testing::eventually_blocking;
 use tonic::transport::Endpoint;
 
 const BIN: &str = env!("CARGO_BIN_EXE_steady-slicer");
@@ -125,15 +126,12 @@ fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64>
 
 /// Scrapes until `ready` holds for the parsed samples (bounded by [`WAIT`]).
 fn scrape_until(pages: &str, what: &str, ready: impl Fn(&[Sample]) -> bool) -> Vec<Sample> {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let samples = parse_prometheus(&get(&format!("{pages}/metrics")));
-        if ready(&samples) {
-            return samples;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {WAIT:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut samples = Vec::new();
+    eventually_blocking(WAIT, what, || {
+        samples = parse_prometheus(&get(&format!("{pages}/metrics")));
+        ready(&samples)
+    });
+    samples
 }
 
 /// Six backends: each follows the binary's assignments, serves keys (task `t` ten times
@@ -205,11 +203,9 @@ fn the_status_page_renders_the_tasks_generation_and_imbalance_in_a_real_browser(
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let backends = backends(&runtime, &running.grpc);
     // Wait for every backend to hold the assignment, then load them unevenly.
-    let deadline = Instant::now() + WAIT;
-    while backends.iter().any(|(s, _)| s.load_report("users").is_none()) {
-        assert!(Instant::now() < deadline, "the backends never got an assignment");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually_blocking(WAIT, "the backends to get an assignment", || {
+        backends.iter().all(|(s, _)| s.load_report("users").is_some())
+    });
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let traffic = serve_keys(backends.iter().map(|(s, _)| s.clone()).collect(), stop.clone());
     // The page shows an imbalance once reports with load have arrived: load it in the

@@ -11,7 +11,8 @@ use steady_slicer::assigner_service::{AssignerConfig, AssignerConfigError, Assig
 use steady_slicer::load::LoadBook;
 use steady_slicer::store::{AssignmentStore, EtcdConfig, EtcdStore, MemoryStore};
 use steady_slicer::Distributor;
-use steady_testing::Etcd;
+use steady_testing::wait::PATIENCE;
+use steady_testing::{eventually_within, holds_within, Etcd};
 use tokio::sync::watch;
 
 const JOB: &str = "users";
@@ -65,18 +66,18 @@ impl Job {
 
     /// Waits (bounded) until the Distributor holds an assignment that satisfies `test`.
     async fn until(&self, what: &str, test: impl Fn(&Assignment) -> bool) -> Assignment {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(a) = self.distributor.current(JOB).filter(|a| test(a)) {
-                return a;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}: {:?}",
-                self.distributor.current(JOB).map(|a| a.generation())
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let mut found = None;
+        let held = holds_within(PATIENCE, || {
+            found = self.distributor.current(JOB).filter(|a| test(a));
+            found.is_some()
+        })
+        .await;
+        assert!(
+            held,
+            "timed out waiting for {what}: {:?}",
+            self.distributor.current(JOB).map(|a| a.generation())
+        );
+        found.expect("held")
     }
 
     /// Each task reports its slices with `rate(task)` requests per second in total.
@@ -238,11 +239,8 @@ async fn a_quiet_job_publishes_nothing_new_and_a_killed_assigner_leaves_the_last
     let runs_at_least = |n: u64| {
         let stats = &assigner;
         async move {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while stats.stats().runs() < n {
-                assert!(Instant::now() < deadline, "runs stopped at {}", stats.stats().runs());
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            let ran = holds_within(PATIENCE, || stats.stats().runs() >= n).await;
+            assert!(ran, "runs stopped at {}", stats.stats().runs());
         }
     };
     runs_at_least(8).await;
@@ -326,11 +324,7 @@ async fn a_stopped_assigner_resigns_and_its_standby_leads_at_once() {
     job.until("the first generation", |_| true).await;
     let standby = job.spawn("b", config());
     leader.stop().await;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while standby.stats().terms() == 0 {
-        assert!(Instant::now() < deadline, "the standby never led");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually_within(Duration::from_secs(5), "the standby to lead", || standby.stats().terms() > 0).await;
     assert!(standby.is_running());
 }
 

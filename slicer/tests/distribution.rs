@@ -3,9 +3,6 @@
 //! `watch_assignments`) and slicelets following it. Every server and loop is bounded in
 //! count and time.
 
-#[path = "../../tonic-integration/tests/support/mod.rs"]
-mod support;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,14 +16,12 @@ use steady_proto::assignment::{AssignmentUpdate, Slice as ProtoSlice, WatchReque
 use steady_slice::AssignmentError;
 use steady_slicelet::Slicelet;
 use steady_slicer::Distributor;
-use steady_tonic::echo::echo_client::EchoClient;
-use steady_tonic::echo::echo_server::EchoServer;
-use steady_tonic::echo::EchoRequest;
+use steady_testing::echo::echo_client::EchoClient;
+use steady_testing::echo::echo_server::EchoServer;
+use steady_testing::echo::{echo, endpoints, serve_recording, EchoRequest, RecordingEcho};
+use steady_testing::eventually;
+use steady_testing::loopback::{endpoint, serve, Loopback};
 use steady_tonic::{watch_assignments, SteadyChannel, WatchError};
-use support::{echo, endpoint, endpoints, eventually, serve, start_backends, Backend};
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Request};
 
@@ -61,20 +56,11 @@ async fn a_pushed_assignment_reaches_a_hundred_watchers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_keep_the_last_good_assignment_while_the_distributor_restarts() {
-    let backends = start_backends(4).await;
+    let backends = serve_recording(4).await;
     let distributor = Distributor::new();
     distributor.publish("echo", Assignment::single(1, vec![3]).unwrap());
     // The distributor listens on a port we can reuse after a restart.
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let server =
-        tokio::spawn(Server::builder().add_service(distributor.service()).serve_with_incoming_shutdown(
-            TcpListenerStream::new(listener),
-            async {
-                let _ = stopped.await;
-            },
-        ));
+    let (addr, server) = serve(distributor.service()).await;
     let channel =
         SteadyChannel::builder(BalanceConfig::new(0, 1)).from_endpoints(endpoints(&backends)).unwrap();
     let backoff = Backoff { base: Duration::from_millis(20), max: Duration::from_millis(100), jitter: 0.5 };
@@ -83,21 +69,13 @@ async fn clients_keep_the_last_good_assignment_while_the_distributor_restarts() 
     let mut client = EchoClient::new(channel.clone());
     // The distributor goes away: keyed routing goes on with generation 1.
     distributor.close_watchers();
-    stop.send(()).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), server).await.expect("server stops").unwrap().unwrap();
+    server.stop().await;
     for i in 0..20 {
         assert_eq!(echo(&mut client, Some(&format!("k{i}")), b"x").await.unwrap(), 3);
     }
     // It comes back on the same address with a newer assignment; the client reconnects.
     distributor.publish("echo", Assignment::single(2, vec![2]).unwrap());
-    let listener = TcpListener::bind(addr).await.unwrap();
-    let (_stop2, stopped2) = oneshot::channel::<()>();
-    tokio::spawn(Server::builder().add_service(distributor.service()).serve_with_incoming_shutdown(
-        TcpListenerStream::new(listener),
-        async {
-            let _ = stopped2.await;
-        },
-    ));
+    let _server2 = Loopback::bind_to(addr).await.serve(distributor.service());
     eventually("generation 2", || channel.stats().assignment_generation == Some(2)).await;
     assert_eq!(echo(&mut client, Some("k1"), b"x").await.unwrap(), 2);
 }
@@ -117,17 +95,14 @@ async fn slicelets_count_no_misroutes_when_clients_follow_the_assignment() {
     for task in 0..2u32 {
         let slicelet = Slicelet::new(task);
         slicelet.follow(watch_assignments(endpoint(distributor_addr), "echo", Backoff::default()).unwrap());
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        addrs.push(listener.local_addr().unwrap());
-        let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(
+        let port = Loopback::bind().await;
+        addrs.push(port.addr());
+        let stop = port.serve_with(|incoming, stopped| {
             Server::builder()
                 .layer(slicelet.layer())
-                .add_service(EchoServer::new(Backend { task, ..Backend::default() }))
-                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
-                    let _ = stopped.await;
-                }),
-        );
+                .add_service(EchoServer::new(RecordingEcho { task, ..RecordingEcho::default() }))
+                .serve_with_incoming_shutdown(incoming, stopped)
+        });
         slicelets.push(slicelet);
         stops.push(stop);
     }
@@ -165,17 +140,14 @@ async fn a_slicelet_reads_keys_from_the_header_its_clients_use() {
     let assignment = Assignment::single(1, vec![0]).unwrap();
     let slicelet = Slicelet::new(0);
     assert!(slicelet.set_assignment(assignment.clone()));
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (_stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(
+    let port = Loopback::bind().await;
+    let addr = port.addr();
+    let _stop = port.serve_with(|incoming, stopped| {
         Server::builder()
             .layer(slicelet.layer().key_header(header.clone()))
-            .add_service(EchoServer::new(Backend::default()))
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
-                let _ = stopped.await;
-            }),
-    );
+            .add_service(EchoServer::new(RecordingEcho::default()))
+            .serve_with_incoming_shutdown(incoming, stopped)
+    });
     let channel = SteadyChannel::builder(BalanceConfig::new(0, 1))
         .key_header(header)
         .from_endpoints(vec![endpoint(addr)])

@@ -2,9 +2,6 @@
 //! `LoadCollector`, which validates them into a `LoadBook`. (The meter itself is tested
 //! in `steady-slicelet`.) The servers bind 127.0.0.1:0 and every wait is bounded.
 
-#[path = "../../tonic-integration/tests/support/mod.rs"]
-mod support;
-
 use std::time::Duration;
 
 use std::convert::Infallible;
@@ -14,11 +11,8 @@ use steady_proto::load::{self as load_proto, KeyLoad, ReportSummary, SliceLoad};
 use steady_slice::{Assignment, Slice, SliceKey};
 use steady_slicelet::Slicelet;
 use steady_slicer::load::{LoadBook, LoadCollector};
-use support::{endpoint, eventually, serve};
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
-use tokio_stream::wrappers::TcpListenerStream;
-use tonic::transport::Server;
+use steady_testing::eventually;
+use steady_testing::loopback::{endpoint, serve, Loopback};
 use tonic::Code;
 use tower::{service_fn, Layer, Service, ServiceExt};
 
@@ -166,16 +160,7 @@ async fn the_reporter_reconnects_after_the_collector_restarts() {
     book.published("job", four_slices(1).into(), [0]);
     let collector = LoadCollector::new(book.clone());
     // The collector listens on a port we can reuse after a restart.
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let server =
-        tokio::spawn(Server::builder().add_service(collector.service()).serve_with_incoming_shutdown(
-            TcpListenerStream::new(listener),
-            async {
-                let _ = stopped.await;
-            },
-        ));
+    let (addr, server) = serve(collector.service()).await;
     let slicelet = Slicelet::new(0);
     slicelet.set_assignment(four_slices(1));
     let backoff = Backoff { base: Duration::from_millis(20), max: Duration::from_millis(100), jitter: 0.5 };
@@ -186,18 +171,10 @@ async fn the_reporter_reconnects_after_the_collector_restarts() {
 
     // The collector goes away (its streams closed so that the server can stop)...
     collector.close_streams();
-    stop.send(()).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), server).await.expect("server stops").unwrap().unwrap();
+    server.stop().await;
     let before = book.accepted();
     // ...and comes back on the same address: the reporter reconnects on its own.
-    let listener = TcpListener::bind(addr).await.unwrap();
-    let (_stop2, stopped2) = oneshot::channel::<()>();
-    tokio::spawn(Server::builder().add_service(collector.service()).serve_with_incoming_shutdown(
-        TcpListenerStream::new(listener),
-        async {
-            let _ = stopped2.await;
-        },
-    ));
+    let _server2 = Loopback::bind_to(addr).await.serve(collector.service());
     eventually("reports after the restart", || book.accepted() > before + 2).await;
     assert!(reporter.streams_opened() >= 2, "{} streams", reporter.streams_opened());
     assert_eq!(collector.invalid(), 0);
@@ -238,15 +215,13 @@ mod only_from_the_task_they_describe {
     use steady_proto::load::{self as load_proto, KeyLoad, SliceLoad};
     use steady_slicelet::Slicelet;
     use steady_slicer::load::{LoadBook, LoadCollector, ReporterNames};
+    use steady_testing::eventually;
+    use steady_testing::loopback::{Loopback, ServerGuard};
     use steady_testing::tls::{Leaf, TestPki};
-    use tokio::net::TcpListener;
-    use tokio::sync::oneshot;
-    use tokio_stream::wrappers::TcpListenerStream;
     use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, Server, ServerTlsConfig};
     use tonic::Code;
 
     use super::four_slices;
-    use super::support::eventually;
 
     fn message(task: u32, rate: f64) -> load_proto::LoadReport {
         let start = u64::from(task) << 62;
@@ -262,20 +237,16 @@ mod only_from_the_task_they_describe {
 
     /// The collector over TLS: client certificates verified when sent (watchers may come
     /// without one), reports authorized by `{job}-{task}` names.
-    async fn serve_collector(pki: &TestPki, collector: LoadCollector) -> (SocketAddr, oneshot::Sender<()>) {
+    async fn serve_collector(pki: &TestPki, collector: LoadCollector) -> (SocketAddr, ServerGuard) {
         let server = pki.issue(&["127.0.0.1"]);
         let tls = ServerTlsConfig::new()
             .identity(Identity::from_pem(server.cert_pem(), server.key_pem()))
             .client_ca_root(Certificate::from_pem(pki.ca_pem()))
             .client_auth_optional(true);
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
+        let port = Loopback::bind().await;
+        let addr = port.addr();
         let server = Server::builder().tls_config(tls).unwrap().add_service(collector.service());
-        tokio::spawn(server.serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
-            let _ = stopped.await;
-        }));
-        (addr, stop)
+        (addr, port.serve_with(|incoming, stopped| server.serve_with_incoming_shutdown(incoming, stopped)))
     }
 
     /// The collector's endpoint, presenting `me` when given.

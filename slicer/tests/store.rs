@@ -15,7 +15,7 @@ use steady_slicer::store::{
     StoreError, ValueError,
 };
 use steady_testing::tls::{Leaf, TestPki};
-use steady_testing::{Etcd, EtcdOptions};
+use steady_testing::{within, Etcd, EtcdOptions};
 
 /// The most any single step may take.
 const WAIT: Duration = Duration::from_secs(15);
@@ -26,13 +26,12 @@ fn assignment(generation: u64, task: u32) -> Assignment {
     Assignment::single(generation, vec![task]).unwrap()
 }
 
-async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(WAIT, future).await.unwrap_or_else(|_| panic!("{what}: not within {WAIT:?}"))
-}
-
 /// The next item of a watch, which must be an assignment.
 async fn next_assignment(watch: &mut AssignmentWatch) -> Assignment {
-    within("the next assignment", watch.next()).await.expect("a watch never ends").expect("an assignment")
+    within(WAIT, "the next assignment", watch.next())
+        .await
+        .expect("a watch never ends")
+        .expect("an assignment")
 }
 
 fn etcd_config(etcd: &Etcd) -> EtcdConfig {
@@ -40,7 +39,7 @@ fn etcd_config(etcd: &Etcd) -> EtcdConfig {
 }
 
 async fn etcd_store(etcd: &Etcd) -> EtcdStore {
-    within("connecting", EtcdStore::connect(etcd_config(etcd))).await.unwrap()
+    within(WAIT, "connecting", EtcdStore::connect(etcd_config(etcd))).await.unwrap()
 }
 
 /// An etcd that serves clients over TLS and requires their certificates, and the
@@ -66,7 +65,7 @@ impl TlsEtcd {
     }
 
     async fn store(&self) -> EtcdStore {
-        within("connecting", EtcdStore::connect(etcd_config(&self.etcd).access(self.access.clone())))
+        within(WAIT, "connecting", EtcdStore::connect(etcd_config(&self.etcd).access(self.access.clone())))
             .await
             .unwrap()
     }
@@ -82,8 +81,12 @@ fn etcd_with_auth() -> Option<Etcd> {
 }
 
 async fn store_as(etcd: &Etcd, user: &str, password: &str) -> Result<EtcdStore, StoreError> {
-    within("connecting", EtcdStore::connect(etcd_config(etcd).access(EtcdAccess::new().user(user, password))))
-        .await
+    within(
+        WAIT,
+        "connecting",
+        EtcdStore::connect(etcd_config(etcd).access(EtcdAccess::new().user(user, password))),
+    )
+    .await
 }
 
 /// What every store must do.
@@ -93,7 +96,7 @@ mod spec {
     pub(super) async fn a_written_assignment_reads_back_at_a_newer_revision(store: &dyn AssignmentStore) {
         let empty = store.read("job").await.unwrap();
         assert_eq!((empty.assignment(), empty.generation(), empty.rejected()), (None, 0, None));
-        let leader = within("campaign", store.campaign("job", "a")).await.unwrap();
+        let leader = within(WAIT, "campaign", store.campaign("job", "a")).await.unwrap();
         let written = store.write(&leader, &empty, &assignment(1, 4)).await.unwrap();
         let read = store.read("job").await.unwrap();
         assert_eq!(read, written);
@@ -110,7 +113,7 @@ mod spec {
     pub(super) async fn a_write_that_lost_a_race_is_a_conflict_and_wins_after_rereading(
         store: &dyn AssignmentStore,
     ) {
-        let leader = within("campaign", store.campaign("job", "a")).await.unwrap();
+        let leader = within(WAIT, "campaign", store.campaign("job", "a")).await.unwrap();
         let start = store.read("job").await.unwrap();
         let first = store.write(&leader, &start, &assignment(1, 0)).await.unwrap();
         // Two writers read the same snapshot; the first to write wins.
@@ -126,7 +129,7 @@ mod spec {
     }
 
     pub(super) async fn an_older_or_equal_generation_is_refused(store: &dyn AssignmentStore) {
-        let leader = within("campaign", store.campaign("job", "a")).await.unwrap();
+        let leader = within(WAIT, "campaign", store.campaign("job", "a")).await.unwrap();
         let start = store.read("job").await.unwrap();
         let at_five = store.write(&leader, &start, &assignment(5, 0)).await.unwrap();
         for offered in [5, 4, 1] {
@@ -142,7 +145,7 @@ mod spec {
     pub(super) async fn a_watcher_sees_every_newer_generation_in_order_and_none_older(
         store: &dyn AssignmentStore,
     ) {
-        let leader = within("campaign", store.campaign("job", "a")).await.unwrap();
+        let leader = within(WAIT, "campaign", store.campaign("job", "a")).await.unwrap();
         let mut snapshot = store.read("job").await.unwrap();
         for generation in 1..=2 {
             snapshot = store.write(&leader, &snapshot, &assignment(generation, 0)).await.unwrap();
@@ -169,31 +172,31 @@ mod spec {
     pub(super) async fn one_candidate_leads_and_a_standby_takes_over_when_the_leader_resigns(
         store: &dyn AssignmentStore,
     ) {
-        let first = within("campaign", store.campaign("job", "a")).await.unwrap();
+        let first = within(WAIT, "campaign", store.campaign("job", "a")).await.unwrap();
         assert!(first.is_held());
         assert_eq!((first.job(), first.candidate()), ("job", "a"));
         // While "a" leads, "b" waits.
         let waiting = tokio::time::timeout(Duration::from_millis(500), store.campaign("job", "b")).await;
         assert!(waiting.is_err(), "a second leader while the first holds its term");
         // Another job has a leader of its own.
-        let other = within("campaign", store.campaign("other", "b")).await.unwrap();
-        within("resign", first.resign()).await.unwrap();
-        let second = within("the standby's campaign", store.campaign("job", "b")).await.unwrap();
+        let other = within(WAIT, "campaign", store.campaign("other", "b")).await.unwrap();
+        within(WAIT, "resign", first.resign()).await.unwrap();
+        let second = within(WAIT, "the standby's campaign", store.campaign("job", "b")).await.unwrap();
         assert_eq!(second.candidate(), "b");
         drop(other);
         // Dropping the handle ends the term too.
         drop(second);
-        within("campaign after a drop", store.campaign("job", "c")).await.unwrap();
+        within(WAIT, "campaign after a drop", store.campaign("job", "c")).await.unwrap();
     }
 
     pub(super) async fn a_deposed_writer_is_refused_even_at_the_current_revision(
         store: &dyn AssignmentStore,
     ) {
-        let old = within("campaign", store.campaign("job", "a")).await.unwrap();
+        let old = within(WAIT, "campaign", store.campaign("job", "a")).await.unwrap();
         let snapshot = store.read("job").await.unwrap();
         let snapshot = store.write(&old, &snapshot, &assignment(1, 0)).await.unwrap();
         old.stop_renewing();
-        let new = within("the standby's campaign", store.campaign("job", "b")).await.unwrap();
+        let new = within(WAIT, "the standby's campaign", store.campaign("job", "b")).await.unwrap();
         // Nobody wrote since: the old leader's snapshot is current, and still it is refused.
         assert_eq!(store.read("job").await.unwrap(), snapshot);
         let refused = store.write(&old, &snapshot, &assignment(2, 9)).await;
@@ -211,7 +214,7 @@ mod spec {
         assert!(matches!(store.watch(&long, 0), Err(StoreError::InvalidName { .. })));
         let campaign = store.campaign("job", &long).await;
         assert!(matches!(campaign, Err(StoreError::InvalidName { what: "candidate", .. })), "{campaign:?}");
-        let leader = within("campaign", store.campaign("job", "a")).await.unwrap();
+        let leader = within(WAIT, "campaign", store.campaign("job", "a")).await.unwrap();
         let elsewhere = store.read("other").await.unwrap();
         let refused = store.write(&leader, &elsewhere, &assignment(1, 0)).await;
         assert!(matches!(refused, Err(StoreError::WrongJob { .. })), "{refused:?}");
@@ -273,7 +276,7 @@ async fn over_tls_a_wrong_ca_or_no_client_certificate_fails_at_connect_naming_tl
     ];
     for (what, tls) in settings {
         let config = etcd_config(&etcd.etcd).access(EtcdAccess::new().tls(tls));
-        let refused = within("connecting", EtcdStore::connect(config)).await;
+        let refused = within(WAIT, "connecting", EtcdStore::connect(config)).await;
         match refused {
             Err(StoreError::Connect(ConnectError::Tls { .. })) => {}
             other => panic!("{what}: {other:?}"),
@@ -292,7 +295,7 @@ async fn with_auth_a_wrong_password_or_a_user_without_the_prefix_fails_at_connec
     let elsewhere = etcd_config(&etcd)
         .key_prefix("/elsewhere/")
         .access(EtcdAccess::new().user("slicer", "slicer-secret"));
-    let refused = within("connecting", EtcdStore::connect(elsewhere)).await;
+    let refused = within(WAIT, "connecting", EtcdStore::connect(elsewhere)).await;
     assert!(
         matches!(refused, Err(StoreError::Connect(ConnectError::PermissionDenied { .. }))),
         "{refused:?}"
@@ -324,14 +327,14 @@ async fn a_memory_store_holds_a_bounded_number_of_jobs() {
 
 /// A plain etcd client, to write around the store as another program could.
 async fn raw_client(etcd: &Etcd) -> etcd_client::Client {
-    within("connecting", etcd_client::Client::connect([etcd.endpoint()], None)).await.unwrap()
+    within(WAIT, "connecting", etcd_client::Client::connect([etcd.endpoint()], None)).await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_value_under_the_key_is_rejected_and_the_last_good_assignment_stays() {
     let Some(etcd) = Etcd::start() else { return };
     let store = etcd_store(&etcd).await;
-    let leader = within("campaign", store.campaign("job", "a")).await.unwrap();
+    let leader = within(WAIT, "campaign", store.campaign("job", "a")).await.unwrap();
     let empty = store.read("job").await.unwrap();
     store.write(&leader, &empty, &assignment(3, 0)).await.unwrap();
     let mut watch = store.watch("job", 0).unwrap();
@@ -341,7 +344,7 @@ async fn an_invalid_value_under_the_key_is_rejected_and_the_last_good_assignment
     let key = store.assignment_key("job");
     assert_eq!(key, "/steady/jobs/job/assignment", "the key layout is a contract");
     raw.put(key.as_str(), b"not an assignment".to_vec(), None).await.unwrap();
-    let rejected = within("the rejection", watch.next()).await.unwrap().unwrap_err();
+    let rejected = within(WAIT, "the rejection", watch.next()).await.unwrap().unwrap_err();
     assert!(matches!(rejected.error, ValueError::Decode(_)), "{rejected}");
     assert_eq!(watch.rejected(), 1);
     // An older generation written around the store is not news, and is skipped silently.
@@ -354,7 +357,7 @@ async fn an_invalid_value_under_the_key_is_rejected_and_the_last_good_assignment
     assert!(corrupt.rejected().is_some() && corrupt.assignment().is_none(), "{corrupt:?}");
     store.write(&leader, &corrupt, &assignment(4, 1)).await.unwrap();
     // The watcher skipped generation 2, counted the second bad value, and sees 4.
-    let rejected = within("the second rejection", watch.next()).await.unwrap().unwrap_err();
+    let rejected = within(WAIT, "the second rejection", watch.next()).await.unwrap().unwrap_err();
     assert!(matches!(rejected.error, ValueError::Decode(_)), "{rejected}");
     assert_eq!(next_assignment(&mut watch).await, assignment(4, 1));
     assert_eq!(watch.rejected(), 2);
@@ -364,7 +367,7 @@ async fn an_invalid_value_under_the_key_is_rejected_and_the_last_good_assignment
 async fn an_etcd_watcher_sees_a_burst_of_generations_one_by_one_in_order() {
     let Some(etcd) = Etcd::start() else { return };
     let store = etcd_store(&etcd).await;
-    let leader = within("campaign", store.campaign("job", "a")).await.unwrap();
+    let leader = within(WAIT, "campaign", store.campaign("job", "a")).await.unwrap();
     let mut watch = store.watch("job", 0).unwrap();
     let mut snapshot = store.read("job").await.unwrap();
     snapshot = store.write(&leader, &snapshot, &assignment(1, 0)).await.unwrap();
@@ -383,7 +386,7 @@ async fn a_standby_leads_within_the_lease_ttl_after_the_leader_stops_renewing() 
     let Some(etcd) = Etcd::start() else { return };
     let store = etcd_store(&etcd).await;
     let standby_store = etcd_store(&etcd).await;
-    let leader = within("campaign", store.campaign("job", "a")).await.unwrap();
+    let leader = within(WAIT, "campaign", store.campaign("job", "a")).await.unwrap();
     let standby = tokio::spawn(async move {
         let leadership = standby_store.campaign("job", "b").await;
         (Instant::now(), leadership)
@@ -394,7 +397,7 @@ async fn a_standby_leads_within_the_lease_ttl_after_the_leader_stops_renewing() 
     assert!(leader.is_held());
     let stopped = Instant::now();
     leader.stop_renewing();
-    let (led_at, leadership) = within("the standby's takeover", standby).await.unwrap();
+    let (led_at, leadership) = within(WAIT, "the standby's takeover", standby).await.unwrap();
     let leadership = leadership.unwrap();
     let failover = led_at - stopped;
     // The lease was renewed at most a third of a TTL before it stopped, and etcd checks
@@ -404,7 +407,7 @@ async fn a_standby_leads_within_the_lease_ttl_after_the_leader_stops_renewing() 
     assert!(failover <= TTL + Duration::from_millis(1500), "took over after {failover:?}");
     assert_eq!(leadership.candidate(), "b");
     // The old leader knows by now that its term is over.
-    within("the old leader to see its loss", leader.lost()).await;
+    within(WAIT, "the old leader to see its loss", leader.lost()).await;
     assert!(!leader.is_held());
 }
 
@@ -412,14 +415,14 @@ async fn a_standby_leads_within_the_lease_ttl_after_the_leader_stops_renewing() 
 async fn a_dropped_leader_hands_over_at_once_not_after_its_lease() {
     let Some(etcd) = Etcd::start() else { return };
     let store = etcd_store(&etcd).await;
-    let leader = within("campaign", store.campaign("job", "a")).await.unwrap();
+    let leader = within(WAIT, "campaign", store.campaign("job", "a")).await.unwrap();
     let standby_store = etcd_store(&etcd).await;
     let standby =
         tokio::spawn(async move { standby_store.campaign("job", "b").await.map(|l| (Instant::now(), l)) });
     tokio::time::sleep(Duration::from_millis(300)).await;
     let dropped = Instant::now();
     drop(leader);
-    let (led_at, _leadership) = within("the standby's takeover", standby).await.unwrap().unwrap();
+    let (led_at, _leadership) = within(WAIT, "the standby's takeover", standby).await.unwrap().unwrap();
     let handover = led_at - dropped;
     eprintln!("handover after the leader's handle dropped: {handover:?}");
     assert!(handover < TTL / 2, "took {handover:?}: the lease was not revoked");
@@ -429,7 +432,7 @@ async fn a_dropped_leader_hands_over_at_once_not_after_its_lease() {
 async fn a_watcher_and_a_writer_carry_on_after_etcd_restarts() {
     let Some(mut etcd) = Etcd::start() else { return };
     let store = etcd_store(&etcd).await;
-    let leader = within("campaign", store.campaign("job", "a")).await.unwrap();
+    let leader = within(WAIT, "campaign", store.campaign("job", "a")).await.unwrap();
     let snapshot = store.read("job").await.unwrap();
     let snapshot = store.write(&leader, &snapshot, &assignment(1, 0)).await.unwrap();
     let mut watch = store.watch("job", 0).unwrap();

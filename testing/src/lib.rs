@@ -28,25 +28,54 @@
 //! * [`Browser`]: Debian's Chromium, headless, for pages: the DOM it renders and a
 //!   screenshot. Missing, it skips the test unless [`REQUIRE_BROWSER`] is set (as
 //!   `scripts/test.sh` sets it), as for etcd.
-//! * [`tls::TestPki`] (feature `tls`): a certificate authority for one test and the
+//! * [`wait`]: bounded waits for the state a test asserts (`eventually` and its kin):
+//!   a condition polled until it holds, never a fixed sleep, and a panic naming what the
+//!   test waited for when it does not come in time.
+//! * [`check_golden_file`]: a frozen contract written out as text (golden vectors),
+//!   compared line by line with what the code computes now.
+//! * [`percentile`]: the nearest-rank latency percentile the lab and the benchmarks
+//!   report.
+//! * `tls::TestPki` (feature `tls`): a certificate authority for one test and the
 //!   leaf certificates it signs, as PEM and as files.
+//! * `loopback` and `echo` (feature `grpc`): tonic servers on 127.0.0.1 that stop when
+//!   their guard is dropped, and the echo service (`proto/echo.proto`, package
+//!   `steady.echo.v1`) with backends that answer with their task index, for the tests,
+//!   the benchmarks, the lab and the examples.
 //!
 //! # Dependencies
 //!
 //! std only by default: the harness starts the `etcd` binary, asks its `/health` over
 //! plain HTTP/1.1 (on the metrics port, which stays plaintext when clients use TLS) and
 //! sets users up through etcd's JSON gateway, so it compiles no etcd client and any
-//! crate's tests can use it. The
-//! `tls` feature adds `rcgen` (on ring) to make certificates.
+//! crate's tests can use it. Every dependency is optional: the `tls` feature adds
+//! `rcgen` (on ring) to make certificates; `tokio` adds tokio for the async waits;
+//! `grpc` adds tonic and prost, and generates the echo service's code at build time with
+//! a protoc that cargo installs (`protoc-bin-vendored`), as steady-proto does.
+//!
+//! A dev-dependency of the published crates only (it is never published); the
+//! unpublished ones (the lab, the benchmarks, the examples, the workspace's tests)
+//! depend on it normally.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
 
 mod browser;
+#[cfg(feature = "grpc")]
+pub mod echo;
+mod golden;
+#[cfg(feature = "grpc")]
+pub mod loopback;
+mod percentile;
 #[cfg(feature = "tls")]
 pub mod tls;
+pub mod wait;
 
 pub use browser::{Browser, BROWSER_BIN, PAGE_TIMEOUT, REQUIRE_BROWSER};
+pub use golden::check_golden_file;
+pub use percentile::percentile;
+pub use wait::eventually_blocking;
+#[cfg(feature = "tokio")]
+pub use wait::{eventually, eventually_within, holds_within, within};
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};

@@ -8,8 +8,6 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod golden_file;
-
 use steady_subset::{Algorithm, SubsetError, Subsetting, MAX_BACKENDS};
 
 /// Reads a little-endian `u64` from `bytes` at `at`, padding with zeros.

@@ -15,20 +15,16 @@ use steady_proto::{watch_assignments, watch_assignments_any};
 use steady_slice::{Assignment, Slice, SliceKey};
 use steady_slicelet::Slicelet;
 use steady_slicer::Distributor;
-use steady_tonic::echo::echo_client::EchoClient;
-use steady_tonic::echo::echo_server::EchoServer;
-use steady_tonic::echo::EchoRequest;
+use steady_testing::echo::echo_client::EchoClient;
+use steady_testing::echo::echo_server::EchoServer;
+use steady_testing::echo::{EchoRequest, EchoTask};
+use steady_testing::loopback::{endpoint, serve, Loopback, ServerGuard};
+use steady_testing::{eventually, holds_within, wait::PATIENCE};
 use steady_tonic::SteadyChannel;
-use tokio::sync::oneshot;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{Endpoint, Server};
 
 const JOB: &str = "users";
 const BACKENDS: u32 = 3;
-
-fn endpoint(addr: SocketAddr) -> Endpoint {
-    Endpoint::from_shared(format!("http://{addr}")).unwrap()
-}
 
 fn fast() -> Backoff {
     Backoff { base: Duration::from_millis(20), max: Duration::from_millis(200), jitter: 0.5 }
@@ -41,31 +37,23 @@ fn generation(g: u64) -> Assignment {
     Assignment::new(g, slices).unwrap()
 }
 
-async fn serve_distributor(distributor: &Distributor) -> (SocketAddr, oneshot::Sender<()>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(Server::builder().add_service(distributor.service()).serve_with_incoming_shutdown(
-        TcpListenerStream::new(listener),
-        async {
-            let _ = stopped.await;
-        },
-    ));
-    (addr, stop)
+async fn serve_distributor(distributor: &Distributor) -> (SocketAddr, ServerGuard) {
+    serve(distributor.service()).await
 }
 
-/// Backend `task`: echo behind its Slicelet's layer, and the Slicelet's Watch service.
+/// Backend `task`: echo behind its Slicelet's layer, and the Slicelet's Watch service
+/// (until the runtime ends).
 async fn serve_backend(task: u32, slicelet: &Slicelet) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(
-        Server::builder()
-            .layer(slicelet.layer())
-            .add_service(EchoServer::new(steady_tonic::demo::EchoTask(task)))
-            .add_service(slicelet.assignment_service(JOB).into_server())
-            .serve_with_incoming(TcpListenerStream::new(listener)),
-    );
-    addr
+    Loopback::bind()
+        .await
+        .serve_with(|incoming, stopped| {
+            Server::builder()
+                .layer(slicelet.layer())
+                .add_service(EchoServer::new(EchoTask(task)))
+                .add_service(slicelet.assignment_service(JOB).into_server())
+                .serve_with_incoming_shutdown(incoming, stopped)
+        })
+        .detach()
 }
 
 /// A frontend over the backends that watches `sources`.
@@ -78,11 +66,8 @@ fn frontend(backends: &[SocketAddr], sources: Vec<Endpoint>) -> SteadyChannel {
 }
 
 async fn wait_for_generation(channel: &SteadyChannel, g: u64, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while channel.stats().assignment_generation < Some(g) {
-        assert!(Instant::now() < deadline, "{what}: generation {g} never arrived");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let what = format!("{what}: generation {g}");
+    eventually(&what, || channel.stats().assignment_generation >= Some(g)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -138,7 +123,7 @@ async fn frontends_keep_up_through_the_backends_while_their_distributor_is_down(
 
     // The frontends' distributor goes away; new generations still reach the frontend.
     front.close_watchers();
-    let _ = stop_front.send(());
+    drop(stop_front);
     for g in 2..=5 {
         back.publish(JOB, generation(g));
         wait_for_generation(&channel, g, "the frontend, distributor down").await;
@@ -152,6 +137,8 @@ async fn frontends_keep_up_through_the_backends_while_their_distributor_is_down(
     wait_for_generation(&only_one, 5, "a frontend that knows one backend").await;
     publish(6);
     wait_for_generation(&only_one, 6, "a frontend that knows one backend").await;
+    // The load runs on until it has sent enough to show (the distributor still down).
+    eventually("the load to send 100 requests", || sent.load(Ordering::Relaxed) > 100).await;
 
     stop.store(true, Ordering::Relaxed);
     load.await.unwrap();
@@ -169,13 +156,7 @@ async fn a_backend_serves_only_its_job_within_its_watcher_bound_and_closes_its_w
     let slicelet = Slicelet::new(0);
     slicelet.set_assignment(generation(3));
     let service = slicelet.assignment_service(JOB).max_watchers(2);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(
-        Server::builder()
-            .add_service(service.clone().into_server())
-            .serve_with_incoming(TcpListenerStream::new(listener)),
-    );
+    let addr = Loopback::bind().await.serve(service.clone().into_server()).detach();
     let mut client = AssignmentDistributorClient::connect(format!("http://{addr}")).await.unwrap();
     let watch = |job: &str, known: u64| WatchRequest { job: job.to_owned(), known_generation: known };
 
@@ -194,11 +175,8 @@ async fn a_backend_serves_only_its_job_within_its_watcher_bound_and_closes_its_w
     service.close_watchers();
     assert!(first.message().await.unwrap().is_none());
     assert!(second.message().await.unwrap().is_none());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while service.watchers() > 0 {
-        assert!(Instant::now() < deadline, "{} watchers still counted", service.watchers());
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let closed = holds_within(PATIENCE, || service.watchers() == 0).await;
+    assert!(closed, "{} watchers still counted", service.watchers());
     let refused = client.watch(watch(JOB, 0)).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused}");
 }

@@ -13,15 +13,15 @@ use std::time::{Duration, Instant};
 
 use steady_balance::{BalanceConfig, JobView};
 use steady_slicer_server::status::MetricsRegistry;
+use steady_testing::echo::echo_client::EchoClient;
+use steady_testing::echo::echo_server::{Echo, EchoServer};
+use steady_testing::echo::{EchoReply, EchoRequest};
+use steady_testing::eventually;
+use steady_testing::loopback::{self, ServerGuard};
 use steady_tonic::call_metrics::{CallMetrics, LATENCY_BUCKETS};
-use steady_tonic::echo::echo_client::EchoClient;
-use steady_tonic::echo::echo_server::{Echo, EchoServer};
-use steady_tonic::echo::{EchoReply, EchoRequest};
 use steady_tonic::{CallMetricsLayer, SteadyChannel, TaskEndpoint};
-use tokio::net::TcpListener;
-use tokio::sync::{oneshot, watch, Notify};
-use tokio_stream::wrappers::TcpListenerStream;
-use tonic::transport::{Endpoint, Server};
+use tokio::sync::{watch, Notify};
+use tonic::transport::Endpoint;
 use tonic::{Code, Request, Response, Status};
 use tower::{Layer, Service};
 
@@ -53,17 +53,8 @@ impl Echo for Backend {
 }
 
 /// Serves `backend` on 127.0.0.1 until the sender is dropped.
-async fn serve(backend: Backend) -> (SocketAddr, oneshot::Sender<()>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(Server::builder().add_service(EchoServer::new(backend)).serve_with_incoming_shutdown(
-        TcpListenerStream::new(listener),
-        async {
-            let _ = stopped.await;
-        },
-    ));
-    (addr, stop)
+async fn serve(backend: Backend) -> (SocketAddr, ServerGuard) {
+    loopback::serve(EchoServer::new(backend)).await
 }
 
 /// A client over a measured channel to `addrs`, its histogram in `registry` under `target`.
@@ -195,11 +186,7 @@ async fn the_wait_for_readiness_below_the_layer_is_part_of_the_call() {
     let mut client = EchoClient::new(CallMetricsLayer::new(&registry.meter(), "gated").layer(gate));
     let call =
         tokio::spawn(async move { client.echo(EchoRequest { payload: b"x".to_vec() }).await.map(drop) });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while asked.load(Ordering::SeqCst) == 0 {
-        assert!(Instant::now() < deadline, "the call never asked for readiness");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    eventually("the call to ask for readiness", || asked.load(Ordering::SeqCst) > 0).await;
     // The call waits for readiness at least this long (the time measured, not a wait
     // for some state).
     let held = Duration::from_millis(60);
@@ -229,12 +216,7 @@ async fn a_call_the_application_drops_before_its_status_is_cancelled() {
         async move { echo(&mut client, b"hold").await }
     });
     // The server has the call; then the application gives up on it.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while backend.received.load(Ordering::SeqCst) == 0 {
-        assert!(Instant::now() < deadline, "the held call never reached the server");
-        tokio::task::yield_now().await;
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    eventually("the held call to reach the server", || backend.received.load(Ordering::SeqCst) > 0).await;
     call.abort();
     assert!(call.await.unwrap_err().is_cancelled());
     let text = registry.render();

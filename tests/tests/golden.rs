@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use steady_subset::hash::{hash_pair, mix64};
 use steady_subset::prng::{shuffle, SplitMix64};
 use steady_subset::{Algorithm, Subsetting};
-use steady_tests::golden_file::check_golden_file;
+use steady_testing::check_golden_file;
 
 /// (frontend m, backends N, size k): small and large, k below, at and above N,
 /// lot boundaries, the article's examples.

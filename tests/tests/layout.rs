@@ -13,18 +13,24 @@ fn workspace() -> PathBuf {
 
 /// The names in a manifest's `[dependencies]` table (not dev or build dependencies).
 fn dependencies(krate: &str) -> BTreeSet<String> {
+    table(krate, "[dependencies]").into_keys().collect()
+}
+
+/// Each dependency in the manifest table `name` (`"[dependencies]"`,
+/// `"[build-dependencies]"`...) of `krate`, with its line.
+fn table(krate: &str, name: &str) -> BTreeMap<String, String> {
     let manifest = std::fs::read_to_string(workspace().join(krate).join("Cargo.toml")).unwrap();
     let mut in_table = false;
-    let mut names = BTreeSet::new();
+    let mut lines = BTreeMap::new();
     for line in manifest.lines().map(str::trim) {
         if line.starts_with('[') {
-            in_table = line == "[dependencies]";
+            in_table = line == name;
         } else if in_table && !line.is_empty() && !line.starts_with('#') {
-            let name = line.split(['=', '.', ' ']).next().unwrap();
-            names.insert(name.to_owned());
+            let dependency = line.split(['=', '.', ' ']).next().unwrap();
+            lines.insert(dependency.to_owned(), line.to_owned());
         }
     }
-    names
+    lines
 }
 
 #[test]
@@ -42,12 +48,15 @@ fn the_model_and_assigner_crates_depend_on_std_and_the_model_only() {
 #[test]
 fn the_test_support_crate_is_std_only_by_default_and_the_etcd_client_is_an_optional_feature_of_the_slicer() {
     // steady-testing starts etcd as a process and asks it over plain HTTP: any crate's
-    // tests can use it without compiling an etcd client. Its one dependency, the
-    // certificate maker, is behind its `tls` feature.
-    assert_eq!(dependencies("testing"), BTreeSet::from(["rcgen".to_owned()]));
-    let testing = std::fs::read_to_string(workspace().join("testing/Cargo.toml")).unwrap();
-    let rcgen = testing.lines().find(|l| l.starts_with("rcgen")).unwrap();
-    assert!(rcgen.contains("optional = true"), "rcgen must stay optional: {rcgen}");
+    // tests can use it without compiling an etcd client. Every dependency it has (the
+    // certificate maker, tokio, tonic and the protobuf code generator) is optional,
+    // behind its `tls`, `tokio` and `grpc` features.
+    for kind in ["[dependencies]", "[build-dependencies]"] {
+        for (name, line) in table("testing", kind) {
+            assert!(line.contains("optional = true"), "steady-testing: {name} must stay optional: {line}");
+        }
+    }
+    assert!(dependencies("testing").contains("rcgen"), "the `tls` feature's certificates");
     let manifest = std::fs::read_to_string(workspace().join("slicer/Cargo.toml")).unwrap();
     let etcd = manifest.lines().find(|l| l.starts_with("etcd-client")).expect("slicer uses etcd-client");
     assert!(etcd.contains("optional = true"), "etcd-client must stay optional: {etcd}");
@@ -409,6 +418,103 @@ fn every_library_crate_carries_what_crates_io_needs_and_only_tools_and_tests_sta
         }
         assert!((1..=5).contains(&list("categories").len()), "{member}: 1 to 5 categories");
     }
+}
+
+#[test]
+fn the_published_crates_use_the_test_support_crate_only_in_their_tests() {
+    // steady-testing is never published: a published crate that depended on it (for more
+    // than its own tests) could not be packaged.
+    for member in members() {
+        if UNPUBLISHED.contains(&member.as_str()) {
+            continue;
+        }
+        for kind in ["[dependencies]", "[build-dependencies]"] {
+            assert!(
+                !table(&member, kind).contains_key("steady-testing"),
+                "{member}: steady-testing in {kind}"
+            );
+        }
+    }
+}
+
+/// Every `.rs` file under `dir`, recursively (`target` left out).
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                if !path.ends_with("target") {
+                    stack.push(path);
+                }
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    files
+}
+
+/// The names of the functions `source` defines (`fn name`), wherever they are.
+fn functions(source: &str) -> BTreeSet<&str> {
+    source
+        .match_indices("fn ")
+        .filter(|(at, _)| !source[..*at].ends_with(|c: char| c.is_alphanumeric() || c == '_'))
+        .map(|(at, _)| {
+            let rest = &source[at + 3..];
+            &rest[..rest.find(|c: char| !c.is_alphanumeric() && c != '_').unwrap_or(rest.len())]
+        })
+        .collect()
+}
+
+#[test]
+fn test_helpers_live_in_the_test_support_crate_only() {
+    // One home for the bounded waits, the echo service and its loopback servers:
+    // steady-testing. No other crate defines a wait of the same name again, compiles the
+    // echo protocol, or borrows another crate's test module by path.
+    let waits = [
+        "eventually",
+        "eventually_within",
+        "eventually_blocking",
+        "holds_within",
+        "within",
+        "wait_until",
+        "poll_until",
+    ];
+    let mut found = Vec::new();
+    let mut scanned = 0;
+    for member in members().into_iter().filter(|m| m != "testing") {
+        for file in rust_files(&workspace().join(&member)) {
+            let source = std::fs::read_to_string(&file).unwrap();
+            let name = file.strip_prefix(workspace()).unwrap().display().to_string();
+            scanned += 1;
+            for wait in functions(&source).into_iter().filter(|f| waits.contains(f)) {
+                found.push(format!("{name}: fn {wait}"));
+            }
+            if source.contains("steady.echo.v1\")") {
+                found.push(format!("{name}: compiles the echo protocol"));
+            }
+            if source.contains("#[path = \"../../") {
+                found.push(format!("{name}: a test module of another crate"));
+            }
+        }
+        if workspace().join(&member).join("proto/echo.proto").exists() {
+            found.push(format!("{member}/proto/echo.proto"));
+        }
+    }
+    assert!(scanned > 100, "only {scanned} files scanned");
+    assert!(workspace().join("testing/proto/echo.proto").is_file(), "the echo protocol's home");
+    assert!(found.is_empty(), "test helpers outside steady-testing:\n{}", found.join("\n"));
+}
+
+#[test]
+fn the_helper_check_finds_a_wait_defined_again() {
+    // Built so that this file does not define what it checks for.
+    let source =
+        ["/// Polls.\nasync f", "n eventually(what: &str) {}\nf", "n eventually_soon() {}\nlet defn within;"]
+            .concat();
+    assert_eq!(functions(&source), BTreeSet::from(["eventually", "eventually_soon"]));
 }
 
 #[test]

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use steady_balance::{Balance, BalanceConfig};
 use steady_slicer_server::status::MetricsRegistry;
+use steady_testing::holds_within;
+use steady_testing::wait::PATIENCE;
 use tower::{service_fn, Service, ServiceExt};
 
 /// The value of the one sample of `text` that starts with `series` (name and labels).
@@ -51,15 +53,8 @@ async fn a_balancer_s_series_follow_its_members_and_requests_and_end_with_it() {
     // Dropped, the balancer's control task ends soon after (it holds the shared state
     // until then); from then on its instruments report nothing.
     drop(balance);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while registry.render().contains("grpc_target=\"users\"") {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "a dropped balancer still reports: {}",
-            registry.render()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let ended = holds_within(PATIENCE, || !registry.render().contains("grpc_target=\"users\"")).await;
+    assert!(ended, "a dropped balancer still reports: {}", registry.render());
 }
 
 #[test]

@@ -4,40 +4,39 @@
 //! period, forwarded once to the owner with no loop.
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use steady_balance::BalanceConfig;
 use steady_proto::{GENERATION_HEADER, MOVED_HEADER};
 use steady_slice::{Assignment, Slice, SliceKey};
 use steady_slicelet::{OnMisroute, Slicelet, SliceletLayer};
-use steady_tonic::echo::echo_client::EchoClient;
-use steady_tonic::echo::echo_server::EchoServer;
-use steady_tonic::echo::EchoRequest;
+use steady_testing::echo::echo_client::EchoClient;
+use steady_testing::echo::echo_server::EchoServer;
+use steady_testing::echo::{EchoRequest, EchoTask};
+use steady_testing::eventually;
+use steady_testing::loopback::{endpoint, Loopback, ServerGuard};
 use steady_tonic::SteadyChannel;
 use tokio::sync::watch;
-use tonic::transport::server::TcpIncoming;
-use tonic::transport::{Endpoint, Server};
-
-fn endpoint(addr: SocketAddr) -> Endpoint {
-    Endpoint::from_shared(format!("http://{addr}")).unwrap()
-}
+use tonic::transport::Server;
 
 /// Generation `g`: every key on `task`.
 fn all_on(g: u64, task: u32) -> Assignment {
     Assignment::new(g, vec![Slice::new(SliceKey::MIN, vec![task])]).unwrap()
 }
 
-/// Echo task `task` behind `layer`, on a port of its own.
-async fn serve(task: u32, layer: SliceletLayer) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(
+/// Echo task `task` behind `layer`, on `port`, until the guard is dropped.
+fn serve_on(port: Loopback, task: u32, layer: SliceletLayer) -> ServerGuard {
+    port.serve_with(|incoming, stopped| {
         Server::builder()
             .layer(layer)
-            .add_service(EchoServer::new(steady_tonic::demo::EchoTask(task)))
-            .serve_with_incoming(TcpIncoming::from(listener).with_nodelay(Some(true))),
-    );
-    addr
+            .add_service(EchoServer::new(EchoTask(task)))
+            .serve_with_incoming_shutdown(incoming, stopped)
+    })
+}
+
+/// Echo task `task` behind `layer`, on a port of its own (until the runtime ends).
+async fn serve(task: u32, layer: SliceletLayer) -> SocketAddr {
+    serve_on(Loopback::bind().await, task, layer).detach()
 }
 
 /// A channel over `backends` routing by the assignments sent on the returned sender.
@@ -48,14 +47,6 @@ fn channel(backends: &[SocketAddr], first: Assignment) -> (SteadyChannel, watch:
     let (tx, rx) = watch::channel(first);
     channel.balance().follow_assignment_watch(rx);
     (channel, tx)
-}
-
-async fn until(what: &str, test: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !test() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
 }
 
 fn keyed(key: &str) -> tonic::Request<EchoRequest> {
@@ -77,7 +68,7 @@ async fn moved_fleet(
         addrs.push(serve(task as u32, layer(s)).await);
     }
     let (channel, assignments) = channel(&addrs, all_on(1, 0));
-    until("the frontend's first assignment", || channel.stats().assignment_generation == Some(1)).await;
+    eventually("the frontend's first assignment", || channel.stats().assignment_generation == Some(1)).await;
     assert!(channel.balance().wait_for_members(2, Duration::from_secs(10)).await);
     (slicelets, channel, assignments)
 }
@@ -89,7 +80,7 @@ async fn a_refused_request_is_routed_again_once_the_client_has_the_newer_generat
     let notify = {
         let s = slicelets[0].clone();
         tokio::spawn(async move {
-            until("the refusal", || s.misroutes_rejected() == 1).await;
+            eventually("the refusal", || s.misroutes_rejected() == 1).await;
             assignments.send_replace(all_on(2, 1));
         })
     };
@@ -142,28 +133,24 @@ async fn a_misrouted_request_is_forwarded_to_the_owner_once_and_never_back() {
     let slicelets: Vec<Slicelet> = (0..2).map(Slicelet::new).collect();
     slicelets[0].set_assignment(all_on(2, 1));
     slicelets[1].set_assignment(all_on(3, 0));
-    let listeners: Vec<tokio::net::TcpListener> = {
+    let listeners: Vec<Loopback> = {
         let mut v = Vec::new();
         for _ in 0..2 {
-            v.push(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap());
+            v.push(Loopback::bind().await);
         }
         v
     };
-    let addrs: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
+    let addrs: Vec<SocketAddr> = listeners.iter().map(Loopback::addr).collect();
     let (to_owner, _a) = channel(&addrs, all_on(2, 1));
     let (back_to_0, _b) = channel(&addrs, all_on(3, 0));
     let forwarders = [to_owner, back_to_0];
+    let mut servers = Vec::new();
     for ((task, listener), forwarder) in listeners.into_iter().enumerate().zip(forwarders) {
         let layer = slicelets[task].layer().on_misroute(OnMisroute::forward(forwarder));
-        tokio::spawn(
-            Server::builder()
-                .layer(layer)
-                .add_service(EchoServer::new(steady_tonic::demo::EchoTask(task as u32)))
-                .serve_with_incoming(TcpIncoming::from(listener).with_nodelay(Some(true))),
-        );
+        servers.push(serve_on(listener, task as u32, layer));
     }
     let (frontend, _c) = channel(&addrs, all_on(1, 0));
-    until("the frontend's assignment", || frontend.stats().assignment_generation == Some(1)).await;
+    eventually("the frontend's assignment", || frontend.stats().assignment_generation == Some(1)).await;
     let reply = EchoClient::new(frontend).echo(keyed("user:7")).await.expect("forwarded, not failed");
     assert_eq!(reply.into_inner().task, 1, "task 0 forwarded it to task 1, which answered");
     assert_eq!(slicelets[0].misroutes_forwarded(), 1);

@@ -2,23 +2,21 @@
 //! bounded in count and time. (Assignment distribution over the Watch RPC, with the
 //! `Distributor` and the slicelets, is tested in `steady-slicer`.)
 
-mod support;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use steady_balance::{Assignment, BalanceConfig, JobView, Slice, SliceKey, TaskState};
-use steady_tonic::echo::echo_client::EchoClient;
-use steady_tonic::echo::EchoRequest;
+use steady_testing::echo::echo_client::EchoClient;
+use steady_testing::echo::{echo, endpoints, serve_recording, EchoRequest};
+use steady_testing::eventually;
 use steady_tonic::{SteadyChannel, TaskEndpoint};
-use support::{echo, endpoints, eventually, start_backends};
 use tokio::sync::watch;
 use tonic::{Code, Request};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_generated_client_talks_through_the_channel_to_its_subset() {
-    let backends = start_backends(6).await;
+    let backends = serve_recording(6).await;
     let channel =
         SteadyChannel::builder(BalanceConfig::new(4, 3)).from_endpoints(endpoints(&backends)).unwrap();
     let mut client = EchoClient::new(channel.clone());
@@ -46,7 +44,7 @@ async fn no_endpoints_gives_unavailable_quickly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keyed_requests_land_on_the_servers_their_assignment_names() {
-    let backends = start_backends(6).await;
+    let backends = serve_recording(6).await;
     let assignment = Assignment::new(
         1,
         vec![
@@ -84,7 +82,7 @@ async fn keyed_requests_land_on_the_servers_their_assignment_names() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn planned_removal_loses_no_request() {
-    let backends = start_backends(4).await;
+    let backends = serve_recording(4).await;
     let view = JobView::serving(endpoints(&backends).into_iter().map(TaskEndpoint));
     let (job, views) = watch::channel(view.clone());
     let channel = SteadyChannel::builder(BalanceConfig::new(0, 4)).from_job(views).unwrap();
@@ -114,7 +112,7 @@ async fn planned_removal_loses_no_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_for_a_backend_that_died_while_idle_moves_to_another_member() {
-    let mut backends = start_backends(3).await;
+    let mut backends = serve_recording(3).await;
     let channel =
         SteadyChannel::builder(BalanceConfig::new(0, 3)).from_endpoints(endpoints(&backends)).unwrap();
     eventually("three members", || channel.stats().members.len() == 3).await;
@@ -138,7 +136,7 @@ async fn a_request_for_a_backend_that_died_while_idle_moves_to_another_member() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_channel_follows_address_views_as_discovery_publishes_them() {
-    let backends = start_backends(3).await;
+    let backends = serve_recording(3).await;
     let addresses: Vec<String> = backends.iter().map(|b| b.addr.to_string()).collect();
     // Task 1's address is not a URI: it is skipped, and the others serve.
     let mut first = addresses.clone();

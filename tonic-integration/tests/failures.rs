@@ -2,8 +2,6 @@
 //! servers on 127.0.0.1: statuses from headers (trailers-only) and from trailers after a
 //! body, application answers, and deadlines. Servers and loops are bounded.
 
-mod support;
-
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
@@ -16,11 +14,12 @@ use bytes::{BufMut, Bytes, BytesMut};
 use http_body_util::StreamBody;
 use prost::Message;
 use steady_balance::{BalanceConfig, Load};
-use steady_tonic::echo::echo_client::EchoClient;
-use steady_tonic::echo::echo_server::{Echo, EchoServer};
-use steady_tonic::echo::{EchoReply, EchoRequest};
+use steady_testing::echo::echo_client::EchoClient;
+use steady_testing::echo::echo_server::{Echo, EchoServer};
+use steady_testing::echo::{EchoReply, EchoRequest};
+use steady_testing::eventually;
+use steady_testing::loopback::{endpoint, serve, Loopback, ServerGuard};
 use steady_tonic::SteadyChannel;
-use support::{endpoint, eventually, serve};
 use tonic::body::Body;
 use tonic::{Code, Request, Response, Status};
 
@@ -59,7 +58,7 @@ impl Echo for Backend {
 
 struct Fleet {
     backends: Vec<Backend>,
-    _stops: Vec<tokio::sync::oneshot::Sender<()>>,
+    _stops: Vec<ServerGuard>,
     channel: SteadyChannel,
 }
 
@@ -257,7 +256,7 @@ async fn a_status_in_the_trailers_is_classified_when_the_body_ends() {
 struct Checked {
     calls: Arc<AtomicUsize>,
     reporter: tonic_health::server::HealthReporter,
-    _stop: tokio::sync::oneshot::Sender<()>,
+    _stop: ServerGuard,
     addr: std::net::SocketAddr,
 }
 
@@ -265,17 +264,14 @@ async fn checked_backend(task: u32) -> Checked {
     let (reporter, health) = tonic_health::server::health_reporter();
     let backend = Backend { task, mode: Arc::new(Mutex::new(Mode::Fine)), calls: Arc::default() };
     let calls = backend.calls.clone();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(
+    let port = Loopback::bind().await;
+    let addr = port.addr();
+    let stop = port.serve_with(|incoming, stopped| {
         tonic::transport::Server::builder()
             .add_service(health)
             .add_service(EchoServer::new(backend))
-            .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), async {
-                let _ = stopped.await;
-            }),
-    );
+            .serve_with_incoming_shutdown(incoming, stopped)
+    });
     Checked { calls, reporter, _stop: stop, addr }
 }
 
@@ -326,10 +322,10 @@ async fn with_health_checks_a_member_not_serving_leaves_rotation_until_it_serves
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_health_checks_a_backend_without_the_health_service_serves() {
-    let fleet_backends = support::start_backends(2).await;
+    let fleet_backends = steady_testing::echo::serve_recording(2).await;
     let channel = SteadyChannel::builder(BalanceConfig::new(0, 2))
         .health_checks("")
-        .from_endpoints(support::endpoints(&fleet_backends))
+        .from_endpoints(steady_testing::echo::endpoints(&fleet_backends))
         .unwrap();
     assert!(channel.balance().wait_for_members(2, Duration::from_secs(10)).await);
     let mut client = EchoClient::new(channel.clone());

@@ -1,28 +1,26 @@
 //! The channel over TLS and mutual TLS, through addresses as discovery publishes them:
 //! real rustls handshakes on loopback, certificates made for each test.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 
 use steady_balance::{BalanceConfig, JobView};
+use steady_testing::echo::echo_client::EchoClient;
+use steady_testing::echo::echo_server::EchoServer;
+use steady_testing::echo::{echo, RecordingEcho};
+use steady_testing::eventually;
+use steady_testing::loopback::{Loopback, ServerGuard};
 use steady_testing::tls::{Leaf, TestPki};
-use steady_tonic::echo::echo_client::EchoClient;
-use steady_tonic::echo::echo_server::EchoServer;
 use steady_tonic::{EndpointTemplate, SteadyChannel};
-use support::{echo, eventually, Backend};
-use tokio::net::TcpListener;
-use tokio::sync::{oneshot, watch};
-use tokio_stream::wrappers::TcpListenerStream;
+use tokio::sync::watch;
 use tonic::transport::{Certificate, ClientTlsConfig, Identity, Server, ServerTlsConfig};
 
 /// A TLS echo backend for `task`; with `client_ca`, it requires client certificates
 /// signed by it (mutual TLS).
 struct TlsBackend {
     addr: SocketAddr,
-    backend: Backend,
-    _stop: oneshot::Sender<()>,
+    backend: RecordingEcho,
+    _stop: ServerGuard,
 }
 
 async fn serve_tls(task: u32, leaf: &Leaf, client_ca: Option<&str>) -> TlsBackend {
@@ -30,14 +28,11 @@ async fn serve_tls(task: u32, leaf: &Leaf, client_ca: Option<&str>) -> TlsBacken
     if let Some(ca) = client_ca {
         tls = tls.client_ca_root(Certificate::from_pem(ca));
     }
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let backend = Backend { task, ..Backend::default() };
-    let (stop, stopped) = oneshot::channel::<()>();
+    let port = Loopback::bind().await;
+    let addr = port.addr();
+    let backend = RecordingEcho { task, ..RecordingEcho::default() };
     let server = Server::builder().tls_config(tls).unwrap().add_service(EchoServer::new(backend.clone()));
-    tokio::spawn(server.serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
-        let _ = stopped.await;
-    }));
+    let stop = port.serve_with(|incoming, stopped| server.serve_with_incoming_shutdown(incoming, stopped));
     TlsBackend { addr, backend, _stop: stop }
 }
 
@@ -108,7 +103,7 @@ async fn mutual_tls_presents_the_client_certificate_and_the_sni_name_of_the_job(
     let _refused = match EndpointTemplate::new().tls(anonymous).connect(&backends[0].addr.to_string()).await {
         Err(error) => error.to_string(),
         Ok(connected) => EchoClient::new(connected)
-            .echo(steady_tonic::echo::EchoRequest { payload: b"x".to_vec() })
+            .echo(steady_testing::echo::EchoRequest { payload: b"x".to_vec() })
             .await
             .expect_err("a client without a certificate is refused")
             .to_string(),

@@ -31,10 +31,11 @@ use steady_proto::assignment::assignment_distributor_server::{
 use steady_proto::assignment::{AssignmentUpdate, WatchRequest};
 use steady_slice::{Assignment, Slice, SliceKey};
 use steady_slicer::Distributor;
+use steady_testing::eventually_within;
+use steady_testing::loopback::Loopback;
 use tokio::sync::watch;
 use tonic::codec::{Codec, DecodeBuf, Decoder};
-use tonic::transport::server::TcpIncoming;
-use tonic::transport::{Endpoint, Server};
+use tonic::transport::Endpoint;
 use tonic::{Request, Response, Status};
 
 const JOB: &str = "users";
@@ -108,24 +109,14 @@ struct Arrivals {
     bytes: AtomicU64,
 }
 
+/// Serves `distributor` on loopback until the process exits.
 async fn serve_steady(distributor: &Distributor) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    tokio::spawn(Server::builder().add_service(distributor.service()).serve_with_incoming(incoming));
-    addr
+    Loopback::bind().await.serve(distributor.service()).detach()
 }
 
+/// Serves the per-stream baseline on loopback until the process exits.
 async fn serve_baseline(per_stream: &PerStream) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    tokio::spawn(
-        Server::builder()
-            .add_service(AssignmentDistributorServer::new(per_stream.clone()))
-            .serve_with_incoming(incoming),
-    );
-    addr
+    Loopback::bind().await.serve(AssignmentDistributorServer::new(per_stream.clone())).detach()
 }
 
 /// Opens `n` watchers of `addr`, each on its own connection; they record into `arrivals`.
@@ -239,11 +230,11 @@ fn main() {
                     let expected = watchers_n * g as usize;
                     let (cpu0, t0, bytes0) = (cpu(), Instant::now(), arrivals.bytes.load(Ordering::Relaxed));
                     publish(assignment(g, n, 300));
-                    let deadline = Instant::now() + Duration::from_secs(120);
-                    while arrivals.received.load(Ordering::Relaxed) < expected {
-                        assert!(Instant::now() < deadline, "generation {g} did not reach every watcher in 120 s");
-                        tokio::time::sleep(Duration::from_millis(1)).await;
-                    }
+                    let what = format!("generation {g} to reach every watcher");
+                    eventually_within(Duration::from_secs(120), &what, || {
+                        arrivals.received.load(Ordering::Relaxed) >= expected
+                    })
+                    .await;
                     let last = arrivals.last.lock().unwrap().unwrap();
                     times.push(last.duration_since(t0).as_secs_f64() * 1e3);
                     cpus.push(cpu().saturating_sub(cpu0).as_secs_f64() * 1e3);

@@ -71,13 +71,14 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use steady_balance::{BalanceConfig, Load};
-use steady_tonic::demo::percentile;
-use steady_tonic::echo::echo_client::EchoClient;
-use steady_tonic::echo::echo_server::{Echo, EchoServer};
-use steady_tonic::echo::{EchoReply, EchoRequest};
+use steady_testing::echo::echo_client::EchoClient;
+use steady_testing::echo::echo_server::{Echo, EchoServer};
+use steady_testing::echo::{EchoReply, EchoRequest};
+use steady_testing::loopback::Loopback;
+use steady_testing::{holds_within, percentile};
 use steady_tonic::SteadyChannel;
 use tonic::body::Body;
-use tonic::transport::{Channel, Endpoint, Server};
+use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 use tower::{BoxError, Service, ServiceExt};
 
@@ -242,15 +243,8 @@ impl Echo for SlowEcho {
 }
 
 /// Serves [`SlowEcho`] on 127.0.0.1 (until the process exits).
-async fn serve_slow(task: u32, delay: Duration) -> std::io::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    tokio::spawn(
-        Server::builder().add_service(EchoServer::new(SlowEcho { task, delay })).serve_with_incoming(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-        ),
-    );
-    Ok(addr)
+async fn serve_slow(task: u32, delay: Duration) -> SocketAddr {
+    Loopback::bind().await.serve(EchoServer::new(SlowEcho { task, delay })).detach()
 }
 
 /// An echo service that fails a share of its calls with `UNAVAILABLE` (naming its task),
@@ -275,17 +269,9 @@ impl Echo for FaultyEcho {
 }
 
 /// Serves [`FaultyEcho`] on 127.0.0.1 (until the process exits).
-async fn serve_faulty(task: u32, share: Option<f64>) -> std::io::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    tokio::spawn(
-        Server::builder()
-            .add_service(EchoServer::new(FaultyEcho { task, share, calls: AtomicUsize::new(0) }))
-            .serve_with_incoming(
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            ),
-    );
-    Ok(addr)
+async fn serve_faulty(task: u32, share: Option<f64>) -> SocketAddr {
+    let echo = FaultyEcho { task, share, calls: AtomicUsize::new(0) };
+    Loopback::bind().await.serve(EchoServer::new(echo)).detach()
 }
 
 /// A listener on 127.0.0.1 that accepts every connection and resets it at once
@@ -316,21 +302,22 @@ fn start_servers(scenario: Scenario) -> Vec<SocketAddr> {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         rt.block_on(async move {
             let mut addrs = Vec::new();
-            let mut stops = Vec::new();
+            let mut servers = Vec::new();
             for task in 0..4 {
                 let addr = match (task, scenario) {
                     (0, Scenario::Slow) => serve_slow(task, SLOW_DELAY).await,
-                    (0, Scenario::Failing) => serve_resetting().await,
+                    (0, Scenario::Failing) => serve_resetting().await.expect("bind 127.0.0.1"),
                     (0, Scenario::Blackhole) => serve_faulty(task, None).await,
                     (task, scenario) if scenario.failure_share(task).is_some() => {
                         serve_faulty(task, scenario.failure_share(task)).await
                     }
-                    _ => steady_tonic::demo::serve_echo(task).await.map(|(addr, stop)| {
-                        stops.push(stop);
+                    _ => {
+                        let (addr, server) = steady_testing::echo::serve_echo(task).await;
+                        servers.push(server);
                         addr
-                    }),
+                    }
                 };
-                addrs.push(addr.expect("bind 127.0.0.1"));
+                addrs.push(addr);
             }
             tx.send(addrs).unwrap();
             // Serve until the process exits.
@@ -512,12 +499,11 @@ fn main() {
         // Wait for the steady channel to connect to every server that accepts calls.
         let good = if scenario == Scenario::Failing { 3 } else { 4 };
         let deadline_each = (scenario == Scenario::Blackhole).then_some(DEADLINE);
-        let start = Instant::now();
-        while [&steady, &steady_inflight, &steady_ewma].iter().any(|c| c.stats().members.len() < good)
-            && start.elapsed() < Duration::from_secs(10)
-        {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        // At most 10 s: then measure with the members there are.
+        let _ = holds_within(Duration::from_secs(10), || {
+            [&steady, &steady_inflight, &steady_ewma].iter().all(|c| c.stats().members.len() >= good)
+        })
+        .await;
         let mut channels = Vec::new();
         for e in &endpoints {
             // The failing server may reset the connection before it is up: connect

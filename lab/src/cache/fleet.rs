@@ -10,6 +10,7 @@ use steady_balance::{BalanceConfig, JobView, TaskState};
 use steady_local::{LocalAssignments, LocalHandle};
 use steady_slicelet::{LoadReporter, MeterConfig, Slicelet};
 use steady_slicer::assigner_service::{follow_job, AssignerConfig, AssignerHandle};
+use steady_testing::holds_within;
 use steady_tonic::{SteadyChannel, TaskEndpoint};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -236,15 +237,13 @@ impl Fleet {
     /// every backend's server answers.
     async fn ready(&self) -> Result<(), Box<dyn std::error::Error>> {
         let deadline = Instant::now() + Duration::from_secs(10);
-        for channel in &self.channels {
-            while self.strategy.keyed() && channel.stats().assignment_generation.is_none() {
-                if Instant::now() > deadline {
-                    return Err(
-                        format!("{}: a frontend got no assignment in 10 s", self.strategy.name()).into()
-                    );
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+        let assigned = !self.strategy.keyed()
+            || holds_within(Duration::from_secs(10), || {
+                self.channels.iter().all(|c| c.stats().assignment_generation.is_some())
+            })
+            .await;
+        if !assigned {
+            return Err(format!("{}: a frontend got no assignment in 10 s", self.strategy.name()).into());
         }
         for b in &self.backends {
             while tokio::net::TcpStream::connect(b.address).await.is_err() {
@@ -267,19 +266,14 @@ impl Fleet {
     /// Waits (at most 10 s) until every frontend has `task` among the members it sends
     /// to (`member`) or none has.
     pub(crate) async fn wait_for_members(&self, task: u32, member: bool) -> Result<(), String> {
-        let deadline = Instant::now() + Duration::from_secs(10);
         let is_member = |c: &SteadyChannel| c.stats().members.iter().any(|m| m.task == task as usize);
-        while !self.channels.iter().all(|c| is_member(c) == member) {
-            if Instant::now() > deadline {
-                let what = if member { "took back" } else { "let go of" };
-                return Err(format!(
-                    "{}: not every frontend {what} task {task} in 10 s",
-                    self.strategy.name()
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
+        if holds_within(Duration::from_secs(10), || self.channels.iter().all(|c| is_member(c) == member))
+            .await
+        {
+            return Ok(());
         }
-        Ok(())
+        let what = if member { "took back" } else { "let go of" };
+        Err(format!("{}: not every frontend {what} task {task} in 10 s", self.strategy.name()))
     }
 
     /// Misrouted keyed requests the backends counted so far.
@@ -305,12 +299,9 @@ impl Fleet {
             .await
             .map_err(|_| timeout("was not released"))?;
         let released = slicelet.generation();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !self.channels.iter().all(|c| c.balance().assignment_generation() >= released) {
-            if Instant::now() > deadline {
-                return Err(timeout("was released, but not every frontend learnt it"));
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
+        let learnt = || self.channels.iter().all(|c| c.balance().assignment_generation() >= released);
+        if !holds_within(Duration::from_secs(10), learnt).await {
+            return Err(timeout("was released, but not every frontend learnt it"));
         }
         Ok(())
     }

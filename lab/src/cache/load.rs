@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use steady_subset::prng::SplitMix64;
-use steady_tonic::echo::echo_client::EchoClient;
-use steady_tonic::echo::EchoRequest;
+use steady_testing::echo::echo_client::EchoClient;
+use steady_testing::echo::EchoRequest;
 use steady_tonic::SteadyChannel;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;

@@ -408,7 +408,7 @@ async fn measure(
     let hit_rate_per_second = samples.windows(2).map(|w| hit_rate(w[0], w[1])).collect();
     let mut latencies = std::mem::take(&mut recorder.latencies_us);
     latencies.sort_unstable();
-    let ms = |p: f64| f64::from(steady_tonic::demo::percentile(&latencies, p)) / 1000.0;
+    let ms = |p: f64| f64::from(steady_testing::percentile(&latencies, p)) / 1000.0;
     Ok(Outcome {
         strategy: strategy.name().to_owned(),
         phase,
@@ -430,7 +430,7 @@ async fn measure(
             .into_iter()
             .map(|mut v| {
                 v.sort_unstable();
-                f64::from(steady_tonic::demo::percentile(&v, 0.95)) / 1000.0
+                f64::from(steady_testing::percentile(&v, 0.95)) / 1000.0
             })
             .collect(),
         hit_rate_per_second,

@@ -11,31 +11,26 @@ use steady_slicer::assigner_service::{AssignerConfig, AssignerHandle, AssignerSe
 use steady_slicer::load::{LoadBook, LoadCollector};
 use steady_slicer::store::{AssignmentStore, EtcdConfig, EtcdStore, MemoryStore};
 use steady_slicer::Distributor;
-use steady_tonic::echo::echo_server::EchoServer;
-use tokio::sync::{oneshot, watch};
+use steady_testing::echo::echo_server::EchoServer;
+use steady_testing::echo::EchoTask;
+use steady_testing::loopback::{Loopback, ServerGuard};
+use tokio::sync::watch;
 use tonic::transport::{Endpoint, Server};
 
 use super::{DemoStore, JOB};
 
-pub(super) async fn serve(
-    task: u32,
-    slicelet: &Slicelet,
-) -> std::io::Result<(SocketAddr, oneshot::Sender<()>)> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let address = listener.local_addr()?;
-    let (stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(
+/// Echo task `task` behind its Slicelet's layer, on a loopback port, until the guard is
+/// dropped.
+pub(super) async fn serve(task: u32, slicelet: &Slicelet) -> (SocketAddr, ServerGuard) {
+    let port = Loopback::bind().await;
+    let address = port.addr();
+    let server = port.serve_with(|incoming, stopped| {
         Server::builder()
             .layer(slicelet.layer())
-            .add_service(EchoServer::new(steady_tonic::demo::EchoTask(task)))
-            .serve_with_incoming_shutdown(
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-                async {
-                    let _ = stopped.await;
-                },
-            ),
-    );
-    Ok((address, stop))
+            .add_service(EchoServer::new(EchoTask(task)))
+            .serve_with_incoming_shutdown(incoming, stopped)
+    });
+    (address, server)
 }
 
 /// The control plane: Distributor and load collector served on one address, and the

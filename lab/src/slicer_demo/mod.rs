@@ -24,10 +24,12 @@ use steady_slice::Assignment;
 use steady_slicelet::{LoadReporter, MeterConfig, Slicelet};
 use steady_slicer::assigner_service::AssignerConfig;
 use steady_subset::prng::SplitMix64;
-use steady_tonic::echo::echo_client::EchoClient;
-use steady_tonic::echo::EchoRequest;
+use steady_testing::echo::echo_client::EchoClient;
+use steady_testing::echo::EchoRequest;
+use steady_testing::loopback::ServerGuard;
+use steady_testing::{holds_within, percentile};
 use steady_tonic::{SteadyChannel, TaskEndpoint};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 use tonic::transport::Endpoint;
 
 use crate::LabResult;
@@ -107,11 +109,11 @@ pub struct SlicerArgs {
     svg: Option<PathBuf>,
 }
 
-/// One backend: its Slicelet, its server's stop signal, and its address.
+/// One backend: its Slicelet, its server (stopped when dropped), and its address.
 struct Backend {
     slicelet: Slicelet,
     address: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
+    stop: Option<ServerGuard>,
     /// Reports flow while this is kept.
     _reporter: LoadReporter,
 }
@@ -155,7 +157,7 @@ async fn demo(out: &mut impl Write, args: &SlicerArgs) -> LabResult {
         // Rates decay over two steps: Slicer's window is five minutes, with steps of one.
         let slicelet =
             Slicelet::with_meter(task, MeterConfig { half_life: step * 2, ..MeterConfig::default() })?;
-        let (address, stop) = control::serve(task, &slicelet).await?;
+        let (address, stop) = control::serve(task, &slicelet).await;
         slicelet.follow(steady_tonic::watch_assignments(control.endpoint(), JOB, Default::default())?);
         let reporter = slicelet.report_to(control.endpoint(), JOB, step / 4);
         backends.push(Backend { slicelet, address, stop: Some(stop), _reporter: reporter });
@@ -171,12 +173,8 @@ async fn demo(out: &mut impl Write, args: &SlicerArgs) -> LabResult {
     let (tasks, tasks_rx) = watch::channel(Tasks::serving(0..args.backends)?);
     let first = control.assigner("assigner-a", &config, tasks_rx.clone()).await?;
     // The standby starts once the first one leads, so that the one killed is the leader.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while first.stats().terms() == 0 {
-        if Instant::now() > deadline {
-            return Err("the first assigner never led".into());
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    if !holds_within(Duration::from_secs(10), || first.stats().terms() > 0).await {
+        return Err("the first assigner never led".into());
     }
     // The pages, for as long as the demo runs: the leader's statistics, replaced when
     // another Assigner takes over.
@@ -313,9 +311,7 @@ async fn demo(out: &mut impl Write, args: &SlicerArgs) -> LabResult {
             }
         }
         if s == args.drain_at.saturating_add(6) && args.drain_at > 0 {
-            if let Some(stop) = backends[last].stop.take() {
-                let _ = stop.send(());
-            }
+            drop(backends[last].stop.take());
         }
         let now: Vec<(u64, u64)> =
             backends.iter().map(|b| (b.slicelet.keyed_requests(), b.slicelet.misrouted())).collect();
@@ -348,8 +344,8 @@ async fn demo(out: &mut impl Write, args: &SlicerArgs) -> LabResult {
             requests: served.iter().sum(),
             misrouted,
             failed: taken.failed,
-            p50_us: steady_tonic::demo::percentile(&latencies, 0.5),
-            p99_us: steady_tonic::demo::percentile(&latencies, 0.99),
+            p50_us: percentile(&latencies, 0.5),
+            p99_us: percentile(&latencies, 0.99),
             event: event.trim_end_matches("; ").to_owned(),
         };
         writeln!(

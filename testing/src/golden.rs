@@ -1,6 +1,5 @@
 //! Golden files: a frozen contract written out as text, compared line by line with what
-//! the code computes now. Used by `tests/tests/golden.rs` and, included by path, by
-//! `slice/tests/golden.rs` (which cannot depend on this crate).
+//! the code computes now (`slice/tests/golden.rs`, `tests/tests/golden.rs`).
 
 use std::path::Path;
 
