@@ -6,10 +6,8 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use steady_balance::{
-    Assignment, AssignmentError, Balance, BalanceConfig, BalanceError, JobView, NoReplicaPolicy, Slice,
-    SliceKey,
-};
+use steady_balance::{Balance, BalanceConfig, BalanceError, JobView, NoReplicaPolicy};
+use steady_slice::{Assignment, AssignmentError, Slice, SliceKey};
 use steady_subset::{Algorithm, Subsetting};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::{UnboundedReceiverStream, WatchStream};

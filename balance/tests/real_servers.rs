@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use steady_balance::{Assignment, Slice, SliceKey};
 use steady_balance::{Balance, BalanceConfig, BalanceError, JobView, TaskState};
+use steady_slice::{Assignment, Slice, SliceKey};
 use steady_subset::{Algorithm, Subsetting};
 use steady_testing::eventually;
 use support::{connector, header_key, keyed_request, request, start_servers, task_of, TestServer, H2};

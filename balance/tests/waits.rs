@@ -6,9 +6,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use steady_balance::{
-    Assignment, Balance, BalanceConfig, BalanceError, JobView, NoReplicaPolicy, Slice, SliceKey, TaskState,
-};
+use steady_balance::{Balance, BalanceConfig, BalanceError, JobView, NoReplicaPolicy, TaskState};
+use steady_slice::{Assignment, Slice, SliceKey};
 use steady_subset::{Algorithm, Subsetting};
 use tokio::sync::watch;
 use tokio::time::Instant;

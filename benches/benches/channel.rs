@@ -19,8 +19,9 @@
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use steady_balance::{BalanceConfig, Slice, SliceKey};
+use steady_balance::BalanceConfig;
 use steady_benches::echo_calls;
+use steady_slice::{Slice, SliceKey};
 use steady_testing::echo::echo_client::EchoClient;
 use steady_testing::echo::EchoRequest;
 use steady_tonic::SteadyChannel;

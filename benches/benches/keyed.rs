@@ -21,8 +21,9 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use steady_balance::{Assignment, AssignmentError, Balance, BalanceConfig, SliceKey};
+use steady_balance::{Balance, BalanceConfig};
 use steady_benches::{hold_assignment, spread_assignment};
+use steady_slice::{Assignment, AssignmentError, SliceKey};
 use steady_subset::prng::SplitMix64;
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc;

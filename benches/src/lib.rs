@@ -51,8 +51,8 @@ where
 /// and a bench may send later generations on it.
 pub async fn hold_assignment<S, K, C>(
     balance: &steady_balance::Balance<S, K, C>,
-    assignment: steady_balance::Assignment,
-) -> tokio::sync::mpsc::UnboundedSender<Result<steady_balance::Assignment, steady_balance::AssignmentError>> {
+    assignment: steady_slice::Assignment,
+) -> tokio::sync::mpsc::UnboundedSender<Result<steady_slice::Assignment, steady_slice::AssignmentError>> {
     let generation = assignment.generation();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     balance.follow_assignments(tokio_stream::wrappers::UnboundedReceiverStream::new(rx));
@@ -72,8 +72,8 @@ pub fn spread_assignment(
     slices: usize,
     tasks: usize,
     replicas: usize,
-) -> steady_balance::Assignment {
-    use steady_balance::{Assignment, Slice, SliceKey};
+) -> steady_slice::Assignment {
+    use steady_slice::{Assignment, Slice, SliceKey};
     let step = u64::MAX / slices as u64;
     let slices = (0..slices)
         .map(|i| {

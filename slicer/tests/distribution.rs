@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use http::HeaderName;
 
-use steady_balance::{Assignment, Backoff, BalanceConfig, Slice, SliceKey};
+use steady_balance::{Backoff, BalanceConfig};
 use steady_core::MAX_JOB_NAME_LEN;
 use steady_proto::assignment::assignment_distributor_client::AssignmentDistributorClient;
 use steady_proto::assignment::{AssignmentUpdate, Slice as ProtoSlice, WatchRequest};
-use steady_slice::AssignmentError;
+use steady_slice::Slice;
+use steady_slice::{Assignment, AssignmentError, SliceKey};
 use steady_slicelet::Slicelet;
 use steady_slicer::Distributor;
 use steady_testing::echo::echo_client::EchoClient;

@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use steady_balance::{Assignment, BalanceConfig, JobView, Slice, SliceKey, TaskState};
+use steady_balance::{BalanceConfig, JobView, TaskState};
+use steady_slice::{Assignment, Slice, SliceKey};
 use steady_testing::echo::echo_client::EchoClient;
 use steady_testing::echo::{echo, endpoints, serve_recording, EchoRequest};
 use steady_testing::eventually;
