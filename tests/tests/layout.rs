@@ -68,7 +68,7 @@ fn the_test_support_crate_is_std_only_by_default_and_the_etcd_client_is_an_optio
 
 #[test]
 fn the_client_crates_never_depend_on_the_server_side() {
-    for krate in ["balance", "tonic-integration", "slice", "core", "proto"] {
+    for krate in ["balance", "tonic", "slice", "core", "proto"] {
         let deps = dependencies(krate);
         for server in
             ["steady-slicer", "steady-slicelet", "steady-assigner", "steady-discovery", "etcd-client"]
@@ -332,7 +332,7 @@ fn rudolph_s_mode_is_a_client_crate_of_its_own_with_no_control_plane() {
     {
         assert!(!local.contains(forbidden), "steady-local depends on {forbidden}");
     }
-    for krate in ["balance", "tonic-integration"] {
+    for krate in ["balance", "tonic"] {
         assert!(!dependencies(krate).contains("steady-local"), "{krate} depends on steady-local");
     }
 }
@@ -691,7 +691,7 @@ fn a_crate_re_exports_another_s_type_only_where_its_own_api_takes_or_returns_it(
         ("slicer", vec!["steady_etcd::ConnectError", "steady_etcd::EtcdAccess", "steady_etcd::EtcdTls"]),
         // The channel follows the Watch client's stream and reads the key header by default.
         (
-            "tonic-integration",
+            "tonic",
             vec![
                 "steady_proto::DEFAULT_KEY_HEADER",
                 "steady_proto::WatchError",

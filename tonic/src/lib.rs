@@ -27,7 +27,7 @@
 //! links must stay small: this crate never depends on the server side (`steady-slicelet`,
 //! `steady-slicer`), the assigner, or an etcd client.
 //!
-//! The `call-metrics` feature adds [`call_metrics`]: gRPC's per-call duration histogram
+//! The `call-metrics` feature adds `call_metrics`: gRPC's per-call duration histogram
 //! (`grpc.client.call.duration`, by method, target and status) as a layer over the
 //! channel; it costs per call, unlike the channel's own instruments (feature `metrics`).
 
