@@ -369,8 +369,8 @@ async fn requests_spread_over_the_subset() {
     for p in pending {
         p.await.unwrap().unwrap();
     }
-    // In-flight balancing (loads within 25% are a tie) keeps each of 4 members near
-    // 100. A simulation of the rule put the chance of any member beyond 100 ± 25 under
+    // In-flight balancing (with the tie band of docs/balancer.md#the-tie-band) keeps each
+    // of 4 members near 100. A simulation of the rule put the chance of any member beyond 100 ± 25 under
     // 1 in 100,000; random picks land beyond 100 ± 20 in about 1 run in 16.
     assert_eq!(served.iter().sum::<usize>(), 400);
     assert!(served.iter().all(|&n| (70..=130).contains(&n)), "{served:?}");
