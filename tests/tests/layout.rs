@@ -437,23 +437,29 @@ fn the_published_crates_use_the_test_support_crate_only_in_their_tests() {
     }
 }
 
-/// Every `.rs` file under `dir`, recursively (`target` left out).
-fn rust_files(dir: &Path) -> Vec<PathBuf> {
+/// Every file under `dir`, recursively, in a stable order; build output and the folders of
+/// git and of fuzzing runs left out.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    const SKIPPED: [&str; 5] = ["target", ".git", "corpus", "artifacts", "node_modules"];
     let mut files = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(dir).unwrap() {
             let path = entry.unwrap().path();
-            if path.is_dir() {
-                if !path.ends_with("target") {
-                    stack.push(path);
-                }
-            } else if path.extension().is_some_and(|e| e == "rs") {
+            if !path.is_dir() {
                 files.push(path);
+            } else if !path.file_name().is_some_and(|n| SKIPPED.contains(&&*n.to_string_lossy())) {
+                stack.push(path);
             }
         }
     }
+    files.sort();
     files
+}
+
+/// Every `.rs` file under `dir`, recursively.
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    files_under(dir).into_iter().filter(|path| path.extension().is_some_and(|e| e == "rs")).collect()
 }
 
 /// The names of the functions `source` defines (`fn name`), wherever they are.
@@ -539,27 +545,18 @@ fn every_published_workspace_dependency_names_its_version() {
 /// docs, protos, scripts), by path relative to the workspace, with its text.
 fn repository_texts() -> Vec<(String, String)> {
     const EXTENSIONS: [&str; 8] = ["rs", "md", "toml", "proto", "sh", "html", "yml", "txt"];
-    const SKIPPED: [&str; 5] = ["target", ".git", "corpus", "artifacts", "node_modules"];
     let root = workspace();
-    let mut texts = Vec::new();
-    let mut stack = vec![root.clone()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            let name = path.file_name().unwrap().to_string_lossy().into_owned();
-            if path.is_dir() {
-                if !SKIPPED.contains(&name.as_str()) {
-                    stack.push(path);
-                }
-            } else if path.extension().is_some_and(|e| EXTENSIONS.contains(&&*e.to_string_lossy()))
+    files_under(&root)
+        .into_iter()
+        .filter(|path| {
+            path.extension().is_some_and(|e| EXTENSIONS.contains(&&*e.to_string_lossy()))
                 || path.parent().is_some_and(|p| p.file_name().is_some_and(|n| n == ".ci"))
-            {
-                let relative = path.strip_prefix(&root).unwrap().to_string_lossy().into_owned();
-                texts.push((relative, std::fs::read_to_string(&path).unwrap_or_default()));
-            }
-        }
-    }
-    texts
+        })
+        .map(|path| {
+            let relative = path.strip_prefix(&root).unwrap().to_string_lossy().into_owned();
+            (relative, std::fs::read_to_string(&path).unwrap_or_default())
+        })
+        .collect()
 }
 
 /// What in `text` cites a document that is not in the repository: the team's design brief
