@@ -4,7 +4,8 @@
 //! `scripts/test.sh`), names the job's tasks, the generation and the imbalance of the
 //! load six reporting Slicelets send.
 //!
-//! `STEADY_SCREENSHOT=docs/status-page.png cargo test -p steady-slicer-server --test pages`
+//! `STEADY_SCREENSHOT=$PWD/docs/status-page.png cargo test -p steady-slicer-server --test pages`
+//! (run from the workspace root: a test runs in its crate's folder)
 //! also writes the README's screenshot.
 
 use std::collections::{BTreeMap, BTreeSet};
