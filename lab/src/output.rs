@@ -18,7 +18,10 @@ fn folder() -> PathBuf {
     match std::env::var_os(OUT_VAR) {
         Some(dir) if !dir.is_empty() => PathBuf::from(dir),
         // The lab is a tool of this workspace, never installed apart from it.
-        _ => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join("target").join("steady-lab"),
+        _ => {
+            let lab = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+            lab.parent().unwrap_or(lab).join("target").join("steady-lab")
+        }
     }
 }
 
