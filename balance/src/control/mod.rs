@@ -296,7 +296,7 @@ where
                 }
                 Counters::add(&self.shared().counters.opened, 1);
                 self.shared().open.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(task, returning, gate = gate.word(), "connected");
+                tracing::debug!(task, returning, gate = %gate, "connected");
                 self.membership.connected(task, endpoint);
             }
             Err(error) => {

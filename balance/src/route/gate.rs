@@ -67,11 +67,6 @@ impl GateState {
         GateState(share.0)
     }
 
-    /// The word itself, for logs (the `gate` field of the control task's events).
-    pub(crate) fn word(self) -> u32 {
-        self.0
-    }
-
     /// Whether every pick may take it.
     #[inline(always)]
     pub(crate) fn is_open(self) -> bool {
@@ -102,6 +97,23 @@ impl GateState {
     #[inline(always)]
     pub(crate) fn slow_start_share(self) -> Option<Share> {
         (self.0 < FULL).then_some(Share(self.0))
+    }
+}
+
+/// The state by name, for logs (the `gate` field of the control task's events): the
+/// packing stays private to this module.
+impl std::fmt::Display for GateState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Self::OPEN => f.write_str("open"),
+            Self::PROBE_WAITING => f.write_str("probe waiting"),
+            Self::PROBE_SENT => f.write_str("probe sent"),
+            Self::BROKEN => f.write_str("broken"),
+            state => match state.slow_start_share() {
+                Some(share) => write!(f, "slow start at {}%", share.percent()),
+                None => write!(f, "unknown ({:#x})", state.0),
+            },
+        }
     }
 }
 
@@ -166,6 +178,16 @@ impl Gate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_state_logs_by_name_not_by_its_packed_word() {
+        assert_eq!(GateState::OPEN.to_string(), "open");
+        assert_eq!(GateState::PROBE_WAITING.to_string(), "probe waiting");
+        assert_eq!(GateState::PROBE_SENT.to_string(), "probe sent");
+        assert_eq!(GateState::BROKEN.to_string(), "broken");
+        let quarter = GateState::slow_start(Share::of(0.25));
+        assert_eq!(quarter.to_string(), format!("slow start at {}%", Share::of(0.25).percent()));
+    }
 
     #[test]
     fn a_share_sets_slow_start_and_a_full_one_opens_but_never_ends_probation() {
