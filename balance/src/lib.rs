@@ -88,7 +88,7 @@ const _: () = assert!(steady_slice::MAX_TASK as usize == steady_subset::MAX_BACK
 
 pub use classify::{Classify, Outcome, Report, TransportErrors};
 pub use config::{
-    BalanceConfig, FailureRate, Load, NoReplicaPolicy, OutlierDetection, SlowStart, MAX_IDLE,
+    BalanceConfig, FailureRate, Load, NoReplicaPolicy, OutlierDetection, SlowStart, ZoneRouting, MAX_IDLE,
     MAX_SUBSET_SIZE, MAX_WAIT,
 };
 pub use connector::{Address, Connector};
@@ -103,5 +103,5 @@ pub use stats::{BalanceStats, MemberState, MemberStats};
 // need no second dependency to name them: the assignments it follows and the keys it
 // routes by (`steady-slice`), the job views, backoff and configuration errors it shares
 // with discovery, the Slicelet and the control plane (`steady-core`).
-pub use steady_core::{Backoff, ConfigError, JobView, Task, TaskState};
+pub use steady_core::{Backoff, ConfigError, JobView, Locality, Task, TaskState, Zone, ZoneSizes};
 pub use steady_slice::{Assignment, SliceKey};

@@ -27,6 +27,7 @@ use crate::route::wait::{no_replica, wait_for_endpoint, wait_for_replica, Wait, 
 use crate::stats::BalanceStats;
 use steady_core::ConfigError;
 use steady_core::JobView;
+use steady_core::ZoneSizes;
 
 /// Balances requests over a frontend's subset of a backend job.
 ///
@@ -240,6 +241,15 @@ impl<S, K, C> Balance<S, K, C> {
         // The control task outlives every handle, so the send only fails at shutdown.
         let _ = self.commands.send(Command::SetSubsetSize(subset_size));
         Ok(())
+    }
+
+    /// Tells a zone-aware balancer (see [`crate::ZoneRouting`]) how many frontends each
+    /// zone has now: each zone's share of the demand, which decides how much of this
+    /// frontend's traffic stays in its zone. A frontend following its own job's view
+    /// (the registry's) passes `view.zone_sizes()` on every change. Without zone routing
+    /// it is kept and has no effect.
+    pub fn set_frontend_zones(&self, frontends: ZoneSizes) {
+        let _ = self.commands.send(Command::SetFrontendZones(frontends));
     }
 
     /// Counters and current membership. Reads shared atomics; does not wait for the

@@ -3,8 +3,10 @@
 //! configuration value is refused.
 //!
 //! * [`JobView`], [`Task`], [`TaskState`]: a snapshot of a backend job (its size and
-//!   each task's address and state). Discovery produces them; the balancer, the
+//!   each task's address, state and zone). Discovery produces them; the balancer, the
 //!   Assigner service and the control plane consume them.
+//! * [`Zone`], [`Locality`], [`ZoneSizes`], [`ZoneView`]: the zones a fleet spans, a
+//!   task's place in them, and a job's per-zone sizes.
 //! * [`Backoff`]: exponential retry delays with jitter, for reconnecting channels,
 //!   watchers, load reporters and registries.
 //! * [`ConfigError`]: a configuration value out of its accepted range, naming the field.
@@ -44,8 +46,10 @@ mod error_chain;
 mod job;
 #[cfg(feature = "metrics")]
 pub mod metrics;
+mod zone;
 
 pub use backoff::{Backoff, MAX_BACKOFF};
 pub use config_error::ConfigError;
 pub use error_chain::error_chain;
 pub use job::{valid_job_name, JobView, Task, TaskState, MAX_JOB_NAME_LEN};
+pub use zone::{Locality, Zone, ZoneError, ZoneSizes, ZoneView, MAX_ZONE_LEN};

@@ -59,7 +59,7 @@ pub(crate) fn view_of(
     tasks: impl IntoIterator<Item = (usize, String, TaskState)>,
 ) -> JobView<String> {
     let tasks: BTreeMap<usize, Task<String>> =
-        tasks.into_iter().map(|(i, address, state)| (i, Task { address, state })).collect();
+        tasks.into_iter().map(|(i, address, state)| (i, Task::new(address, state))).collect();
     JobView { size, tasks: Arc::new(tasks) }
 }
 

@@ -645,27 +645,34 @@ fn a_crate_re_exports_another_s_type_only_where_its_own_api_takes_or_returns_it(
     let api: BTreeMap<&str, Vec<&str>> = BTreeMap::from([
         // The assigners take and return assignments of slice keys.
         ("assigner", vec!["steady_slice::Assignment", "steady_slice::SliceKey"]),
-        // The balancer follows assignments, routes by slice key, takes job views and a
-        // backoff, and reports configuration errors.
+        // The balancer follows assignments, routes by slice key, takes job views (of
+        // tasks in zones), its own zone and the frontends' per-zone sizes, a backoff, and
+        // reports configuration errors.
         (
             "balance",
             vec![
                 "steady_core::Backoff",
                 "steady_core::ConfigError",
                 "steady_core::JobView",
+                "steady_core::Locality",
                 "steady_core::Task",
                 "steady_core::TaskState",
+                "steady_core::Zone",
+                "steady_core::ZoneSizes",
                 "steady_slice::Assignment",
                 "steady_slice::SliceKey",
             ],
         ),
-        // Discovery yields job views; its registry connects to etcd with steady-etcd's access.
+        // Discovery yields job views of tasks in zones; its registry connects to etcd
+        // with steady-etcd's access.
         (
             "discovery",
             vec![
                 "steady_core::JobView",
+                "steady_core::Locality",
                 "steady_core::Task",
                 "steady_core::TaskState",
+                "steady_core::Zone",
                 "steady_etcd::ConnectError",
                 "steady_etcd::EtcdAccess",
                 "steady_etcd::EtcdTls",

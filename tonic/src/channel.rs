@@ -169,6 +169,12 @@ impl SteadyChannel {
         self.balance.set_subset_size(k)
     }
 
+    /// Tells a zone-aware channel how many frontends each zone has now (see
+    /// [`Balance::set_frontend_zones`]).
+    pub fn set_frontend_zones(&self, frontends: steady_balance::ZoneSizes) {
+        self.balance().set_frontend_zones(frontends);
+    }
+
     /// Follows a source of assignments for keyed routing (e.g. [`crate::watch_assignments`]);
     /// see [`Balance::follow_assignments`].
     pub fn follow_assignments<A, E>(&self, source: A)
@@ -315,7 +321,10 @@ fn endpoints_of(view: JobView<String>, template: &EndpointTemplate) -> JobView<T
         .iter()
         .filter_map(|(&index, task)| {
             match Endpoint::from_shared(template.uri_of(&task.address)) {
-                Ok(endpoint) => Some((index, Task { address: TaskEndpoint(endpoint), state: task.state })),
+                Ok(endpoint) => Some((
+                    index,
+                    Task { address: TaskEndpoint(endpoint), state: task.state, locality: task.locality.clone() },
+                )),
                 Err(error) => {
                     tracing::warn!(index, address = %task.address, %error, "steady channel: invalid backend address skipped");
                     None

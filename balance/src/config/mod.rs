@@ -8,8 +8,10 @@ use steady_subset::Algorithm;
 use steady_core::{Backoff, ConfigError};
 
 mod health;
+mod zones;
 
 pub use health::{FailureRate, OutlierDetection, SlowStart};
+pub use zones::ZoneRouting;
 
 /// The largest subset size `k` (the most backends subsetting handles). A `k` above the
 /// job's size means every task of the job.
@@ -94,7 +96,7 @@ pub enum NoReplicaPolicy {
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct BalanceConfig {
-    /// This frontend task's index `m` in its job.
+    /// This frontend task's index `m` in its job (in its zone, with [`BalanceConfig::zones`]).
     pub frontend: usize,
     /// `k`, the number of backends to keep connections to (changeable at run time with
     /// [`crate::Balance::set_subset_size`]).
@@ -147,6 +149,8 @@ pub struct BalanceConfig {
     pub outliers: OutlierDetection,
     /// How members that join or come back take up load (on by default).
     pub slow_start: SlowStart,
+    /// Zone-aware routing (default: none, the job is one pool). See [`ZoneRouting`].
+    pub zones: Option<ZoneRouting>,
 }
 
 /// The request side's share of the configuration: how long requests wait, and what a
@@ -183,6 +187,7 @@ impl BalanceConfig {
             affinity_wait: Duration::from_millis(250),
             outliers: OutlierDetection::default(),
             slow_start: SlowStart::default(),
+            zones: None,
         }
     }
 
@@ -212,6 +217,7 @@ impl BalanceConfig {
     /// | `outliers.base_ejection` | `1 ms..=MAX_WAIT`; `outliers.max_ejection`: `base_ejection..=MAX_WAIT` |
     /// | `outliers.max_ejected_share` | `0.0..=1.0` |
     /// | `slow_start.window` | `0..=MAX_WAIT`; `slow_start.min_share` in `(0, 1]` |
+    /// | `zones.min_healthy_share` | `0.0..=1.0` |
     ///
     /// # Errors
     ///
@@ -233,6 +239,9 @@ impl BalanceConfig {
         }
         self.outliers.validate()?;
         self.slow_start.validate()?;
+        if let Some(zones) = &self.zones {
+            zones.validate()?;
+        }
         Ok(())
     }
 
@@ -308,6 +317,12 @@ impl BalanceConfig {
     /// Sets how long a request waits for a ready backend.
     pub fn with_no_backend_wait(mut self, wait: Duration) -> Self {
         self.no_backend_wait = wait;
+        self
+    }
+
+    /// Routes zone-aware (see [`ZoneRouting`]): `frontend` is then the index in the zone.
+    pub fn with_zones(mut self, zones: ZoneRouting) -> Self {
+        self.zones = Some(zones);
         self
     }
 }

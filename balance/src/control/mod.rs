@@ -46,7 +46,7 @@ use crate::error::BoxError;
 use crate::route::endpoint::{Endpoint, Feedback, Link, Opening, Reactions};
 use crate::route::load::LoadSignal;
 use crate::route::table::{Counters, Shared};
-use steady_core::JobView;
+use steady_core::{JobView, ZoneSizes};
 
 mod affinity;
 mod assignments;
@@ -73,6 +73,8 @@ pub(crate) enum Command {
     Assignments(AssignmentSource),
     /// A keyed request needs these replicas: connect to the ones outside the subset.
     Affinity(Vec<u32>),
+    /// The frontend job's size in each zone changed.
+    SetFrontendZones(ZoneSizes),
 }
 
 impl fmt::Debug for Command {
@@ -81,6 +83,7 @@ impl fmt::Debug for Command {
             Self::SetSubsetSize(k) => write!(f, "SetSubsetSize({k})"),
             Self::Assignments(_) => write!(f, "Assignments(..)"),
             Self::Affinity(tasks) => write!(f, "Affinity({tasks:?})"),
+            Self::SetFrontendZones(sizes) => write!(f, "SetFrontendZones({sizes:?})"),
         }
     }
 }
@@ -231,6 +234,12 @@ where
                 self.config.subset_size = k;
             }
             Command::Assignments(source) => self.assignments.follow(source),
+            Command::SetFrontendZones(sizes) => {
+                if let Some(zones) = &mut self.config.zones {
+                    tracing::info!(frontends = ?sizes, "frontends per zone changed");
+                    zones.frontends = sizes;
+                }
+            }
             Command::Affinity(tasks) => {
                 let subset = self.shared().table.load().wanted.clone();
                 self.membership.request_affinity(tasks, &subset, &self.view, &self.config, Instant::now());

@@ -244,7 +244,7 @@ impl JobFollower {
         let Some(index) = self.index_of(kv) else { return };
         match TaskRecord::decode(kv.value()) {
             Ok(record) => {
-                self.tasks.insert(index, Task { address: record.address, state: record.state });
+                self.tasks.insert(index, Task::new(record.address, record.state));
             }
             Err(error) => {
                 tracing::warn!(job = %self.job, index, %error, "registry watch: bad value; the task is skipped");
