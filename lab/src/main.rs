@@ -14,6 +14,10 @@
 //! * `steady-lab cache [--quick]` measures what keyed routing buys on real tonic servers
 //!   (cache hits, database reads, tail latency) for every routing strategy, and through a
 //!   rolling restart; prints the tables and writes the figures.
+//! * `steady-lab zones [--quick]` routes across three zones on real tonic servers (a
+//!   zone killed and back, frontends doubled, backends halved) with zone-unaware
+//!   Rocksteadier, one channel per zone and steady's zone-aware mode side by side;
+//!   prints a table per phase and writes a figure per phase.
 //! * `steady-lab assign --algorithm NAME --tasks T --load FILE [--previous FILE]
 //!   [--max-replicas R]` runs one assigner run: the next assignment as one line of JSON
 //!   on stdout, the report on stderr. **Also a contract**: see `assign.rs`.
@@ -49,6 +53,7 @@ mod quality;
 mod resize;
 mod sharding_command;
 mod slicer_demo;
+mod zones;
 
 /// Evaluate steady's subsetting algorithms.
 #[derive(Debug, Parser)]
@@ -89,6 +94,12 @@ enum Command {
     /// in process, the Slicer loop with one replica and with up to three) side by side on
     /// the same keys; a rolling restart. Prints the tables, writes the figures.
     Cache(cache::CacheArgs),
+    /// Routing across three zones on real tonic servers: zone-unaware Rocksteadier, one
+    /// channel per zone and steady's zone-aware mode, unkeyed and keyed, through a zone
+    /// killed and back, a zone's frontends doubled and a zone's backends halved. Prints
+    /// the cross-zone share against the lowest possible, balance, failures and
+    /// connections per phase; writes a figure per phase.
+    Zones(zones::ZonesArgs),
     /// Run one assigner run: the next assignment as one line of JSON on stdout, the
     /// run's report on stderr.
     Assign(assign::AssignArgs),
@@ -209,6 +220,7 @@ fn main() -> ExitCode {
         Command::Sharding(args) => sharding_command::run(&mut out, &args),
         Command::Slicer(args) => slicer_demo::run(&mut out, &args),
         Command::Cache(args) => cache::run(&mut out, &args),
+        Command::Zones(args) => zones::run(&mut out, &args),
         Command::Figures { out: dir, run } => run.measure().and_then(|results| {
             for f in figures::draw_all(&results, &dir)? {
                 writeln!(out, "{}", dir.join(&f.file).display())?;
