@@ -98,7 +98,7 @@ pub use layer::BalanceLayer;
 pub use route::future::ResponseFuture;
 pub use route::key_counts::{KeyCounts, MAX_BINS_LOG2};
 pub use service::Balance;
-pub use stats::{BalanceStats, MemberState, MemberStats};
+pub use stats::{BalanceStats, MemberState, MemberStats, ZoneSpill};
 // Types of other crates that the balancer's own API takes or returns, so that its users
 // need no second dependency to name them: the assignments it follows and the keys it
 // routes by (`steady-slice`), the job views, backoff and configuration errors it shares

@@ -4,6 +4,7 @@ use std::sync::atomic::Ordering;
 
 use crate::route::gate::GateState;
 use crate::route::table::Shared;
+use steady_core::Zone;
 
 /// How freely a member of the routing table takes requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -41,6 +42,23 @@ pub struct MemberStats {
     pub state: MemberState,
 }
 
+/// A zone that some of a zone-aware balancer's unkeyed requests spill to (see
+/// [`crate::ZoneRouting`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZoneSpill {
+    /// The zone.
+    pub zone: Zone,
+    /// Its share of the unkeyed requests, in millionths.
+    pub share_ppm: u32,
+    /// The tasks of its subset that are connected and in rotation.
+    pub members: Vec<usize>,
+}
+
+/// A share in `0.0..=1.0` in millionths.
+fn ppm(share: f64) -> u32 {
+    (share.clamp(0.0, 1.0) * 1e6).round() as u32
+}
+
 /// Counters since the balancer started, and its current membership.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BalanceStats {
@@ -72,9 +90,17 @@ pub struct BalanceStats {
     pub failures: u64,
     /// Requests that failed for want of a ready backend.
     pub no_backend: u64,
-    /// The backends the control task wants, in preference order (ready or not).
+    /// The backends the control task wants, in preference order (ready or not): the
+    /// subset, then the subsets of the zones requests spill to.
     pub subset: Vec<usize>,
-    /// The members requests are routed over now, in preference order.
+    /// The share of unkeyed requests that stays in the balancer's own subset, in
+    /// millionths: 1,000,000 unless a zone-aware balancer spills.
+    pub local_share_ppm: u32,
+    /// The zones unkeyed requests spill to now (empty unless a zone-aware balancer's zone
+    /// cannot take them all).
+    pub spill: Vec<ZoneSpill>,
+    /// The members unkeyed requests are routed over now, in preference order (the
+    /// spill zones' after the subset's).
     pub members: Vec<MemberStats>,
     /// The routing table's version (bumped on every change).
     pub version: u64,
@@ -112,8 +138,7 @@ impl BalanceStats {
         let table = shared.table.load();
         let c = &shared.counters;
         let members: Vec<MemberStats> = table
-            .members
-            .iter()
+            .unkeyed()
             .map(|e| MemberStats {
                 task: e.task,
                 requests: e.calls.requests.load(Ordering::Relaxed),
@@ -148,6 +173,17 @@ impl BalanceStats {
             failures: c.call_failures.load(Ordering::Relaxed),
             no_backend: c.no_backend.load(Ordering::Relaxed),
             subset: table.wanted.clone(),
+            local_share_ppm: table.spill.as_ref().map_or(1_000_000, |s| ppm(s.local_share())),
+            spill: table
+                .spill
+                .iter()
+                .flat_map(|s| s.zones())
+                .map(|z| ZoneSpill {
+                    zone: z.zone.clone(),
+                    share_ppm: ppm(z.share),
+                    members: z.members.iter().map(|e| e.task).collect(),
+                })
+                .collect(),
             members,
             version: table.version,
             assignment_generation: table.slices.as_ref().map(|s| s.generation),
@@ -160,8 +196,7 @@ impl BalanceStats {
             no_replica: c.no_replica.load(Ordering::Relaxed),
             keyed_requests: c.closed_keyed.load(Ordering::Relaxed)
                 + table
-                    .members
-                    .iter()
+                    .unkeyed()
                     .chain(&table.affinity)
                     .map(|e| e.calls.keyed.load(Ordering::Relaxed))
                     .sum::<u64>(),

@@ -6,7 +6,7 @@
 //! then the affinity connections keyed requests asked for; and it brings the
 //! connections in line with the plan (opening, retiring, reconnecting with backoff).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -19,24 +19,31 @@ use super::draining::Draining;
 use super::health::Health;
 use super::order::candidate_order;
 use super::slots::{SlotState, Slots};
-use crate::config::BalanceConfig;
+use super::spill;
+use crate::config::{BalanceConfig, ZoneRouting};
 use crate::connector::{Address, Connector};
 use crate::route::endpoint::Endpoint;
 use crate::route::pick::fresh_rng;
 use crate::route::table::{Counters, Shared};
-use steady_core::JobView;
+use steady_core::{JobView, Zone, ZoneView};
 
-/// What membership plans from: the job view, and the members' health (ejected tasks
-/// are out, and stand-ins replace them).
-///
-/// Zones will add a third input here: the frontend's zone and the per-zone views.
+/// What membership plans from: the job view, the members' health (ejected tasks are
+/// out, and stand-ins replace them), and for a zone-aware frontend the view's zones.
 pub(super) struct Inputs<'a, T, S> {
     pub(super) view: &'a JobView<T>,
     pub(super) health: &'a Health<S>,
+    /// `None` routes over the whole job (no zone routing, or a view without zones).
+    pub(super) zones: Option<ZoneInputs<'a>>,
 }
 
-/// A planned subset: the tasks to keep connections to, in preference order.
-pub(super) struct Subset {
+/// A zone-aware frontend's inputs: its routing settings and the view's zones.
+pub(super) struct ZoneInputs<'a> {
+    pub(super) routing: &'a ZoneRouting,
+    pub(super) zones: &'a BTreeMap<Zone, ZoneView>,
+}
+
+/// One pool's planned subset: the tasks to keep connections to, in preference order.
+pub(super) struct Group {
     /// The first `k` serving tasks of the frontend's order, then the stand-ins.
     pub(super) tasks: Vec<usize>,
     /// How many of `tasks` are the first `k` (the rest are stand-ins).
@@ -44,6 +51,36 @@ pub(super) struct Subset {
     /// How many of those `primary` are out of rotation (failed and backing off, or
     /// ejected).
     pub(super) out: usize,
+}
+
+/// A zone that some of the unkeyed requests spill to, and the subset they go over.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct SpillGroup {
+    pub(super) zone: Zone,
+    /// The share of unkeyed requests sent there.
+    pub(super) share: f64,
+    pub(super) tasks: Vec<usize>,
+}
+
+/// A planned subset: the frontend's own (its zone's, when zone-aware), and the subsets
+/// of the zones its requests spill to.
+pub(super) struct Subset {
+    pub(super) group: Group,
+    /// Empty while every request stays in the zone (and without zones).
+    pub(super) spill: Vec<SpillGroup>,
+    /// The share of unkeyed requests `group` takes (1 without spill).
+    pub(super) local_share: f64,
+}
+
+impl Subset {
+    /// Every task wanted: the frontend's subset, then each spill zone's.
+    pub(super) fn wanted(&self) -> Vec<usize> {
+        let mut wanted = self.group.tasks.clone();
+        for group in &self.spill {
+            wanted.extend(&group.tasks);
+        }
+        wanted
+    }
 }
 
 /// The connections of one balancer, from the attempt to the close.
@@ -211,6 +248,11 @@ where
     /// those `k` (at most `max_stand_ins`). Stand-ins already connected are kept (so a
     /// recovering candidate never displaces a healthy one); the rest come next in
     /// order, skipping failed and ejected tasks. Old failures are forgotten first.
+    ///
+    /// Zone-aware (`inputs.zones`), the order is the frontend's over its own zone (its
+    /// zone index against the zone's size), and the zones its requests spill to get a
+    /// subset each, planned alike over theirs (see [`super::spill`]).
+    ///
     /// `None` when no subset can be computed for the view (more tasks than subsetting
     /// allows): the subset in force stays.
     pub(super) fn plan(
@@ -219,16 +261,73 @@ where
         config: &BalanceConfig,
         now: Instant,
     ) -> Option<Subset> {
-        let Inputs { view, health } = inputs;
+        let Inputs { view, health, zones } = inputs;
         self.slots.forget_old_failures(now);
         if view.size > steady_subset::MAX_BACKENDS {
             return None;
         }
         let slots = &self.slots;
-        let is_out = |task, address| slots.is_failed(task, address, now) || health.is_ejected(task, now);
-        // A subset larger than the job is the whole job.
-        let k = config.subset_size.min(view.size);
-        let mut order = candidate_order(&config.algorithm, config.frontend, view.size, k);
+        let is_out =
+            |task: usize, address: &T| slots.is_failed(task, address, now) || health.is_ejected(task, now);
+        let Some(ZoneInputs { routing, zones }) = zones else {
+            let k = config.subset_size.min(view.size);
+            let order = candidate_order(&config.algorithm, config.frontend, view.size, k);
+            let group = self.plan_group(order, view.size, view, &is_out, &|_| true, config);
+            return Some(Subset { group, spill: Vec::new(), local_share: 1.0 });
+        };
+        // Each zone's order, over its zone indices, read as job indices.
+        let zone_order = |zone: &ZoneView| {
+            let tasks = zone.tasks.clone();
+            let k = config.subset_size.min(zone.size);
+            candidate_order(&config.algorithm, config.frontend, zone.size, k)
+                .filter_map(move |i| tasks.get(&i).copied())
+        };
+        let empty = ZoneView::default();
+        let local_zone = zones.get(&routing.zone).unwrap_or(&empty);
+        let local = |task: usize| view.zone_of(task) == Some(&routing.zone);
+        let group = self.plan_group(zone_order(local_zone), local_zone.size, view, &is_out, &local, config);
+        // What each zone can take: its serving backends not known to be out. The local
+        // zone counts as down when too little of its subset is usable.
+        let mut capacity: BTreeMap<Zone, usize> = zones
+            .iter()
+            .map(|(zone, z)| {
+                let usable = z
+                    .tasks
+                    .values()
+                    .filter(|&&t| view.serving_task(t).is_some_and(|address| !is_out(t, address)))
+                    .count();
+                (zone.clone(), usable)
+            })
+            .collect();
+        let usable = group.primary.saturating_sub(group.out);
+        if group.primary == 0 || (usable as f64) < routing.min_healthy_share * group.primary as f64 {
+            capacity.insert(routing.zone.clone(), 0);
+        }
+        let shares = spill::shares(&routing.zone, &routing.frontends, &capacity);
+        let mut spill = Vec::with_capacity(shares.remote.len());
+        for (zone, share) in shares.remote {
+            let Some(z) = zones.get(&zone) else { continue };
+            let in_zone = |task: usize| view.zone_of(task) == Some(&zone);
+            let group = self.plan_group(zone_order(z), z.size, view, &is_out, &in_zone, config);
+            spill.push(SpillGroup { zone, share, tasks: group.tasks });
+        }
+        Some(Subset { group, spill, local_share: shares.local })
+    }
+
+    /// Plans one group's subset from `order` (job indices) over a pool of `size` tasks:
+    /// the first `k` serving ones, then stand-ins for those out, preferring stand-ins
+    /// already connected (`in_pool` says which connections belong to this pool).
+    fn plan_group(
+        &self,
+        mut order: impl Iterator<Item = usize>,
+        size: usize,
+        view: &JobView<T>,
+        is_out: &dyn Fn(usize, &T) -> bool,
+        in_pool: &dyn Fn(usize) -> bool,
+        config: &BalanceConfig,
+    ) -> Group {
+        // A subset larger than the pool is the whole pool.
+        let k = config.subset_size.min(size);
         let mut primary = Vec::with_capacity(k);
         let mut failed = 0;
         if k > 0 {
@@ -242,10 +341,12 @@ where
             }
         }
         let needed = failed.min(config.max_stand_ins);
-        let mut stand_ins: Vec<usize> = slots
+        let mut stand_ins: Vec<usize> = self
+            .slots
             .iter()
             .filter(|(task, slot)| {
                 slot.endpoint().is_some()
+                    && in_pool(*task)
                     && !primary.contains(task)
                     && !self.affinity.contains(*task)
                     && view.serving_task(*task) == Some(&slot.address)
@@ -266,7 +367,7 @@ where
         debug_assert!(primary.len() <= k && failed <= primary.len() && stand_ins.len() <= needed);
         let (primary_len, out) = (primary.len(), failed);
         primary.extend(stand_ins);
-        Some(Subset { tasks: primary, primary: primary_len, out })
+        Group { tasks: primary, primary: primary_len, out }
     }
 
     /// Brings the connections in line with `subset` and the affinity connections still

@@ -28,6 +28,7 @@
 //! Every handler is a plain function: nothing the task does waits, so one event is
 //! handled whole before the next is looked at.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::future::poll_fn;
 use std::panic::AssertUnwindSafe;
@@ -46,7 +47,7 @@ use crate::error::BoxError;
 use crate::route::endpoint::{Endpoint, Feedback, Link, Opening, Reactions};
 use crate::route::load::LoadSignal;
 use crate::route::table::{Counters, Shared};
-use steady_core::{JobView, ZoneSizes};
+use steady_core::{JobView, Zone, ZoneSizes, ZoneView};
 
 mod affinity;
 mod assignments;
@@ -59,11 +60,12 @@ mod outliers;
 mod publisher;
 mod slots;
 mod slow_start;
+mod spill;
 
 pub(crate) use assignments::AssignmentSource;
 use assignments::Assignments;
 use health::Health;
-use membership::{Inputs, Membership};
+use membership::{Inputs, Membership, ZoneInputs};
 use publisher::{Publisher, TableInputs};
 
 /// What a `Balance` handle asks of the control task.
@@ -94,6 +96,9 @@ pub(crate) struct Control<T, C, S, J> {
     /// The job source; `None` once it ended (the last view stays in force).
     job: Option<J>,
     view: JobView<T>,
+    /// The view's zones, kept for a zone-aware frontend (empty otherwise, or when the
+    /// view has none: the frontend then routes over the whole job).
+    zones: BTreeMap<Zone, ZoneView>,
     commands: mpsc::UnboundedReceiver<Command>,
     feedback: mpsc::UnboundedReceiver<Feedback>,
     /// Handed to every endpoint, for its requests to report failures and drains.
@@ -133,6 +138,7 @@ where
             config,
             job: Some(job),
             view: JobView::default(),
+            zones: BTreeMap::new(),
             commands,
             feedback,
             feedback_tx,
@@ -252,6 +258,7 @@ where
         match view {
             Some(view) => {
                 self.view = view;
+                self.zones = if self.config.zones.is_some() { self.view.zones() } else { BTreeMap::new() };
                 self.reconcile();
             }
             // The source ended: the last view stays in force.
@@ -362,15 +369,19 @@ where
     fn reconcile(&mut self) {
         let now = Instant::now();
         let counters = &self.publisher.shared().counters;
-        // Zones will add a third input here: the frontend's zone and the per-zone views.
-        let inputs = Inputs { view: &self.view, health: &self.health };
-        let subset = match self.membership.plan(inputs, &self.config, now) {
+        let zones = match &self.config.zones {
+            Some(routing) if !self.zones.is_empty() => Some(ZoneInputs { routing, zones: &self.zones }),
+            _ => None,
+        };
+        let inputs = Inputs { view: &self.view, health: &self.health, zones };
+        let (subset, spill, local_share) = match self.membership.plan(inputs, &self.config, now) {
             Some(planned) => {
-                self.health.observe_subset(planned.primary, planned.out, counters);
-                planned.tasks
+                self.health.observe_subset(planned.group.primary, planned.group.out, counters);
+                let wanted = planned.wanted();
+                (wanted, planned.spill, planned.local_share)
             }
             // No subset can be computed for such a view: keep the one in force.
-            None => self.publisher.shared().table.load().wanted.clone(),
+            None => (self.publisher.shared().table.load().wanted.clone(), Vec::new(), 1.0),
         };
         self.membership.follow(&subset, &self.view, &self.config, counters, now);
         // Ejected members leave the table, unless the subset is in panic.
@@ -381,8 +392,13 @@ where
         let reachability = self.assignments.replica_tasks().iter().fold(0u64, |digest, &t| {
             steady_subset::hash::hash_pair(digest, u64::from(t) << 1 | u64::from(reachable(t)))
         });
+        let local_zone = self.config.zones.as_ref().filter(|_| !self.zones.is_empty()).map(|z| &z.zone);
+        let is_local = |task: u32| local_zone.is_some_and(|zone| view.zone_of(task as usize) == Some(zone));
         self.publisher.publish(TableInputs {
             subset,
+            spill,
+            local_share,
+            is_local: local_zone.map(|_| &is_local as &dyn Fn(u32) -> bool),
             connected,
             ejected: self.health.ejected(now),
             panic: self.health.panic(),

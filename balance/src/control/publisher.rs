@@ -6,8 +6,10 @@ use std::sync::Arc;
 
 use steady_slice::Assignment;
 
+use super::membership::SpillGroup;
 use crate::route::endpoint::Endpoint;
 use crate::route::slices::SliceTable;
+use crate::route::spill::Spill;
 use crate::route::table::{RoutingTable, Shared};
 
 /// The control task's side of the shared state: the table's version, and what the last
@@ -21,8 +23,16 @@ pub(super) struct Publisher<S> {
 
 /// What one table is built from.
 pub(super) struct TableInputs<'a, S> {
-    /// The wanted subset, in preference order.
+    /// Every task wanted for unkeyed requests: the subset in preference order, then
+    /// the spill zones' subsets.
     pub(super) subset: Vec<usize>,
+    /// The zones requests spill to, with their shares and subsets (empty: none spill).
+    pub(super) spill: Vec<SpillGroup>,
+    /// The share of unkeyed requests that stays with the subset.
+    pub(super) local_share: f64,
+    /// For a zone-aware frontend: whether a task is in its zone (keyed requests prefer
+    /// those replicas).
+    pub(super) is_local: Option<&'a dyn Fn(u32) -> bool>,
     /// Every connection in rotation (subset and affinity), by task.
     pub(super) connected: HashMap<usize, Arc<Endpoint<S>>>,
     /// Tasks ejected as outliers now (in rotation anyway during a panic), ascending.
@@ -58,6 +68,9 @@ impl<S> Publisher<S> {
     pub(super) fn publish(&mut self, inputs: TableInputs<'_, S>) {
         let TableInputs {
             subset,
+            spill,
+            local_share,
+            is_local,
             connected,
             ejected,
             panic,
@@ -67,8 +80,16 @@ impl<S> Publisher<S> {
             reachable,
             reachability,
         } = inputs;
-        let members: Vec<Arc<Endpoint<S>>> =
-            subset.iter().filter_map(|t| connected.get(t).cloned()).collect();
+        // The subset proper: the wanted tasks that no spill zone holds.
+        let spilled: Vec<usize> = spill.iter().flat_map(|g| g.tasks.iter().copied()).collect();
+        let members: Vec<Arc<Endpoint<S>>> = subset
+            .iter()
+            .filter(|t| !spilled.contains(t))
+            .filter_map(|t| connected.get(t).cloned())
+            .collect();
+        let ready_of = |tasks: &[usize]| -> Vec<Arc<Endpoint<S>>> {
+            tasks.iter().filter_map(|t| connected.get(t).cloned()).collect()
+        };
         // What the table depends on: the subset, its ready members, every connection,
         // the assignment's generation, and which of its replicas can be reached.
         let mut signature: Vec<u64> = subset.iter().map(|&t| t as u64).collect();
@@ -82,11 +103,23 @@ impl<S> Publisher<S> {
         signature.push(reachability);
         signature.push(u64::from(panic));
         signature.extend(ejected.iter().map(|&t| t as u64));
+        // Where requests spill: the shares and each zone's ready members.
+        signature.push(local_share.to_bits());
+        for group in &spill {
+            signature.push(u64::MAX);
+            signature.push(group.share.to_bits());
+            signature.extend(ready_of(&group.tasks).iter().map(|e| e.id));
+        }
         if signature == self.published {
             return;
         }
         self.published = signature;
-        let slices = assignment.map(|a| SliceTable::build(a, frontend, fan_out, &connected, reachable));
+        let slices =
+            assignment.map(|a| SliceTable::build(a, frontend, fan_out, &connected, reachable, is_local));
+        let spill = Spill::new(
+            local_share,
+            spill.iter().map(|g| (g.zone.clone(), g.share, ready_of(&g.tasks))).collect(),
+        );
         let mut affinity: Vec<Arc<Endpoint<S>>> =
             connected.iter().filter(|(t, _)| !subset.contains(t)).map(|(_, e)| e.clone()).collect();
         affinity.sort_unstable_by_key(|e| e.task);
@@ -97,6 +130,8 @@ impl<S> Publisher<S> {
             wanted = subset.len(),
             affinity = affinity.len(),
             generation = ?slices.as_ref().map(|s| s.generation),
+            local_share,
+            spill = ?spill.as_ref().map(|s| s.zones().iter().map(|z| (z.zone.as_str(), z.members.len())).collect::<Vec<_>>()),
             subset = ?subset,
             ejected = ?ejected,
             panic,
@@ -105,6 +140,7 @@ impl<S> Publisher<S> {
         self.shared.publish(RoutingTable {
             version: self.version,
             members,
+            spill,
             wanted: subset,
             affinity,
             slices,

@@ -13,6 +13,8 @@
 //! * [`pick`]: power of two choices with its tie band, and the per-thread generator.
 //! * [`slices`]: the keyed half of the table: per slice of the assignment in force, the
 //!   replicas this frontend uses and which are ready.
+//! * [`spill`]: for a zone-aware frontend whose zone cannot take all its requests, the
+//!   other zones' members and their shares.
 //! * [`table`]: the immutable routing table the control task publishes, and the state
 //!   the request side shares with it ([`table::Shared`]).
 //! * [`wait`]: the slow path: waiting for a ready member within the request's one
@@ -28,5 +30,6 @@ pub(crate) mod key_counts;
 pub(crate) mod load;
 pub(crate) mod pick;
 pub(crate) mod slices;
+pub(crate) mod spill;
 pub(crate) mod table;
 pub(crate) mod wait;

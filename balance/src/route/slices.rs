@@ -27,6 +27,29 @@ pub(crate) fn chosen_replicas(replicas: &[u32], frontend: usize, fan_out: usize)
         .collect()
 }
 
+/// The replicas of a slice this frontend uses, its own zone's first: when some replicas
+/// are in the frontend's zone (`is_local`) and one of those chosen is `usable` (ready,
+/// or may become so), [`chosen_replicas`] of the local ones only; otherwise of them all,
+/// as without zones.
+fn preferred_replicas(
+    replicas: &[u32],
+    frontend: usize,
+    fan_out: usize,
+    is_local: Option<&dyn Fn(u32) -> bool>,
+    usable: impl Fn(u32) -> bool,
+) -> Vec<u32> {
+    if let Some(is_local) = is_local {
+        let local: Vec<u32> = replicas.iter().copied().filter(|&t| is_local(t)).collect();
+        if !local.is_empty() && local.len() < replicas.len() {
+            let chosen = chosen_replicas(&local, frontend, fan_out);
+            if chosen.iter().any(|&t| usable(t)) {
+                return chosen;
+            }
+        }
+    }
+    chosen_replicas(replicas, frontend, fan_out)
+}
+
 /// Slice starts, and per slice the chosen replicas and the ready ones, laid out flat.
 ///
 /// Lookup uses a radix index on the key's top bits: `first[b]` is the slice holding the
@@ -57,13 +80,16 @@ pub(crate) struct SliceTable<S> {
 
 impl<S> SliceTable<S> {
     /// Builds the table for `assignment` from the endpoints connected now; `reachable`
-    /// says whether a task not connected may become so (see [`SliceTable::servable`]).
+    /// says whether a task not connected may become so (see [`SliceTable::servable`]);
+    /// `is_local`, for a zone-aware frontend, whether a task is in its zone (its zone's
+    /// replicas are then preferred, see [`preferred_replicas`]).
     pub(crate) fn build(
         assignment: &Assignment,
         frontend: usize,
         fan_out: usize,
         connected: &HashMap<usize, Arc<Endpoint<S>>>,
         reachable: &dyn Fn(u32) -> bool,
+        is_local: Option<&dyn Fn(u32) -> bool>,
     ) -> Self {
         let n = assignment.slices().len();
         let mut table = Self {
@@ -83,7 +109,8 @@ impl<S> SliceTable<S> {
         for slice in assignment.slices() {
             table.starts.push(slice.start.get());
             let mut servable = false;
-            for task in chosen_replicas(&slice.replicas, frontend, fan_out.max(1)) {
+            let usable = |t: u32| connected.contains_key(&(t as usize)) || reachable(t);
+            for task in preferred_replicas(&slice.replicas, frontend, fan_out.max(1), is_local, usable) {
                 table.chosen.push(task);
                 if let Some(endpoint) = connected.get(&(task as usize)) {
                     table.ready.push(endpoint.clone());
@@ -198,7 +225,7 @@ mod tests {
                 let a =
                     Assignment::new(1, starts.iter().map(|&s| Slice::new(SliceKey(s), vec![0])).collect())
                         .unwrap();
-                let t = SliceTable::<()>::build(&a, 0, 3, &HashMap::new(), &|_| true);
+                let t = SliceTable::<()>::build(&a, 0, 3, &HashMap::new(), &|_| true, None);
                 // Every start and its neighbours, every bucket edge, random keys.
                 let edges: Vec<u64> = (0..t.first.len() as u64 - 1)
                     .flat_map(|b| {
@@ -217,6 +244,21 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_zone_aware_frontend_uses_its_zone_s_replicas_while_one_is_usable() {
+        // The odd tasks are local: replicas 1 and 3; 2, 4 and 6 are not.
+        let is_local = |t: u32| t % 2 == 1;
+        let replicas = [2, 1, 3, 4, 6];
+        let local = preferred_replicas(&replicas, 0, 3, Some(&is_local), |_| true);
+        assert_eq!(local, [1, 3]);
+        // No local replica usable: all of them, as without zones.
+        let all = preferred_replicas(&replicas, 0, 3, Some(&is_local), |t| !is_local(t));
+        assert_eq!(all, chosen_replicas(&replicas, 0, 3));
+        // Without zones, or with no local replica: today's choice.
+        assert_eq!(preferred_replicas(&replicas, 0, 3, None, |_| true), chosen_replicas(&replicas, 0, 3));
+        assert_eq!(preferred_replicas(&[2, 4], 0, 3, Some(&is_local), |_| true), [2, 4]);
     }
 
     #[test]

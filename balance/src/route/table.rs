@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use super::endpoint::{Endpoint, Picked, Rotation};
 use super::pick::{fresh_rng, p2c, p2c_other};
 use super::slices::SliceTable;
+use super::spill::Spill;
 use crate::config::{NoReplicaPolicy, Waits};
 
 /// What requests route over: the ready members of the subset in preference order, the
@@ -23,8 +24,12 @@ use crate::config::{NoReplicaPolicy, Waits};
 pub(crate) struct RoutingTable<S> {
     /// Bumped on every publication.
     pub(crate) version: u64,
-    /// Connected, healthy members, in the frontend's preference order.
+    /// Connected, healthy members, in the frontend's preference order (a zone-aware
+    /// frontend's: those in its zone).
     pub(crate) members: Vec<Arc<Endpoint<S>>>,
+    /// Where unkeyed requests go when some leave the frontend's zone; `None` while all
+    /// stay in `members` (always, without zones).
+    pub(crate) spill: Option<Spill<S>>,
     /// The subset the control task wants (members and stand-ins, ready or not).
     pub(crate) wanted: Vec<usize>,
     /// Connections outside the subset (affinity connections for keyed requests).
@@ -43,6 +48,7 @@ impl<S> RoutingTable<S> {
         Self {
             version,
             members: Vec::new(),
+            spill: None,
             wanted: Vec::new(),
             affinity: Vec::new(),
             slices: None,
@@ -51,10 +57,20 @@ impl<S> RoutingTable<S> {
         }
     }
 
-    /// Power of two choices over the subset's ready members.
+    /// Power of two choices over the subset's ready members (over those of the zone
+    /// the request's draw falls in, while requests spill).
     #[inline]
     pub(crate) fn pick(&self, rng: &mut SplitMix64) -> Option<&Arc<Endpoint<S>>> {
-        p2c(&self.members, rng)
+        match &self.spill {
+            None => p2c(&self.members, rng),
+            Some(spill) => spill.pick(&self.members, rng),
+        }
+    }
+
+    /// Every member unkeyed requests may go to: the subset's, then each spill zone's.
+    pub(crate) fn unkeyed(&self) -> impl Iterator<Item = &Arc<Endpoint<S>>> {
+        let spilled = self.spill.iter().flat_map(|s| s.zones().iter().flat_map(|z| &z.members));
+        self.members.iter().chain(spilled)
     }
 }
 
@@ -150,7 +166,10 @@ impl<S: Send + Sync> Rotation<S> for Shared<S> {
             // No other replica: the policy falls back to the subset.
             Counters::add(&self.counters.keyed_fallbacks, 1);
         }
-        let endpoint = p2c_other(&table.members, failed.id, &mut rng)?;
+        let endpoint = match &table.spill {
+            None => p2c_other(&table.members, failed.id, &mut rng)?,
+            Some(spill) => spill.pick_other(&table.members, failed.id, &mut rng)?,
+        };
         Some(Picked { endpoint, keyed: false })
     }
 
