@@ -3,8 +3,11 @@
 //! by, and the frontends' channels.
 //!
 //! Backend task `i` of the job is in zone `i / 4` at zone index `i % 4` (zones a, b, c in
-//! that order), and answers every echo with `i`: the frontends learn from each reply
-//! which backend, and so which zone, served it. Killing a zone stops its servers (they
+//! that order), and answers every echo with `i` after a fixed service time: the
+//! frontends learn from each reply which backend, and so which zone, served it. (The
+//! service time makes every backend's latency the same to within the balancer's tie
+//! band, as equal backends doing real work are; an echo answered at once has a latency
+//! of pure scheduling noise on a busy machine, which Peak EWMA would follow.) Killing a zone stops its servers (they
 //! accept no connection; calls in flight finish) while every view still says they serve;
 //! halving a zone takes its top zone indices out of every view.
 
@@ -12,12 +15,14 @@ use std::net::SocketAddr;
 
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
+use std::time::Duration;
 use steady_balance::{
     Assignment, BalanceConfig, JobView, Locality, SliceKey, Task, TaskState, Zone, ZoneRouting, ZoneSizes,
 };
 use steady_slice::Slice;
-use steady_testing::echo::echo_server::EchoServer;
-use steady_testing::echo::EchoTask;
+
+use steady_testing::echo::echo_server::{Echo, EchoServer};
+use steady_testing::echo::{EchoReply, EchoRequest};
 use steady_testing::loopback::{self, Loopback, ServerGuard};
 use steady_tonic::{SteadyChannel, TaskEndpoint};
 use tokio::sync::watch;
@@ -92,12 +97,34 @@ pub(crate) fn backend_of(zone: usize, index: usize) -> usize {
     zone * BACKENDS_PER_ZONE + index
 }
 
+/// A backend's service: answers with its task index after `work`.
+#[derive(Debug, Clone, Copy)]
+struct Worker {
+    task: u32,
+    work: Duration,
+}
+
+#[tonic::async_trait]
+impl Echo for Worker {
+    async fn echo(
+        &self,
+        request: tonic::Request<EchoRequest>,
+    ) -> Result<tonic::Response<EchoReply>, tonic::Status> {
+        tokio::time::sleep(self.work).await;
+        Ok(tonic::Response::new(EchoReply { payload: request.into_inner().payload, task: self.task }))
+    }
+}
+
 /// The backend job's servers and what discovery says of them.
 pub(crate) struct Backends {
     /// By job-wide index; kept over kills, so a restart binds the same port.
     addresses: Vec<SocketAddr>,
     /// `None` while killed.
     servers: Vec<Option<ServerGuard>>,
+    /// Each request's service time.
+    work: Duration,
+    /// Whether the frontends' balancers put reconnected members on probation.
+    probation: bool,
     /// Backends each zone has in the views (its zone indices `0..n`).
     pub(crate) in_view: [usize; 3],
     /// The views, one sender per kind (see [`Views`]).
@@ -123,12 +150,15 @@ struct Assignments {
 }
 
 impl Backends {
-    /// Starts `4` backends in each zone on loopback, and the views and assignments.
-    pub(crate) async fn start() -> Result<Self, Box<dyn std::error::Error>> {
+    /// Starts `4` backends in each zone on loopback, each request taking `work`, and the
+    /// views and assignments; the frontends it makes put reconnected members on
+    /// probation when `probation`.
+    pub(crate) async fn start(work: Duration, probation: bool) -> Result<Self, Box<dyn std::error::Error>> {
         let mut addresses = Vec::new();
         let mut servers = Vec::new();
         for task in 0..ZONES.len() * BACKENDS_PER_ZONE {
-            let (address, server) = loopback::serve(EchoServer::new(EchoTask(task as u32))).await;
+            let worker = Worker { task: task as u32, work };
+            let (address, server) = loopback::serve(EchoServer::new(worker)).await;
             addresses.push(address);
             servers.push(Some(server));
         }
@@ -141,7 +171,7 @@ impl Backends {
         let (global, per_zone) = assignments(1, in_view)?;
         let assignments =
             Assignments { global: watch::channel(global).0, per_zone: per_zone.map(|a| watch::channel(a).0) };
-        Ok(Self { addresses, servers, in_view, views, assignments })
+        Ok(Self { addresses, servers, work, probation, in_view, views, assignments })
     }
 
     /// Whether backend `task` is in the views and its server runs.
@@ -171,7 +201,8 @@ impl Backends {
             let task = backend_of(zone, i);
             if self.servers[task].is_none() {
                 let port = Loopback::bind_to(self.addresses[task]).await;
-                self.servers[task] = Some(port.serve(EchoServer::new(EchoTask(task as u32))));
+                let worker = Worker { task: task as u32, work: self.work };
+                self.servers[task] = Some(port.serve(EchoServer::new(worker)));
             }
         }
     }
@@ -216,6 +247,8 @@ impl Backends {
                 self.views.zoned.subscribe(),
             ),
         };
+        let mut config = config;
+        config.slow_start = config.slow_start.with_probation(self.probation);
         let channel = SteadyChannel::builder(config).from_job(views)?;
         if traffic == Traffic::Keyed {
             let assignments = match strategy {

@@ -14,7 +14,7 @@ use steady_tonic::SteadyChannel;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
-use super::fleet::{Traffic, ZONES};
+use super::fleet::{zone_of_backend, Traffic, ZONES};
 
 /// Requests one frontend has in flight at most; past it a request is not sent and
 /// counts as failed (a zone whose requests all wait cannot grow memory without bound).
@@ -35,6 +35,8 @@ pub(crate) struct PhaseCounts {
     pub(crate) failed: u64,
     /// Failed requests after its first second.
     pub(crate) failed_late: u64,
+    /// `[crossed, answered]` in each second of the phase, the first included.
+    pub(crate) per_second: Vec<[u64; 2]>,
 }
 
 /// The counts of one group, phase by phase.
@@ -69,12 +71,18 @@ impl Recorder {
     }
 
     fn answered(&mut self, zone: usize, backend: u32) {
+        let second = self.started.elapsed().as_secs() as usize;
         let settled = self.settled();
-        if let Some(p) = self.phases.last_mut() {
-            if let (true, Some(count)) = (settled, p.served[zone].get_mut(backend as usize)) {
-                *count += 1;
-            }
+        let Some(p) = self.phases.last_mut() else { return };
+        let Some(count) = p.served[zone].get_mut(backend as usize) else { return };
+        if settled {
+            *count += 1;
         }
+        if p.per_second.len() <= second {
+            p.per_second.resize(second + 1, [0, 0]);
+        }
+        p.per_second[second][0] += u64::from(zone_of_backend(backend as usize) != zone);
+        p.per_second[second][1] += 1;
     }
 
     fn failed(&mut self) {
@@ -168,8 +176,10 @@ mod tests {
         r.failed();
         r.begin_phase();
         r.answered(0, 3); // the first second: not counted as served
+        r.answered(1, 3); // zone b's frontend, zone a's backend
         r.failed();
         assert_eq!(r.phases()[0].served[0][3], 0);
+        assert_eq!(r.phases()[0].per_second, [[1, 2]]);
         assert_eq!((r.phases()[0].failed, r.phases()[0].failed_late), (1, 0));
         r.started -= SETTLE;
         r.answered(1, 7);
@@ -179,5 +189,7 @@ mod tests {
         assert_eq!(p.served[1][7], 1);
         assert_eq!(p.served.iter().flatten().sum::<u64>(), 1);
         assert_eq!((p.failed, p.failed_late), (2, 1));
+        assert_eq!(p.per_second[0], [1, 2]);
+        assert_eq!(p.per_second.last(), Some(&[0, 1]));
     }
 }

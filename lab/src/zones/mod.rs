@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use clap::Args;
 use serde::{Deserialize, Serialize};
+use steady_balance::MemberState;
 use steady_tonic::SteadyChannel;
 
 use crate::LabResult;
@@ -40,7 +41,7 @@ use load::{Load, Recorder};
 /// Arguments of `steady-lab zones`.
 #[derive(Debug, Args)]
 pub struct ZonesArgs {
-    /// A test-sized run: 3 s phases, 20 requests per second per frontend.
+    /// A test-sized run: 4 s phases, 10 requests per second per frontend.
     #[arg(long)]
     quick: bool,
     /// Seconds each phase lasts (the first one is left out of the cross-zone share and
@@ -50,6 +51,14 @@ pub struct ZonesArgs {
     /// Requests per second each frontend sends (open loop).
     #[arg(long, default_value_t = 50.0)]
     rate: f64,
+    /// Each request's service time on its backend, in microseconds.
+    #[arg(long, default_value_t = 2_000)]
+    work_us: u64,
+    /// Turns the balancer's probation off (`SlowStart::with_probation(false)`) in every
+    /// strategy: a member reconnected after its connection broke takes its slow start's
+    /// share at once instead of one request first.
+    #[arg(long)]
+    no_probation: bool,
     /// Where to write the figures, created if needed [default: zones-figures/ in the
     /// lab's output folder, `target/steady-lab/` or $STEADY_LAB_OUT; `docs/figures` to
     /// regenerate the docs' figures].
@@ -66,6 +75,8 @@ struct Settings {
     phase: Duration,
     warmup: Duration,
     rate: f64,
+    work: Duration,
+    probation: bool,
 }
 
 impl ZonesArgs {
@@ -74,15 +85,20 @@ impl ZonesArgs {
             phase: Duration::from_secs(self.seconds),
             warmup: Duration::from_secs(2),
             rate: self.rate,
+            work: Duration::from_micros(self.work_us),
+            probation: !self.no_probation,
         };
         if self.quick {
-            s = Settings { phase: Duration::from_secs(3), warmup: Duration::from_secs(1), rate: 20.0 };
+            s = Settings { phase: Duration::from_secs(4), warmup: Duration::from_secs(1), rate: 10.0, ..s };
         }
         if !(2..=600).contains(&s.phase.as_secs()) {
             return Err("--seconds must be between 2 and 600".to_owned());
         }
         if !(s.rate.is_finite() && s.rate >= 1.0 && s.rate <= 5_000.0) {
             return Err("--rate must be between 1 and 5,000".to_owned());
+        }
+        if s.work > Duration::from_secs(1) {
+            return Err("--work-us must be at most 1,000,000".to_owned());
         }
         Ok(s)
     }
@@ -137,6 +153,10 @@ pub(crate) struct Outcome {
     pub(crate) requests: u64,
     /// Their share served by a backend in another zone than the frontend's.
     pub(crate) cross_zone: f64,
+    /// The same over the phase's second half (once slow start and backoffs are over).
+    pub(crate) cross_zone_second_half: f64,
+    /// The same in each second of the phase, the first included (NaN: no answer).
+    pub(crate) cross_zone_per_second: Vec<f64>,
     /// The lowest cross-zone share the phase's demand and capacity allow.
     pub(crate) lowest: Option<f64>,
     /// Requests of the busiest serving backend over the mean of the serving backends.
@@ -150,6 +170,9 @@ pub(crate) struct Outcome {
     pub(crate) cross_zone_connections: f64,
     /// The most connections to another zone one frontend had open at the phase's end.
     pub(crate) most_cross_zone_connections: usize,
+    /// Members on probation at the phase's end (all frontends): reconnected after a
+    /// broken connection, held back until a probe succeeds.
+    pub(crate) on_probation: usize,
     /// Connections opened in the phase by the frontends that were there before it, and
     /// by the frontends it started.
     pub(crate) opened: u64,
@@ -261,7 +284,7 @@ impl Fleet {
 }
 
 async fn experiment(s: &Settings) -> Result<Vec<Outcome>, Box<dyn std::error::Error>> {
-    let backends = Backends::start().await?;
+    let backends = Backends::start(s.work, s.probation).await?;
     let groups: Vec<Group> = Strategy::ALL
         .iter()
         .flat_map(|&strategy| Traffic::ALL.map(|traffic| (strategy, traffic)))
@@ -298,6 +321,7 @@ async fn experiment(s: &Settings) -> Result<Vec<Outcome>, Box<dyn std::error::Er
             Phase::FrontendsDoubled => fleet.grow(1, FRONTENDS[1] * 2)?,
             Phase::BackendsHalved => fleet.backends.resize(2, 2)?,
         }
+        eprintln!("#   change made in {} ms", started.elapsed().as_millis());
         tokio::time::sleep_until(started + s.phase).await;
         let count = fleet.backends.count();
         let serving: Vec<bool> = (0..count).map(|b| fleet.backends.serving(b)).collect();
@@ -308,8 +332,10 @@ async fn experiment(s: &Settings) -> Result<Vec<Outcome>, Box<dyn std::error::Er
             .collect();
         let lowest = lowest::lowest_cross_zone(&zones);
         for (g, before) in fleet.groups.iter().zip(&opened_before) {
-            let counts =
+            let mut counts =
                 g.recorder.lock().expect("not poisoned").phases().last().cloned().unwrap_or_default();
+            // Answers in the moment since the phase ended are not a second of it.
+            counts.per_second.truncate(s.phase.as_secs() as usize);
             outcomes.push(outcome(phase, g, &counts, before, &serving, lowest));
         }
     }
@@ -339,6 +365,21 @@ fn outcome(
     let live: Vec<u64> = per_backend.iter().zip(serving).filter(|(_, &s)| s).map(|(&n, _)| n).collect();
     let mean = live.iter().sum::<u64>() as f64 / live.len().max(1) as f64;
     let busiest = live.iter().copied().max().unwrap_or(0) as f64;
+    let share = |s: &[[u64; 2]]| {
+        let (crossed, answered) = s.iter().fold((0, 0), |(c, a), x| (c + x[0], a + x[1]));
+        if answered == 0 {
+            f64::NAN
+        } else {
+            crossed as f64 / answered as f64
+        }
+    };
+    let half = counts.per_second.len() / 2;
+    let on_probation = group
+        .frontends
+        .iter()
+        .flat_map(|f| f.channel.stats().members)
+        .filter(|m| matches!(m.state, MemberState::Probation { .. }))
+        .count();
     let connections: Vec<(u64, usize)> = group.frontends.iter().map(|f| group.connections(f)).collect();
     let n = connections.len().max(1) as f64;
     let opened_now: Vec<u64> = group.frontends.iter().map(|f| f.channel.stats().connections_opened).collect();
@@ -350,6 +391,8 @@ fn outcome(
         traffic: group.traffic,
         requests,
         cross_zone: if requests == 0 { f64::NAN } else { crossed as f64 / requests as f64 },
+        cross_zone_second_half: share(&counts.per_second[half..]),
+        cross_zone_per_second: counts.per_second.iter().map(|s| share(std::slice::from_ref(s))).collect(),
         lowest,
         busiest_over_mean: if mean > 0.0 { busiest / mean } else { f64::NAN },
         failed: counts.failed,
@@ -357,6 +400,7 @@ fn outcome(
         connections: connections.iter().map(|c| c.0 as f64).sum::<f64>() / n,
         cross_zone_connections: connections.iter().map(|c| c.1 as f64).sum::<f64>() / n,
         most_cross_zone_connections: connections.iter().map(|c| c.1).max().unwrap_or(0),
+        on_probation,
         opened,
         opened_by_new,
         per_backend,

@@ -42,12 +42,14 @@ fn label(o: &Outcome) -> String {
 pub(super) fn print(out: &mut impl Write, s: &Settings, outcomes: &[Outcome]) -> LabResult {
     writeln!(
         out,
-        "# steady-lab zones: zones {}, {} backends each, frontends 6/3/3, {} req/s per frontend (open loop), k = {}; {} s per phase, the first left out of the shares",
+        "# steady-lab zones: zones {}, {} backends each ({} µs per request), frontends 6/3/3, {} req/s per frontend (open loop), k = {}; {} s per phase, the first left out of the shares{}",
         ZONES.join("/"),
         BACKENDS_PER_ZONE,
+        s.work.as_micros(),
         s.rate,
         SUBSET_SIZE,
-        s.phase.as_secs()
+        s.phase.as_secs(),
+        if s.probation { "" } else { "; probation off" }
     )?;
     for (n, phase) in Phase::ALL.into_iter().enumerate() {
         let rows: Vec<&Outcome> = outcomes.iter().filter(|o| o.phase == phase).collect();
@@ -62,17 +64,18 @@ pub(super) fn print(out: &mut impl Write, s: &Settings, outcomes: &[Outcome]) ->
         )?;
         writeln!(
             out,
-            "| strategy | traffic | requests | cross-zone % | lowest % | busiest / mean | failed | failed after 1 s | connections / frontend | cross-zone connections / frontend (most) | opened (by new frontends) |"
+            "| strategy | traffic | requests | cross-zone % | 2nd half | lowest % | busiest / mean | failed | failed after 1 s | connections / frontend | cross-zone connections / frontend (most) | opened (by new frontends) |"
         )?;
-        writeln!(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+        writeln!(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
         for o in rows {
             writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {:.2} | {} | {} | {:.1} | {:.1} ({}) | {} ({}) |",
+                "| {} | {} | {} | {} | {} | {} | {:.2} | {} | {} | {:.1} | {:.1} ({}) | {} ({}) |",
                 o.strategy.name(),
                 o.traffic.name(),
                 o.requests,
                 percent(o.cross_zone),
+                percent(o.cross_zone_second_half),
                 o.lowest.map_or("-".to_owned(), percent),
                 o.busiest_over_mean,
                 o.failed,
@@ -83,6 +86,14 @@ pub(super) fn print(out: &mut impl Write, s: &Settings, outcomes: &[Outcome]) ->
                 o.opened,
                 o.opened_by_new
             )?;
+        }
+        let held: Vec<String> = outcomes
+            .iter()
+            .filter(|o| o.phase == phase && o.on_probation > 0)
+            .map(|o| format!("{} {}", label(o), o.on_probation))
+            .collect();
+        if !held.is_empty() {
+            writeln!(out, "# members on probation at the phase's end: {}", held.join(", "))?;
         }
     }
     Ok(())
@@ -101,15 +112,17 @@ pub(super) fn draw(dir: &Path, outcomes: &[Outcome]) -> DrawResult<Vec<PathBuf>>
     Ok(files)
 }
 
-/// Left: each row's cross-zone share against the lowest possible (the dashed line).
-/// Right: each backend's requests over the mean of the serving backends.
+/// Top left: each row's cross-zone share against the lowest possible (the dashed
+/// line); top right: the same second by second; below: each backend's requests over the
+/// mean of the serving backends.
 fn phase_figure(dir: &Path, n: usize, phase: Phase, rows: &[&Outcome]) -> DrawResult<PathBuf> {
     let path = dir.join(phase.figure());
-    let root = SVGBackend::new(&path, (1400, 560)).into_drawing_area();
+    let root = SVGBackend::new(&path, (1400, 1000)).into_drawing_area();
     root.fill(&WHITE)?;
     let (top, body) = root.split_vertically(36);
     top.titled(&format!("{n}. {}", phase.describe()), CAPTION)?;
-    let (left, right) = body.split_horizontally(560);
+    let (upper, right) = body.split_vertically(500);
+    let (left, middle) = upper.split_horizontally(600);
 
     // Cross-zone share, one bar per row.
     let bars = rows.len() as f64;
@@ -146,6 +159,37 @@ fn phase_figure(dir: &Path, n: usize, phase: Phase, rows: &[&Outcome]) -> DrawRe
         ))?;
     }
     legend(&mut chart, SeriesLabelPosition::UpperRight)?;
+
+    // Second by second.
+    let seconds = rows.iter().map(|o| o.cross_zone_per_second.len()).max().unwrap_or(1).max(2) as f64;
+    let mut chart = ChartBuilder::on(&middle)
+        .caption("Cross-zone share in each second of the phase, %", FONT)
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d(1.0..seconds, 0.0..100.0)?;
+    chart
+        .configure_mesh()
+        .x_desc("second of the phase")
+        .y_desc("cross-zone requests, %")
+        .label_style(FONT)
+        .x_label_formatter(&tick)
+        .y_label_formatter(&tick)
+        .draw()?;
+    if let Some(lowest) = rows[0].lowest {
+        let y = lowest * 100.0;
+        chart.draw_series(DashedLineSeries::new([(1.0, y), (seconds, y)], 8, 5, BLACK.stroke_width(2)))?;
+    }
+    for o in rows {
+        let c = colour(o.strategy, o.traffic);
+        let points = o
+            .cross_zone_per_second
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.is_finite())
+            .map(|(t, s)| ((t + 1) as f64, s * 100.0));
+        chart.draw_series(LineSeries::new(points, c.stroke_width(3)))?;
+    }
 
     // Requests per backend over the mean of the serving ones.
     let backends = rows[0].per_backend.len();

@@ -1,0 +1,89 @@
+//! `steady-lab zones --quick`, the zones experiment shortened, run as a user runs it. It
+//! asserts what holds whatever the machine's speed (the margins are wide: a quick run
+//! answers about 360 requests per strategy and phase after its first second):
+//!
+//! * one channel per zone never crosses a zone, and fails zone a's requests while zone
+//!   a's backends are down (it has nowhere to spill);
+//! * zone-unaware Rocksteadier sends most requests across zones (about two thirds),
+//!   far above the lowest possible;
+//! * zone-aware routing keeps unkeyed traffic within a few points of the lowest possible
+//!   cross-zone share in the steady state, fails nothing after the first second of zone
+//!   a's outage, and holds no cross-zone connection once nothing needs to spill (backends
+//!   4/4/2 for frontends 6/6/3).
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn row<'a>(rows: &'a [Value], phase: &str, strategy: &str, traffic: &str) -> &'a Value {
+    rows.iter()
+        .find(|o| o["phase"] == phase && o["strategy"] == strategy && o["traffic"] == traffic)
+        .unwrap_or_else(|| panic!("no row for {phase} / {strategy} / {traffic}"))
+}
+
+#[test]
+fn zone_aware_routing_stays_local_and_spills_what_it_must_where_the_alternatives_cannot() {
+    let dir = std::env::temp_dir().join(format!("steady-lab-zones-{}", std::process::id()));
+    let json = dir.join("zones.json");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_steady-lab"))
+        .args(["zones", "--quick", "--figures"])
+        .arg(&dir)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("steady-lab runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(rows.len(), 5 * 3 * 2, "five phases, three strategies, two kinds of traffic:\n{text}");
+    let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
+    let lowest = |phase: &str| f(&row(&rows, phase, "zone-unaware", "unkeyed")["lowest"]);
+    assert!((lowest("steady") - 1.0 / 6.0).abs() < 1e-9);
+    assert!((lowest("zone-down") - 0.5).abs() < 1e-9);
+    assert!(lowest("backends-halved").abs() < 1e-9);
+
+    for o in &rows {
+        assert!(o["requests"].as_u64().unwrap() > 100, "hardly ran: {o}\n{text}");
+        if o["strategy"] == "per-zone" {
+            assert_eq!(f(&o["cross_zone"]), 0.0, "one channel per zone crossed a zone: {o}");
+        }
+    }
+    for traffic in ["unkeyed", "keyed"] {
+        // Zone a's frontends (half of them) have no backend left and nowhere to spill.
+        let down = row(&rows, "zone-down", "per-zone", traffic);
+        assert!(down["failed_after_first_second"].as_u64().unwrap() > 100, "{down}\n{text}");
+        // About two thirds cross without zones, against 16.7% possible.
+        let unaware = row(&rows, "steady", "zone-unaware", traffic);
+        assert!(f(&unaware["cross_zone"]) > 0.5, "{unaware}\n{text}");
+        // Zone-aware: nothing fails once the outage is seen.
+        let aware = row(&rows, "zone-down", "zone-aware", traffic);
+        assert_eq!(aware["failed_after_first_second"], 0, "{aware}\n{text}");
+        assert!(f(&aware["cross_zone"]) > 0.45, "zone a's demand spilled: {aware}\n{text}");
+        // Backends 4/4/2 for frontends 6/6/3: every zone's demand fits its capacity.
+        let fits = row(&rows, "backends-halved", "zone-aware", traffic);
+        assert_eq!(f(&fits["cross_zone_connections"]), 0.0, "{fits}\n{text}");
+        assert!(f(&fits["cross_zone"]) < 0.02, "{fits}\n{text}");
+    }
+    // Unkeyed zone-aware traffic spills zone a's excess and no more.
+    let steady = row(&rows, "steady", "zone-aware", "unkeyed");
+    assert!((f(&steady["cross_zone"]) - 1.0 / 6.0).abs() < 0.07, "{steady}\n{text}");
+    for n in 1..=5 {
+        let name = ["steady", "zone-down", "zone-back", "frontends-doubled", "backends-halved"][n - 1];
+        let svg = std::fs::read_to_string(dir.join(format!("zones-{n}-{name}.svg"))).unwrap_or_default();
+        assert!(svg.contains("<svg") && svg.contains("zone-aware"), "figure {n} was not drawn");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn settings_it_cannot_run_with_are_refused_in_one_line() {
+    for args in [&["--seconds", "1"][..], &["--rate", "0"], &["--rate", "NaN"], &["--work-us", "2000000"]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_steady-lab")).arg("zones").args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(out.stdout.is_empty(), "{args:?} printed a table");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("steady-lab: --"), "{args:?}: {err}");
+    }
+}
