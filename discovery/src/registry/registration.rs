@@ -296,7 +296,7 @@ impl Registry {
     /// Both are authoritative: keys already there are overwritten. For a StatefulSet per
     /// zone, the zone index is the pod's ordinal and the job index is
     /// `ordinal × zones + the zone's position` (the DNS source's convention, see
-    /// [`DnsConfig::zoned`](crate::dns::DnsConfig::zoned)).
+    /// `dns::DnsConfig::zoned`).
     ///
     /// # Errors
     ///
