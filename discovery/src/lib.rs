@@ -105,4 +105,4 @@ pub mod registry;
 mod source;
 
 pub use source::Discovery;
-pub use steady_core::{JobView, Locality, Task, TaskState, Zone, ZoneError, ZoneSizes};
+pub use steady_core::{JobView, Locality, Task, TaskState, Zone, ZoneError};

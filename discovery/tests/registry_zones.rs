@@ -10,9 +10,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use steady_core::ZoneSizes;
 use steady_discovery::identity::Origin;
 use steady_discovery::registry::{self, Registration, Registry, RegistryConfig, RegistryError};
-use steady_discovery::{JobView, Locality, TaskState, Zone, ZoneSizes};
+use steady_discovery::{JobView, Locality, TaskState, Zone};
 use steady_testing::{within, Etcd};
 use tokio::sync::watch;
 
