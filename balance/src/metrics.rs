@@ -76,9 +76,29 @@ pub(crate) fn register(o: &Observed<BalanceStats>) {
         "Members ejected by the consecutive-failure detector",
         |s| s.outlier_ejections_consecutive,
     )
-    .gauge("steady.lb.subset.size", "{backend}", "Backends the subset wants (k, or fewer in a smaller job)", |s| {
-        s.subset.len() as f64
-    })
+    .gauge(
+        "steady.lb.subset.size",
+        "{backend}",
+        "Backends the subset wants (k, or fewer in a smaller job), with the subsets of the zones requests spill to",
+        |s| s.subset.len() as f64,
+    )
+    .gauge(
+        "steady.lb.zone.local_share",
+        "1",
+        "The share of unkeyed requests kept in the balancer's zone (1 unless a zone-aware balancer spills)",
+        |s| f64::from(s.local_share_ppm) / 1e6,
+    )
+    .gauges(
+        "steady.lb.zone.spill_share",
+        "1",
+        "The share of unkeyed requests spilled to each other zone (at most 8 zones at a time)",
+        |s| {
+            s.spill
+                .iter()
+                .map(|z| (vec![KeyValue::new("steady.zone", z.zone.to_string())], f64::from(z.share_ppm) / 1e6))
+                .collect()
+        },
+    )
     .gauges(
         "steady.lb.members",
         "{backend}",

@@ -247,7 +247,7 @@ impl<S, K, C> Balance<S, K, C> {
     /// zone has now: each zone's share of the demand, which decides how much of this
     /// frontend's traffic stays in its zone. A frontend following its own job's view
     /// (the registry's) passes `view.zone_sizes()` on every change. Without zone routing
-    /// it is kept and has no effect.
+    /// it has no effect.
     pub fn set_frontend_zones(&self, frontends: ZoneSizes) {
         let _ = self.commands.send(Command::SetFrontendZones(frontends));
     }

@@ -10,7 +10,11 @@
 //!   the baseline for Peak EWMA);
 //! * `steady` — `steady_balance::Balance` with k = N (every endpoint a member), default
 //!   configuration; `steady_inflight` and `steady_ewma` the same with the load signal
-//!   pinned to requests in flight and to Peak EWMA (`Load::peak_ewma()`).
+//!   pinned to requests in flight and to Peak EWMA (`Load::peak_ewma()`);
+//! * `steady_zones` — zone-aware (`BalanceConfig::with_zones`): three zones of N backends,
+//!   one frontend each, so nothing spills (target: within 5% of `steady`);
+//!   `steady_spill` the same with frontends 6/3/3, so a third of the requests spill to
+//!   the other two zones (each request draws its zone, then picks there).
 //!
 //! Target: steady at least 3x faster than tower's p2c over the same load signal at every N
 //! (the figures: `docs/benchmarks.md#the-balancers-pick`). Ratios: `cargo run --release -p
@@ -25,7 +29,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use steady_balance::{Balance, BalanceConfig, JobView, Load};
+use steady_balance::{Balance, BalanceConfig, JobView, Load, Locality, Zone, ZoneRouting, ZoneSizes};
 use steady_subset::{Algorithm, Subsetting};
 use tokio::runtime::Runtime;
 use tokio::sync::watch;
@@ -108,8 +112,39 @@ fn pick(c: &mut Criterion) {
                 b.iter_custom(|iters| rt.block_on(drive(&mut balance, iters)));
             });
         }
+        for (name, frontends) in [("steady_zones", [1, 1, 1]), ("steady_spill", [6, 3, 3])] {
+            group.bench_with_input(BenchmarkId::new(name, n), &n, |b, &n| {
+                let mut balance = rt.block_on(zone_aware(n, frontends));
+                b.iter_custom(|iters| rt.block_on(drive(&mut balance, iters)));
+            });
+        }
     }
     group.finish();
+}
+
+/// A zone-aware balancer in zone `z0` of three zones of `n` backends each, with
+/// `frontends` per zone, once every member it wants is connected.
+async fn zone_aware(
+    n: usize,
+    frontends: [usize; 3],
+) -> Balance<impl Service<u64, Response = u64, Error = Infallible> + Clone + Send + Sync + 'static> {
+    let zones: Vec<Zone> = (0..3).map(|z| Zone::new(&format!("z{z}")).unwrap()).collect();
+    let view = (0..3 * n).fold(JobView::serving(0..3 * n), |view, t| {
+        view.with_locality(t, Locality::new(zones[t / n].clone(), t % n))
+    });
+    let sizes: ZoneSizes = zones.iter().cloned().zip(frontends).collect();
+    let config = BalanceConfig::new(0, n).with_zones(ZoneRouting::new(zones[0].clone(), sizes));
+    let connect = service_fn(|_task: usize| async { Ok::<_, Infallible>(endpoint()) });
+    let (_views, rx) = watch::channel(view);
+    let balance = Balance::new(config, connect, WatchStream::new(rx)).unwrap();
+    let spills = frontends[0] * 3 > frontends.iter().sum::<usize>();
+    let wanted = if spills { 3 * n } else { n };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while balance.stats().members.len() < wanted {
+        assert!(Instant::now() < deadline, "the zone-aware balancer never connected its members");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    balance
 }
 
 fn resize(c: &mut Criterion) {

@@ -47,6 +47,44 @@
 //! # }
 //! ```
 //!
+//! # Zones
+//!
+//! Every source can say which zone each task is in ([`Task::locality`]: the zone and the
+//! task's index within it): the registry's records (`zone=<zone>/<zone-index>`, claimed
+//! race-free with `registry::Registry::claim_in_zone`), [`Discovery::fixed_in_zones`], and
+//! `dns::DnsConfig::zoned` (one name per zone). A frontend's own zone comes from
+//! [`identity::resolve_zone`] (`STEADY_ZONE` by convention) or the registry's zoned
+//! claim, and its [`identity::Identity::index`] is then its index within the zone. A
+//! zone-aware frontend keeps its balancer told of its own job's zone sizes:
+//!
+//! ```no_run
+//! # async fn zoned() -> Result<(), Box<dyn std::error::Error>> {
+//! use steady_balance::{BalanceConfig, ZoneRouting};
+//! use steady_discovery::identity::{self, ZoneSource};
+//! use steady_discovery::registry::{self, Registry, RegistryConfig};
+//! use steady_tonic::SteadyChannel;
+//!
+//! let etcd = Registry::connect(RegistryConfig::new(["http://etcd:2379"])).await?;
+//! let zone = identity::resolve_zone(&[ZoneSource::env()])?.ok_or("STEADY_ZONE is not set")?;
+//! let me = etcd.claim_index_in_zone("web-frontends", &zone, "frontend-pod-a").await?;
+//! let frontends = registry::watch_job(&etcd, "web-frontends").await?;
+//! let backends = registry::watch_job(&etcd, "api").await?;
+//! let routing = ZoneRouting::new(zone, frontends.current().zone_sizes());
+//! let config = BalanceConfig::new(me.index(), 10).with_zones(routing);
+//! let channel = SteadyChannel::builder(config).from_addresses(backends.views())?;
+//! // Every change of the frontend job's zone sizes reaches the balancer.
+//! let (mut views, follower) = (frontends.views(), channel.clone());
+//! tokio::spawn(async move {
+//!     while views.changed().await.is_ok() {
+//!         let sizes = views.borrow_and_update().zone_sizes();
+//!         follower.set_frontend_zones(sizes);
+//!     }
+//! });
+//! # drop((me, frontends, channel));
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Dependencies
 //!
 //! `steady-core` (for [`JobView`]), `steady-subset` (for [`identity`]'s algorithm
@@ -67,4 +105,4 @@ pub mod registry;
 mod source;
 
 pub use source::Discovery;
-pub use steady_core::{JobView, Locality, Task, TaskState, Zone};
+pub use steady_core::{JobView, Locality, Task, TaskState, Zone, ZoneError};

@@ -23,7 +23,7 @@ use hickory_server::authority::{AuthorityObject, Catalog, ZoneType};
 use hickory_server::store::in_memory::InMemoryAuthority;
 use hickory_server::ServerFuture;
 use steady_discovery::dns::{self, DnsConfig, DnsCounters, DnsError, IndexRule};
-use steady_discovery::{Discovery, JobView};
+use steady_discovery::{Discovery, JobView, Zone};
 use steady_testing::holds_within;
 use tokio::net::{TcpListener, UdpSocket};
 use tokio::time::{timeout, Instant};
@@ -117,13 +117,47 @@ impl ZoneServer {
         }
     }
 
+    /// The zone publishes, for each `(zone, pods)`, a headless service
+    /// `web-<zone>.<SERVICE>` with ready pods `web-<zone>-<i>` (a StatefulSet per zone);
+    /// everything else is replaced. Pod `i` of the zone at position `z` is at
+    /// [`zoned_pod_ip`]`(z, i)`.
+    async fn publish_zones(&self, zones: &[(&str, &[usize])]) {
+        let mut records = Vec::new();
+        for (z, &(zone, pods)) in zones.iter().enumerate() {
+            let service = name(&format!("web-{zone}.{SERVICE}"));
+            for &i in pods {
+                let host = name(&format!("web-{zone}-{i}.web-{zone}.{SERVICE}"));
+                records.push(Record::from_rdata(
+                    service.clone(),
+                    5,
+                    RData::SRV(SRV::new(0, 100, 8080, host.clone())),
+                ));
+                records.push(Record::from_rdata(host, 5, RData::A(A(zoned_pod_ip(z, i)))));
+            }
+        }
+        self.zone.records_mut().await.retain(|key, _| key.record_type == RecordType::SOA);
+        for record in records {
+            assert!(self.zone.upsert(record, 1).await);
+        }
+    }
+
     fn config(&self) -> DnsConfig {
-        DnsConfig::new(SERVICE, 50051)
+        self.tuned(DnsConfig::new(SERVICE, 50051))
+    }
+
+    /// `config` against this server, re-resolving every period, failing fast.
+    fn tuned(&self, config: DnsConfig) -> DnsConfig {
+        config
             .nameservers([self.address])
             .period(PERIOD)
             // A dead server fails a round fast rather than after the 2 s × 2 default.
             .timeout(Duration::from_millis(150), 1)
     }
+}
+
+/// The address of pod `i` of the zone at position `z` in [`ZoneServer::publish_zones`].
+fn zoned_pod_ip(z: usize, i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 2 + z as u8, 0, i as u8 + 1)
 }
 
 /// Task addresses by index, `None` for a hole.
@@ -296,4 +330,72 @@ async fn a_first_resolution_that_fails_or_finds_nothing_is_the_callers_error() {
     server.stop().await;
     let error = dns::discover(config).await.unwrap_err();
     assert!(matches!(error, DnsError::Resolve { .. }), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_name_per_zone_interleaves_the_zones_and_resizing_one_renumbers_nobody() {
+    let server = ZoneServer::start().await;
+    let labels = ["a", "b", "c"];
+    server.publish_zones(&[("a", &[0, 1]), ("b", &[0, 1, 2]), ("c", &[0])]).await;
+    let zones: Vec<(Zone, String)> = labels
+        .iter()
+        .map(|z| (Zone::new(&format!("zone-{z}")).unwrap(), format!("web-{z}.{SERVICE}")))
+        .collect();
+    let counters = DnsCounters::default();
+    let discovery =
+        dns::discover(server.tuned(DnsConfig::zoned(zones.clone(), 50051)).counters(counters.clone()))
+            .await
+            .unwrap();
+    // Task o × 3 + p, at (zone p, o).
+    let placed = |v: &JobView<String>| -> Vec<(usize, String, usize, String)> {
+        v.tasks
+            .iter()
+            .map(|(&i, t)| {
+                let l = t.locality.as_ref().expect("every task has a zone");
+                (i, l.zone.to_string(), l.index, t.address.clone())
+            })
+            .collect()
+    };
+    let at = |i: usize, z: usize, o: usize| {
+        (i, format!("zone-{}", labels[z]), o, format!("{}:50051", zoned_pod_ip(z, o)))
+    };
+    let first = discovery.current();
+    assert_eq!(
+        placed(&first),
+        [at(0, 0, 0), at(1, 1, 0), at(2, 2, 0), at(3, 0, 1), at(4, 1, 1), at(7, 1, 2)]
+    );
+    assert_eq!(first.size, 8);
+    let sizes = first.zone_sizes();
+    assert_eq!((sizes.get(&zones[0].0), sizes.get(&zones[1].0), sizes.get(&zones[2].0)), (2, 3, 1));
+
+    // Zone c grows to three pods and zone b loses pod 1: only their own tasks change.
+    server.publish_zones(&[("a", &[0, 1]), ("b", &[0, 2]), ("c", &[0, 1, 2])]).await;
+    let took = until(&discovery, |v| v.zone_sizes().get(&zones[2].0) == 3 && !v.tasks.contains_key(&4)).await;
+    eprintln!("dns: a zone resized: in the view after {took:?} (period {PERIOD:?})");
+    let after = discovery.current();
+    for (i, task) in first.tasks.iter() {
+        if *i != 4 {
+            assert_eq!(after.tasks.get(i), Some(task), "task {i} moved");
+        }
+    }
+    assert_eq!(
+        placed(&after).into_iter().filter(|t| t.1 == "zone-c").collect::<Vec<_>>(),
+        [at(2, 2, 0), at(5, 2, 1), at(8, 2, 2)]
+    );
+
+    // A zone whose name answers nothing keeps its last tasks (counted).
+    server.publish_zones(&[("a", &[0, 1]), ("b", &[]), ("c", &[0, 1, 2])]).await;
+    let empty_before = counters.snapshot().empty_answers;
+    // Two rounds with zone b empty: the first one's view, if any, is published by then.
+    let two_rounds = holds_within(PATIENCE, || counters.snapshot().empty_answers >= empty_before + 2).await;
+    assert!(two_rounds, "zone b's empty answers are counted");
+    assert_eq!(discovery.current(), after, "zone b kept its tasks");
+
+    // A bad configuration is refused.
+    let twice = DnsConfig::zoned([zones[0].clone(), zones[0].clone()], 50051);
+    assert!(matches!(dns::discover(server.tuned(twice)).await, Err(DnsError::InvalidConfig { .. })));
+    let by_address = DnsConfig::zoned(zones, 50051).index_rule(IndexRule::SortedAddresses);
+    assert!(matches!(dns::discover(server.tuned(by_address)).await, Err(DnsError::InvalidConfig { .. })));
+    let none = DnsConfig::zoned(Vec::<(Zone, String)>::new(), 50051);
+    assert!(matches!(dns::discover(server.tuned(none)).await, Err(DnsError::InvalidConfig { .. })));
 }

@@ -673,6 +673,7 @@ fn a_crate_re_exports_another_s_type_only_where_its_own_api_takes_or_returns_it(
                 "steady_core::Task",
                 "steady_core::TaskState",
                 "steady_core::Zone",
+                "steady_core::ZoneError",
                 "steady_etcd::ConnectError",
                 "steady_etcd::EtcdAccess",
                 "steady_etcd::EtcdTls",

@@ -6,7 +6,7 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
-use steady_balance::{Balance, BalanceConfig};
+use steady_balance::{Balance, BalanceConfig, JobView, Locality, Zone, ZoneRouting, ZoneSizes};
 use steady_slicer_server::status::MetricsRegistry;
 use steady_testing::holds_within;
 use steady_testing::wait::PATIENCE;
@@ -55,6 +55,34 @@ async fn a_balancer_s_series_follow_its_members_and_requests_and_end_with_it() {
     drop(balance);
     let ended = holds_within(PATIENCE, || !registry.render().contains("grpc_target=\"users\"")).await;
     assert!(ended, "a dropped balancer still reports: {}", registry.render());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zone_aware_balancer_reports_what_it_keeps_in_its_zone_and_spills_to_each_other() {
+    let registry = MetricsRegistry::new();
+    let connect = service_fn(|_address: String| async {
+        Ok::<_, Infallible>(service_fn(|req: u64| std::future::ready(Ok::<_, Infallible>(req))))
+    });
+    // Two zones of two backends; frontends 3/1: zone a keeps two thirds and spills a third.
+    let (a, b) = (Zone::new("a").unwrap(), Zone::new("b").unwrap());
+    let view = JobView::serving((0..4).map(|i| format!("10.0.0.{i}:80")))
+        .with_locality(0, Locality::new(a.clone(), 0))
+        .with_locality(1, Locality::new(a.clone(), 1))
+        .with_locality(2, Locality::new(b.clone(), 0))
+        .with_locality(3, Locality::new(b.clone(), 1));
+    let frontends = ZoneSizes::new().with(a.clone(), 3).with(b, 1);
+    let config = BalanceConfig::new(0, 2).with_zones(ZoneRouting::new(a, frontends));
+    let balance = Balance::new(config, connect, tokio_stream::iter([view])).unwrap();
+    balance.observe_metrics(&registry.meter(), "users");
+    let spilling =
+        holds_within(PATIENCE, || balance.stats().spill.first().is_some_and(|z| z.members.len() == 2)).await;
+    assert!(spilling, "{:?}", balance.stats());
+    let text = registry.render();
+    let local = sample(&text, "steady_lb_zone_local_share{grpc_target=\"users\"}").unwrap();
+    assert!((local - 2.0 / 3.0).abs() < 1e-6, "{text}");
+    let spilled =
+        sample(&text, "steady_lb_zone_spill_share{grpc_target=\"users\",steady_zone=\"b\"}").unwrap();
+    assert!((spilled - 1.0 / 3.0).abs() < 1e-6, "{text}");
 }
 
 #[test]

@@ -275,17 +275,11 @@ where
             let group = self.plan_group(order, view.size, view, &is_out, &|_| true, config);
             return Some(Subset { group, spill: Vec::new(), local_share: 1.0 });
         };
-        // Each zone's order, over its zone indices, read as job indices.
-        let zone_order = |zone: &ZoneView| {
-            let tasks = zone.tasks.clone();
-            let k = config.subset_size.min(zone.size);
-            candidate_order(&config.algorithm, config.frontend, zone.size, k)
-                .filter_map(move |i| tasks.get(&i).copied())
-        };
         let empty = ZoneView::default();
         let local_zone = zones.get(&routing.zone).unwrap_or(&empty);
         let local = |task: usize| view.zone_of(task) == Some(&routing.zone);
-        let group = self.plan_group(zone_order(local_zone), local_zone.size, view, &is_out, &local, config);
+        let group =
+            self.plan_group(zone_order(config, local_zone), local_zone.size, view, &is_out, &local, config);
         // What each zone can take: its serving backends not known to be out. The local
         // zone counts as down when too little of its subset is usable.
         let mut capacity: BTreeMap<Zone, usize> = zones
@@ -308,7 +302,7 @@ where
         for (zone, share) in shares.remote {
             let Some(z) = zones.get(&zone) else { continue };
             let in_zone = |task: usize| view.zone_of(task) == Some(&zone);
-            let group = self.plan_group(zone_order(z), z.size, view, &is_out, &in_zone, config);
+            let group = self.plan_group(zone_order(config, z), z.size, view, &is_out, &in_zone, config);
             spill.push(SpillGroup { zone, share, tasks: group.tasks });
         }
         Some(Subset { group, spill, local_share: shares.local })
@@ -468,6 +462,14 @@ where
         self.attempts.start(task, attempt, address);
         attempt
     }
+}
+
+/// The frontend's order over `zone` (its index against the zone's size), read as job
+/// indices; zone indices without a task are skipped.
+fn zone_order<'z>(config: &BalanceConfig, zone: &'z ZoneView) -> impl Iterator<Item = usize> + 'z {
+    let k = config.subset_size.min(zone.size);
+    candidate_order(&config.algorithm, config.frontend, zone.size, k)
+        .filter_map(|i| zone.tasks.get(&i).copied())
 }
 
 /// Where requests may reach `task`: serving, or draining too when keyed requests may go

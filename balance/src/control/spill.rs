@@ -15,6 +15,11 @@ use std::collections::BTreeMap;
 
 use steady_core::{Zone, ZoneSizes};
 
+/// The most zones one frontend spills to at a time: each costs a subset of connections,
+/// so a fleet of many small zones could otherwise make one frontend connect to all of
+/// them. Past it, the zones with the largest shares take the spill, shares rescaled.
+pub(crate) const MAX_SPILL_ZONES: usize = 8;
+
 /// Where a frontend's unkeyed requests go.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Shares {
@@ -68,15 +73,18 @@ pub(crate) fn shares(local: &Zone, demand: &ZoneSizes, capacity: &BTreeMap<Zone,
     } else {
         capacity.keys().filter(|z| *z != local).map(|z| (z.clone(), capacity_share(z))).collect()
     };
-    let total_weight: f64 = weights.iter().map(|(_, w)| w).sum();
-    if total_weight <= 0.0 {
+    if weights.iter().all(|(_, w)| *w <= 0.0) {
         return Shares::all_local();
     }
-    let remote = weights
-        .into_iter()
-        .filter(|(_, w)| *w > 0.0)
-        .map(|(zone, w)| (zone, (1.0 - kept) * w / total_weight))
-        .collect();
+    let mut weights: Vec<(Zone, f64)> = weights.into_iter().filter(|(_, w)| *w > 0.0).collect();
+    if weights.len() > MAX_SPILL_ZONES {
+        // The largest first (ties by label, so every frontend agrees), then by label.
+        weights.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        weights.truncate(MAX_SPILL_ZONES);
+        weights.sort_by(|a, b| a.0.cmp(&b.0));
+    }
+    let total_weight: f64 = weights.iter().map(|(_, w)| w).sum();
+    let remote = weights.into_iter().map(|(zone, w)| (zone, (1.0 - kept) * w / total_weight)).collect();
     Shares { local: kept, remote }
 }
 
@@ -132,9 +140,27 @@ mod tests {
         assert_eq!(shares(&zone(0), &demand, &capacity(&[1, 2])), Shares::all_local());
     }
 
+    #[test]
+    fn a_frontend_spills_to_at_most_a_few_zones_the_largest_surpluses_first() {
+        // One zone of 10 frontends and no backend; 12 zones of one backend and no
+        // frontend, and zone 13 with 5 backends: the largest surplus and 7 of the others.
+        let mut f = vec![0; 14];
+        f[0] = 10;
+        let mut b = vec![1; 14];
+        b[0] = 0;
+        b[13] = 5;
+        let s = shares(&zone(0), &sizes(&f), &capacity(&b));
+        assert_eq!(s.remote.len(), MAX_SPILL_ZONES);
+        assert!(s.remote.iter().any(|(z, _)| *z == zone(13)));
+        let sum: f64 = s.remote.iter().map(|(_, x)| x).sum();
+        assert!((sum - 1.0).abs() < 1e-12 && s.local == 0.0, "{s:?}");
+        let big = s.remote.iter().find(|(z, _)| *z == zone(13)).unwrap().1;
+        assert!((big - 5.0 / 12.0).abs() < 1e-12, "{s:?}");
+    }
+
     /// Per zone: (frontends, usable backends).
     fn fleets() -> impl Strategy<Value = Vec<(usize, usize)>> {
-        prop::collection::vec((0usize..50, 0usize..50), 1..6)
+        prop::collection::vec((0usize..50, 0usize..50), 1..=MAX_SPILL_ZONES)
             .prop_filter("some frontend and some backend", |z| {
                 z.iter().any(|&(f, _)| f > 0) && z.iter().any(|&(_, b)| b > 0)
             })

@@ -73,8 +73,9 @@ impl<S> Spill<S> {
 
     /// Picks for one unkeyed request: the pool its draw falls in, then power of two
     /// choices there; when that pool has no ready member, any pool that has one (the
-    /// local one first).
-    #[inline]
+    /// local one first). Kept out of line: the table's pick, which every request of every
+    /// balancer runs, stays as small as without zones.
+    #[inline(never)]
     pub(crate) fn pick<'a>(
         &'a self,
         local: &'a [Arc<Endpoint<S>>],

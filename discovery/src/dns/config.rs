@@ -3,6 +3,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use steady_core::Zone;
+
 use super::DnsCounters;
 
 /// How a DNS answer becomes task indices.
@@ -49,6 +51,8 @@ pub enum IndexRule {
 #[derive(Debug, Clone)]
 pub struct DnsConfig {
     pub(super) name: String,
+    /// In zones: each zone and its name, in the configured order (empty: one name).
+    pub(super) zones: Vec<(Zone, String)>,
     pub(super) port: u16,
     pub(super) port_name: Option<String>,
     pub(super) rule: IndexRule,
@@ -71,6 +75,7 @@ impl DnsConfig {
     pub fn new(name: impl Into<String>, port: u16) -> Self {
         Self {
             name: name.into(),
+            zones: Vec::new(),
             port,
             port_name: None,
             rule: IndexRule::default(),
@@ -81,6 +86,56 @@ impl DnsConfig {
             max_tasks: Self::DEFAULT_MAX_TASKS,
             counters: DnsCounters::default(),
         }
+    }
+
+    /// One name per zone, each resolved by [`IndexRule::Ordinals`] (a StatefulSet and
+    /// headless service per zone, say `web-us-east1-b.prod.svc.cluster.local.`); tasks
+    /// listen on `port`. The other settings apply to every name.
+    ///
+    /// # Numbering (a convention)
+    ///
+    /// With `Z` zones, the pod of ordinal `o` behind the name of the zone at position `p`
+    /// in this list (from 0) is task `o × Z + p` of the job, at locality (zone, `o`):
+    /// its StatefulSet ordinal is its index within the zone. Indices interleave the
+    /// zones, so a zone growing or shrinking renumbers nobody (in it or elsewhere): its
+    /// new pods take new indices, and the other zones' indices do not move. The job's
+    /// size is the highest index plus one; the zones' sizes are their highest ordinal
+    /// plus one. Backends registering in the etcd registry by hand can follow the same
+    /// convention (`registry::Registry::register_in_zone`). The list's order is part of
+    /// the numbering: every frontend must list the zones in the same order, and adding a
+    /// zone (changing `Z`) renumbers every task.
+    ///
+    /// # Failures
+    ///
+    /// A round fails, keeping the last view, when any zone's name fails to resolve. A
+    /// zone whose name gives no usable task keeps its tasks of the last view (counted as
+    /// an empty answer), as a single name does: all of a zone's pods gone at once is
+    /// more often a glitch than a zone scaled to zero. The first resolution fails with
+    /// [`DnsError::NoTasks`](super::DnsError::NoTasks) only if no zone has a task.
+    ///
+    /// ```
+    /// use steady_discovery::dns::DnsConfig;
+    /// use steady_discovery::Zone;
+    ///
+    /// let config = DnsConfig::zoned(
+    ///     [
+    ///         (Zone::new("us-east1-b")?, "web-b.prod.svc.cluster.local."), // p = 0
+    ///         (Zone::new("us-east1-c")?, "web-c.prod.svc.cluster.local."), // p = 1
+    ///     ],
+    ///     50051,
+    /// );
+    /// // web-c-3 is task 3 × 2 + 1 = 7, at us-east1-c/3.
+    /// # let _ = config;
+    /// # Ok::<(), steady_discovery::ZoneError>(())
+    /// ```
+    ///
+    /// [`discover`](super::discover) refuses an empty list, a zone listed twice, and
+    /// [`IndexRule::SortedAddresses`] with zones.
+    pub fn zoned(zones: impl IntoIterator<Item = (Zone, impl Into<String>)>, port: u16) -> Self {
+        let zones: Vec<(Zone, String)> = zones.into_iter().map(|(zone, name)| (zone, name.into())).collect();
+        let mut config = Self::new(String::new(), port);
+        config.zones = zones;
+        config
     }
 
     /// How answers become indices.
@@ -137,13 +192,32 @@ impl DnsConfig {
         self
     }
 
-    /// The name queried: `_<port name>._tcp.<name>` by ordinals with a port name, else
-    /// the name.
-    pub(super) fn query_name(&self) -> String {
-        match (&self.port_name, self.rule) {
-            (Some(port_name), IndexRule::Ordinals) => format!("_{port_name}._tcp.{}", self.name),
-            _ => self.name.clone(),
+    /// The names queried, each with its zone: `_<port name>._tcp.<name>` by ordinals
+    /// with a port name, else the name; one per zone in zones, else the one name.
+    pub(super) fn query_names(&self) -> Vec<(Option<Zone>, String)> {
+        let query = |name: &str| match (&self.port_name, self.rule) {
+            (Some(port_name), IndexRule::Ordinals) => format!("_{port_name}._tcp.{name}"),
+            _ => name.to_owned(),
+        };
+        if self.zones.is_empty() {
+            return vec![(None, query(&self.name))];
         }
+        self.zones.iter().map(|(zone, name)| (Some(zone.clone()), query(name))).collect()
+    }
+
+    /// Why the zones cannot work, if they cannot.
+    pub(super) fn zones_problem(&self) -> Option<String> {
+        if self.zones.is_empty() {
+            return self.name.is_empty().then(|| "no name to resolve (no zones either)".to_owned());
+        }
+        if self.rule != IndexRule::Ordinals {
+            return Some("zones need IndexRule::Ordinals (a zone's index is its pods' ordinal)".to_owned());
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        self.zones
+            .iter()
+            .find(|(zone, _)| !seen.insert(zone.clone()))
+            .map(|(zone, _)| format!("zone {zone} is listed twice"))
     }
 
     /// Whether task ports come from SRV records.

@@ -7,7 +7,7 @@ use hickory_resolver::config::{NameServerConfig, ResolverConfig};
 use hickory_resolver::name_server::TokioConnectionProvider;
 use hickory_resolver::proto::xfer::Protocol;
 use hickory_resolver::{Name, ResolveError, TokioResolver};
-use steady_core::JobView;
+use steady_core::{JobView, Zone};
 
 use super::view::{self, Tally, Target};
 use super::{DnsConfig, DnsError, IndexRule};
@@ -19,8 +19,11 @@ const TARGET_LOOKUPS_IN_FLIGHT: usize = 16;
 /// What one resolution found.
 #[derive(Debug)]
 pub(super) struct Resolution {
-    /// The view (size 0 when the answer had no usable task).
+    /// The view (size 0 when the answer had no usable task). In zones, the zones'
+    /// views merged by the zoned numbering.
     pub(super) view: JobView<String>,
+    /// In zones, the positions of the zones whose answer had no usable task.
+    pub(super) empty_zones: Vec<usize>,
     /// What the index rule left out.
     pub(super) tally: Tally,
     /// Whether the answer was cut at the cap.
@@ -31,7 +34,10 @@ pub(super) struct Resolution {
 #[derive(Debug)]
 pub(super) struct Lookup {
     resolver: TokioResolver,
-    query: Name,
+    /// The names asked, each with its zone (one name without zones).
+    queries: Vec<(Option<Zone>, Name)>,
+    /// The names, for logs and errors.
+    names: String,
     rule: IndexRule,
     port: u16,
     port_from_srv: bool,
@@ -42,9 +48,19 @@ impl Lookup {
     /// A resolver for `config`, with its cache off: every round asks the nameserver, so
     /// a change is seen within one period whatever the records' TTL.
     pub(super) fn new(config: &DnsConfig) -> Result<Self, DnsError> {
-        let query = Name::from_utf8(config.query_name()).map_err(|e| DnsError::InvalidConfig {
-            reason: format!("name {:?}: {e}", config.query_name()),
-        })?;
+        if let Some(reason) = config.zones_problem() {
+            return Err(DnsError::InvalidConfig { reason });
+        }
+        let queries = config
+            .query_names()
+            .into_iter()
+            .map(|(zone, name)| {
+                Name::from_utf8(&name)
+                    .map(|query| (zone, query))
+                    .map_err(|e| DnsError::InvalidConfig { reason: format!("name {name:?}: {e}") })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let names = queries.iter().map(|(_, q)| q.to_utf8()).collect::<Vec<_>>().join(", ");
         let mut builder = if config.nameservers.is_empty() {
             TokioResolver::builder_tokio().map_err(|e| DnsError::SystemConfig { reason: e.to_string() })?
         } else {
@@ -66,7 +82,8 @@ impl Lookup {
         options.edns0 = true;
         Ok(Self {
             resolver: builder.build(),
-            query,
+            queries,
+            names,
             rule: config.rule,
             port: config.port,
             port_from_srv: config.port_from_srv(),
@@ -74,9 +91,14 @@ impl Lookup {
         })
     }
 
-    /// The name asked.
-    pub(super) fn query(&self) -> &Name {
-        &self.query
+    /// How many zones the names are for (0 without zones).
+    pub(super) fn zone_count(&self) -> usize {
+        self.queries.iter().filter(|(zone, _)| zone.is_some()).count()
+    }
+
+    /// The names asked, for logs and errors (comma-separated in zones).
+    pub(super) fn names(&self) -> &str {
+        &self.names
     }
 
     /// Resolves once. "No such name" and "no records" are an empty view, not an error.
@@ -90,14 +112,34 @@ impl Lookup {
         // The cache is off, but clearing it costs nothing and keeps the contract if a
         // future default turns it on.
         self.resolver.clear_cache();
+        let [(None, query)] = &self.queries[..] else { return self.by_zone().await };
         match self.rule {
-            IndexRule::Ordinals => self.by_ordinal().await,
-            IndexRule::SortedAddresses => self.by_address().await,
+            IndexRule::Ordinals => self.by_ordinal(query).await,
+            IndexRule::SortedAddresses => self.by_address(query).await,
         }
     }
 
-    async fn by_ordinal(&self) -> Result<Resolution, ResolveError> {
-        let mut records: Vec<(Name, String, u16)> = match self.resolver.srv_lookup(self.query.clone()).await {
+    /// Each zone's name by ordinals, one after the other; the views merged by the zoned
+    /// numbering. Any zone's failure fails the round.
+    async fn by_zone(&self) -> Result<Resolution, ResolveError> {
+        let mut parts = Vec::with_capacity(self.queries.len());
+        let (mut tally, mut capped, mut empty_zones) = (Tally::default(), false, Vec::new());
+        let zoned = self.queries.iter().filter_map(|(zone, query)| Some((zone.clone()?, query)));
+        for (position, (zone, query)) in zoned.enumerate() {
+            let resolution = self.by_ordinal(query).await?;
+            tally.duplicate_ordinals += resolution.tally.duplicate_ordinals;
+            tally.skipped += resolution.tally.skipped;
+            capped |= resolution.capped;
+            if resolution.view.size == 0 {
+                empty_zones.push(position);
+            }
+            parts.push((zone, resolution.view));
+        }
+        Ok(Resolution { view: view::zoned(parts), empty_zones, tally, capped })
+    }
+
+    async fn by_ordinal(&self, query: &Name) -> Result<Resolution, ResolveError> {
+        let mut records: Vec<(Name, String, u16)> = match self.resolver.srv_lookup(query.clone()).await {
             Ok(srv) => srv
                 .iter()
                 .map(|r| (r.target().clone(), r.target().to_lowercase().to_utf8(), r.port()))
@@ -128,11 +170,11 @@ impl Lookup {
             .into_iter()
             .collect::<Result<_, _>>()?;
         let (view, tally) = view::by_ordinal(targets, self.max_tasks);
-        Ok(Resolution { view, tally, capped })
+        Ok(Resolution { view, empty_zones: Vec::new(), tally, capped })
     }
 
-    async fn by_address(&self) -> Result<Resolution, ResolveError> {
-        let mut ips: Vec<IpAddr> = match self.resolver.lookup_ip(self.query.clone()).await {
+    async fn by_address(&self, query: &Name) -> Result<Resolution, ResolveError> {
+        let mut ips: Vec<IpAddr> = match self.resolver.lookup_ip(query.clone()).await {
             Ok(ips) => ips.iter().collect(),
             Err(e) if e.is_no_records_found() => Vec::new(),
             Err(e) => return Err(e),
@@ -142,7 +184,7 @@ impl Lookup {
         let capped = ips.len() > self.max_tasks;
         ips.truncate(self.max_tasks);
         let view = view::by_address(ips.into_iter().map(|ip| SocketAddr::new(ip, self.port)).collect());
-        Ok(Resolution { view, tally: Tally::default(), capped })
+        Ok(Resolution { view, empty_zones: Vec::new(), tally: Tally::default(), capped })
     }
 
     /// A target's address: the smallest of its A records, else of its AAAA records (the

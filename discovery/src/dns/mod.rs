@@ -32,6 +32,15 @@
 //!   name sorts first, and each is counted.
 //! * Only ready pods are in a headless service's records, so a pod that is not ready is
 //!   a hole at its ordinal, which the balancer skips: no other task's index moves.
+//!
+//! # Zones
+//!
+//! [`DnsConfig::zoned`] takes one name per zone (a StatefulSet and headless service per
+//! zone). Each pod's ordinal is its index within its zone, and with `Z` zones the pod of
+//! ordinal `o` in the zone at position `p` of the list is task `o × Z + p` of the job, so
+//! that resizing one zone renumbers nobody. Every task of the view carries its
+//! [`Locality`](steady_core::Locality). A zone whose name answers nothing keeps its last
+//! tasks; any zone's failure keeps the whole last view.
 
 mod config;
 mod counters;
@@ -71,15 +80,18 @@ pub async fn discover(config: DnsConfig) -> Result<Discovery, DnsError> {
         return Err(DnsError::InvalidConfig { reason: "the cap on tasks is zero".to_owned() });
     }
     let lookup = Lookup::new(&config)?;
-    let name = lookup.query().to_utf8();
+    let name = lookup.names().to_owned();
     config.counters.add(Count::Resolutions, 1);
     let first = lookup.resolve().await.map_err(|e| {
         config.counters.add(Count::Failures, 1);
         DnsError::Resolve { name: name.clone(), reason: e.to_string() }
     })?;
     count_anomalies(&config.counters, &first);
+    config.counters.add(Count::EmptyAnswers, first.empty_zones.len() as u64);
     if first.view.size == 0 {
-        config.counters.add(Count::EmptyAnswers, 1);
+        if first.empty_zones.is_empty() {
+            config.counters.add(Count::EmptyAnswers, 1);
+        }
         return Err(DnsError::NoTasks { name });
     }
     tracing::info!(name = %name, size = first.view.size, tasks = first.view.tasks.len(), "dns: first view");
@@ -111,7 +123,7 @@ impl Worker {
 
     /// One round: resolve, then publish the view if it is usable and new.
     async fn refresh(&self) {
-        let name = self.lookup.query();
+        let name = self.lookup.names();
         self.counters.add(Count::Resolutions, 1);
         let resolution = match self.lookup.resolve().await {
             Ok(resolution) => resolution,
@@ -122,12 +134,18 @@ impl Worker {
             }
         };
         count_anomalies(&self.counters, &resolution);
-        if resolution.view.size == 0 {
+        let Resolution { mut view, tally, capped, empty_zones } = resolution;
+        if !empty_zones.is_empty() {
+            self.counters.add(Count::EmptyAnswers, empty_zones.len() as u64);
+            tracing::warn!(name = %name, ?empty_zones, "dns: no usable task in some zones' answers; keeping their last tasks");
+            let last = self.publisher.borrow().clone();
+            view = view::keep_empty_zones(view, &empty_zones, self.lookup.zone_count(), &last);
+        }
+        if view.size == 0 {
             self.counters.add(Count::EmptyAnswers, 1);
             tracing::warn!(name = %name, "dns: no usable task in the answer; keeping the last view");
             return;
         }
-        let Resolution { view, tally, capped } = resolution;
         // Only this worker publishes, so the view compared is the view replaced; the
         // change is counted before it is published, so that whoever sees the new view
         // also sees it counted.

@@ -4,7 +4,9 @@ use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
-use steady_core::{JobView, TaskState};
+use std::sync::Arc;
+
+use steady_core::{JobView, Locality, Task, TaskState, Zone};
 
 use crate::identity::ordinal_of;
 use crate::source::view_of;
@@ -70,6 +72,47 @@ pub(super) fn by_address(mut addresses: Vec<SocketAddr>) -> JobView<String> {
     JobView::serving(addresses.iter().map(SocketAddr::to_string))
 }
 
+/// The zones' views (each by ordinals, in the configured order) as one job: the task of
+/// ordinal `o` in the zone at position `p` of `Z` is task `o × Z + p`, at locality
+/// (zone, `o`). See [`DnsConfig::zoned`](super::DnsConfig::zoned).
+pub(super) fn zoned(parts: Vec<(Zone, JobView<String>)>) -> JobView<String> {
+    let zones = parts.len();
+    let mut tasks: BTreeMap<usize, Task<String>> = BTreeMap::new();
+    for (position, (zone, view)) in parts.into_iter().enumerate() {
+        for (&ordinal, task) in view.tasks.range(..view.size) {
+            // The ordinals are below the configured cap; past usize, a task is left out.
+            let Some(index) = ordinal.checked_mul(zones).and_then(|i| i.checked_add(position)) else {
+                continue;
+            };
+            let locality = Locality::new(zone.clone(), ordinal);
+            tasks.insert(index, Task::new(task.address.clone(), task.state).in_zone(locality));
+        }
+    }
+    let size = tasks.last_key_value().map_or(0, |(&top, _)| top + 1);
+    JobView { size, tasks: Arc::new(tasks) }
+}
+
+/// `view` with, for each zone position in `empty_zones` (of `zones`), the tasks of
+/// `last` at that position put back: a zone whose answer was empty keeps its last tasks.
+pub(super) fn keep_empty_zones(
+    view: JobView<String>,
+    empty_zones: &[usize],
+    zones: usize,
+    last: &JobView<String>,
+) -> JobView<String> {
+    if empty_zones.is_empty() || zones == 0 {
+        return view;
+    }
+    let mut tasks = (*view.tasks).clone();
+    for (&index, task) in last.tasks.range(..last.size) {
+        if empty_zones.contains(&(index % zones)) {
+            tasks.insert(index, task.clone());
+        }
+    }
+    let size = tasks.last_key_value().map_or(0, |(&top, _)| top + 1);
+    JobView { size, tasks: Arc::new(tasks) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,6 +154,57 @@ mod tests {
         assert_eq!(tally, Tally { duplicate_ordinals: 1, skipped: 3 });
         targets.reverse();
         assert_eq!(by_ordinal(targets, 7), (view, tally));
+    }
+
+    #[test]
+    fn zones_interleave_so_that_resizing_one_renumbers_nobody() {
+        let zone = |label| Zone::new(label).unwrap();
+        let pods = |prefix: &str, ordinals: &[usize]| {
+            let targets = ordinals
+                .iter()
+                .map(|&o| {
+                    target(&format!("{prefix}-{o}.{prefix}.ns."), &format!("10.0.{}.{o}:80", prefix.len()))
+                })
+                .collect();
+            by_ordinal(targets, 4096).0
+        };
+        let (a, bb, ccc) = (zone("a"), zone("bb"), zone("ccc"));
+        let before = zoned(vec![
+            (a.clone(), pods("a", &[0, 1, 2])),
+            (bb.clone(), pods("bb", &[0, 2])), // ordinal 1 not ready: a hole
+            (ccc.clone(), pods("ccc", &[0])),
+        ]);
+        // Task o × 3 + p.
+        let placed: Vec<(usize, String, usize)> = before
+            .tasks
+            .iter()
+            .map(|(&i, t)| {
+                (i, t.locality.as_ref().unwrap().zone.to_string(), t.locality.as_ref().unwrap().index)
+            })
+            .collect();
+        let expected = [(0, "a", 0), (1, "bb", 0), (2, "ccc", 0), (3, "a", 1), (6, "a", 2), (7, "bb", 2)];
+        assert_eq!(placed, expected.map(|(i, z, o)| (i, z.to_owned(), o)));
+        assert_eq!(before.size, 8);
+        assert_eq!(before.serving_task(7).map(String::as_str), Some("10.0.2.2:80"));
+        assert_eq!(before.zone_sizes().get(&bb), 3);
+        // Zone ccc grows to 4 pods, zone a shrinks to 1: nobody else's index or locality moves.
+        let after = zoned(vec![
+            (a.clone(), pods("a", &[0])),
+            (bb.clone(), pods("bb", &[0, 2])),
+            (ccc.clone(), pods("ccc", &[0, 1, 2, 3])),
+        ]);
+        for (i, task) in after.tasks.iter() {
+            if let Some(old) = before.tasks.get(i) {
+                assert_eq!(old, task, "task {i} moved");
+            }
+        }
+        assert_eq!(after.size, 12);
+        assert_eq!(after.zone_sizes().get(&ccc), 4);
+        // A zone whose answer was empty keeps its last tasks.
+        let glitch = zoned(vec![(a, pods("a", &[0])), (bb, JobView::default()), (ccc, pods("ccc", &[0]))]);
+        let kept = keep_empty_zones(glitch, &[1], 3, &before);
+        assert_eq!(kept.tasks.keys().copied().collect::<Vec<_>>(), [0, 1, 2, 7]);
+        assert_eq!(kept.tasks[&7], before.tasks[&7]);
     }
 
     #[test]

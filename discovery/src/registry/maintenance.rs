@@ -111,7 +111,7 @@ impl Registration {
     async fn admit_drain(&self, revision: i64) -> Result<bool, RegistryError> {
         let registry = self.registry();
         let maintenance = registry.maintenance_key(self.job());
-        let value = TaskRecord { address: self.address().to_owned(), state: TaskState::Draining }.encode();
+        let value = self.record(TaskState::Draining);
         let lease = self.lease_id();
         let txn = Txn::new()
             .when([

@@ -23,9 +23,22 @@
 //! With the prefix `P` ([`DEFAULT_KEY_PREFIX`], `/steady/jobs/`), task `i` of job `J` is
 //! the key `P J /tasks/ i` (`/steady/jobs/api/tasks/3`), `i` in canonical decimal
 //! (`3`, never `03`) below [`MAX_TASKS`]. Its value is a [`TaskRecord`]:
-//! `<state> <address>`, e.g. `serving 10.0.0.7:50051`. Every key is attached to its
+//! `<state> <address>`, e.g. `serving 10.0.0.7:50051`, or for a task in a zone
+//! `<state> <address> zone=<zone>/<zone-index>`, e.g.
+//! `serving 10.0.0.7:50051 zone=us-east1-b/3` (records without the zone field, all
+//! those written before zones, read as tasks in no zone). Every key is attached to its
 //! holder's lease, so it disappears when the holder revokes the lease or stops renewing
 //! it (crashes) for a TTL.
+//!
+//! A task in a zone also holds its **zone key**, `P J /zones/ Z / z`
+//! (`/steady/jobs/api/zones/us-east1-b/3`) for zone `Z` and zone index `z` (canonical
+//! decimal below [`MAX_TASKS`]); its value is the task's job index in canonical decimal
+//! (`7`). It is written with the task key in one transaction and under the same lease,
+//! so the two come and go together; it exists so that a claim can take a zone index
+//! race-free (etcd can compare a key's existence, not "no record names this zone
+//! index"). Zone keys are under `P J /zones/`, outside the tasks' prefix: watchers,
+//! [`Registry::job_size`] and budgeted drains read `P J /tasks/` only and never see
+//! them. The record's zone field, not the zone key, is what watchers read.
 //!
 //! Frontends and backends use the same layout, each in its own job: a frontend job's
 //! "address" is its member name (nobody connects to it). So one frontend job `web` and
@@ -39,6 +52,8 @@
 //!   previous holder's key (a replacement with the same StatefulSet ordinal takes over
 //!   without waiting for the old lease to lapse; the old holder's later drain fails with
 //!   [`RegistryError::Lost`], and its revoke no longer touches the key).
+//! * [`Registry::register_in_zone`]: as `register`, with the zone key written in the
+//!   same transaction (both authoritative).
 //! * [`Registry::claim`] / [`Registry::claim_index`]: the lowest free index, taken by
 //!   `If(version(key) == 0) Then(put with lease) Else(read the job's keys)`; on a
 //!   conflict the next attempt uses the keys read in the same transaction. Each failed
@@ -52,6 +67,14 @@
 //!   restarted etcd restored, a crashed predecessor's); else a claim of the lowest free
 //!   index goes on from the keys read. After a mass loss every task takes its own
 //!   index back at one transaction each.
+//! * [`Registry::claim_in_zone`] / [`Registry::claim_index_in_zone`]: the lowest free
+//!   job index and the lowest free index within the zone, taken together by
+//!   `If(version(task key) == 0 and version(zone key) == 0) Then(put both) Else(read the
+//!   job's task keys and the zone's keys)`, with the same bound on attempts. The
+//!   identity's index is the zone index. [`Registry::claim_preferring_in_zone`] and
+//!   [`Registration::reclaim`] of a zoned registration take both indices back in one
+//!   transaction (four nested alternatives: each key ours or free), else claim the
+//!   lowest free ones in the zone.
 //!
 //! # Through an outage of etcd
 //!
@@ -71,6 +94,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
+use steady_core::Zone;
 pub use steady_etcd::{ConnectError, EtcdAccess, EtcdTls};
 
 mod maintenance;
@@ -216,7 +240,8 @@ pub enum RegistryError {
     /// work (TLS, client certificate, user and password, or the user's access to the
     /// key prefix): fix the settings; retrying will not help.
     Connect(ConnectError),
-    /// Every index below [`MAX_TASKS`] of the job is taken.
+    /// Every index below [`MAX_TASKS`] of the job (or, for a claim in a zone, of the
+    /// zone) is taken.
     JobFull {
         /// The job.
         job: String,
@@ -320,6 +345,17 @@ impl Registry {
     /// prefix, so watchers of the job never see it.
     pub fn maintenance_key(&self, job: &str) -> String {
         format!("{}{job}/maintenance", self.config.key_prefix)
+    }
+
+    /// The prefix of `job`'s zone keys in `zone`, `P J /zones/ zone /`.
+    pub fn zone_prefix(&self, job: &str, zone: &Zone) -> String {
+        format!("{}{job}/zones/{zone}/", self.config.key_prefix)
+    }
+
+    /// The zone key of index `zone_index` within `zone` in `job`,
+    /// `P J /zones/ zone / zone_index` (its value: the holder's job index).
+    pub fn zone_key(&self, job: &str, zone: &Zone, zone_index: usize) -> String {
+        format!("{}{zone_index}", self.zone_prefix(job, zone))
     }
 
     /// The key of task `index` of `job`, `P J /tasks/ index`.

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
-use steady_core::TaskState;
+use steady_core::{Locality, TaskState, Zone};
 
 use super::record::{valid_address, TaskRecord};
 use super::{bounded, check_job, indices_in, keys_only, unavailable, Registry, RegistryError, MAX_TASKS};
@@ -16,7 +16,9 @@ use tokio::time::Instant;
 /// A task's key in the registry, held under a lease that a task of its own renews.
 ///
 /// While it lives, `/steady/jobs/<job>/tasks/<index>` holds `<state> <address>` (see
-/// [`TaskRecord`](super::TaskRecord)) and every watcher of the job sees the task.
+/// [`TaskRecord`](super::TaskRecord)), with ` zone=<zone>/<zone-index>` for a task in a
+/// zone, and every watcher of the job sees the task. A task in a zone also holds its
+/// zone key, `/steady/jobs/<job>/zones/<zone>/<zone-index>`, under the same lease.
 ///
 /// # Shutting down
 ///
@@ -52,6 +54,8 @@ pub struct Registration {
     job: String,
     index: usize,
     key: String,
+    locality: Option<Locality>,
+    zone_key: Option<String>,
     address: String,
     draining: AtomicBool,
     lease: HeldLease,
@@ -61,6 +65,7 @@ impl fmt::Debug for Registration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Registration")
             .field("key", &self.key)
+            .field("zone_key", &self.zone_key)
             .field("address", &self.address)
             .field("state", &self.state())
             .field("lease", &self.lease.id())
@@ -89,6 +94,16 @@ impl Registration {
     /// Its key, `/steady/jobs/<job>/tasks/<index>`.
     pub fn key(&self) -> &str {
         &self.key
+    }
+
+    /// Its zone and index within the zone, for a task registered or claimed in a zone.
+    pub fn locality(&self) -> Option<&Locality> {
+        self.locality.as_ref()
+    }
+
+    /// Its zone key, `/steady/jobs/<job>/zones/<zone>/<zone-index>`, for a task in a zone.
+    pub fn zone_key(&self) -> Option<&str> {
+        self.zone_key.as_deref()
     }
 
     /// The address (or member name) it registered.
@@ -141,8 +156,9 @@ impl Registration {
         let _ = held.wait_for(|alive| !*alive).await;
     }
 
-    /// Marks the task draining: rewrites its value as `draining <address>`, on condition
-    /// that the key is still attached to this registration's lease.
+    /// Marks the task draining: rewrites its value as `draining <address>` (keeping its
+    /// zone field), on condition that the key is still attached to this registration's
+    /// lease. The zone key is left as it is: a draining task keeps its zone index.
     ///
     /// Watchers see it in their next view: a balancer stops sending it new requests,
     /// while requests in flight finish. Draining twice is harmless.
@@ -156,7 +172,7 @@ impl Registration {
         if !self.is_held() {
             return Err(RegistryError::Lost);
         }
-        let value = TaskRecord { address: self.address.clone(), state: TaskState::Draining }.encode();
+        let value = self.record(TaskState::Draining);
         let txn =
             Txn::new().when([Compare::lease(self.key.as_str(), CompareOp::Equal, self.lease.id())]).and_then(
                 [TxnOp::put(self.key.as_str(), value, Some(PutOptions::new().with_lease(self.lease.id())))],
@@ -169,6 +185,11 @@ impl Registration {
         self.draining.store(true, Ordering::Release);
         tracing::info!(key = %self.key, "registry: draining");
         Ok(())
+    }
+
+    /// The value of its key in `state`.
+    pub(super) fn record(&self, state: TaskState) -> String {
+        TaskRecord::new(self.address.as_str(), state).in_zone(self.locality.clone()).encode()
     }
 
     /// The registry this registration is held in.
@@ -213,27 +234,39 @@ impl Registration {
     /// takes its own index back, so no subset moves, at a cost of one lease grant and
     /// one transaction per task. See [`Registry::claim_preferring`] for the transaction.
     ///
-    /// Meant for a lost registration: on one still held it takes its own key over with
-    /// the new lease, and this registration then no longer carries the key.
+    /// A registration in a zone takes its zone index back too when its zone key is free
+    /// or still holds its job index (and its task key is free or its own), in the same
+    /// transaction; else it claims the lowest free job index and zone index of its zone,
+    /// as [`Registry::claim_in_zone`] does. See [`Registry::claim_preferring_in_zone`].
+    ///
+    /// Meant for a lost registration: on one still held it takes its own keys over with
+    /// the new lease, and this registration then no longer carries them.
     ///
     /// # Errors
     ///
     /// As [`Registry::claim`]; on any error nothing new is held (retry on
     /// [`RegistryError::Unavailable`]).
     pub async fn reclaim(&self) -> Result<Registration, RegistryError> {
-        self.registry.claim_at(&self.job, &self.address, self.state(), Some(self.index)).await
+        let zone = self.locality.as_ref().map(|l| l.zone.clone());
+        let spot = Spot { index: self.index, locality: self.locality.clone() };
+        self.registry.claim_at(&self.job, &self.address, self.state(), zone.as_ref(), Some(spot)).await
     }
 
     /// The index as a task [`Identity`] (origin [`Origin::Registry`](crate::identity::Origin::Registry)),
-    /// which holds this registration (and so its lease) until it is dropped.
+    /// which holds this registration (and so its lease) until it is dropped. For a
+    /// registration in a zone, the identity's index is the index **within** the zone and
+    /// its zone is set ([`Identity::zone`]); otherwise it is the job index.
     pub fn into_identity(self) -> Identity {
-        Identity::leased(self.index, self)
+        match self.locality.clone() {
+            Some(Locality { zone, index }) => Identity::leased(index, self).with_zone(Some(zone)),
+            None => Identity::leased(self.index, self),
+        }
     }
 }
 
 impl Registry {
-    /// Registers task `index` of `job` at `address`, serving, under a new lease that is
-    /// kept alive until the registration is released or dropped.
+    /// Registers task `index` of `job` at `address`, serving, in no zone, under a new
+    /// lease that is kept alive until the registration is released or dropped.
     ///
     /// The index is authoritative: a key already there (a previous holder of the same
     /// index, alive or not) is overwritten. Use [`Registry::claim`] to be given a free
@@ -251,19 +284,61 @@ impl Registry {
         index: usize,
         address: &str,
     ) -> Result<Registration, RegistryError> {
+        self.register_at(job, index, None, address).await
+    }
+
+    /// Registers task `index` of `job` at `address`, serving, at `locality` (its zone
+    /// and index within the zone), under a new lease: as [`Registry::register`], and the
+    /// zone key `P J /zones/<zone>/<zone-index>` (holding `index`) is written with the
+    /// task key in one transaction, under the same lease, so that claims in the zone
+    /// ([`Registry::claim_in_zone`]) pass over the zone index.
+    ///
+    /// Both are authoritative: keys already there are overwritten. For a StatefulSet per
+    /// zone, the zone index is the pod's ordinal and the job index is
+    /// `ordinal × zones + the zone's position` (the DNS source's convention, see
+    /// `dns::DnsConfig::zoned`).
+    ///
+    /// # Errors
+    ///
+    /// As [`Registry::register`], and [`RegistryError::InvalidArgument`] for a zone
+    /// index at or past [`MAX_TASKS`].
+    pub async fn register_in_zone(
+        &self,
+        job: &str,
+        index: usize,
+        locality: Locality,
+        address: &str,
+    ) -> Result<Registration, RegistryError> {
+        self.register_at(job, index, Some(locality), address).await
+    }
+
+    async fn register_at(
+        &self,
+        job: &str,
+        index: usize,
+        locality: Option<Locality>,
+        address: &str,
+    ) -> Result<Registration, RegistryError> {
         check_job(job)?;
         check_address(address)?;
-        if index >= MAX_TASKS {
-            return Err(RegistryError::InvalidArgument { what: "index", reason: "below MAX_TASKS (65,536)" });
+        check_index("index", index)?;
+        if let Some(locality) = &locality {
+            check_index("zone index", locality.index)?;
         }
         let lease = self.grant_lease().await?;
         let key = self.task_key(job, index);
-        let value = TaskRecord { address: address.to_owned(), state: TaskState::Serving }.encode();
+        let zone_key = locality.as_ref().map(|l| self.zone_key(job, &l.zone, l.index));
+        let value = TaskRecord::new(address, TaskState::Serving).in_zone(locality.clone()).encode();
+        let with_lease = || Some(PutOptions::new().with_lease(lease.id()));
+        let mut puts = vec![TxnOp::put(key.as_str(), value, with_lease())];
+        if let Some(zone_key) = &zone_key {
+            puts.push(TxnOp::put(zone_key.as_str(), index.to_string(), with_lease()));
+        }
         let mut kv = self.client.kv_client();
-        let put = kv.put(key.as_str(), value, Some(PutOptions::new().with_lease(lease.id())));
-        bounded(self.timeout(), "put", put).await?;
-        tracing::info!(%key, address, lease = lease.id(), "registry: registered");
-        Ok(self.registration(job, index, key, address, TaskState::Serving, lease))
+        bounded(self.timeout(), "register transaction", kv.txn(Txn::new().and_then(puts))).await?;
+        tracing::info!(%key, zone_key = zone_key.as_deref(), address, lease = lease.id(), "registry: registered");
+        let spot = Spot { index, locality };
+        Ok(self.registration(job, spot, address, TaskState::Serving, lease))
     }
 
     /// Takes the lowest free index of `job` for `member` (a frontend's name, or a
@@ -281,7 +356,32 @@ impl Registry {
     /// lost races; [`RegistryError::Unavailable`] when etcd does not answer. On any error
     /// nothing is held.
     pub async fn claim(&self, job: &str, member: &str) -> Result<Registration, RegistryError> {
-        self.claim_at(job, member, TaskState::Serving, None).await
+        self.claim_at(job, member, TaskState::Serving, None, None).await
+    }
+
+    /// Takes the lowest free index of `job` **and** the lowest free index within `zone`
+    /// for `member`, under a new lease; its value is
+    /// `serving <member> zone=<zone>/<zone-index>`.
+    ///
+    /// Race-free as [`Registry::claim`] is: each attempt is one transaction,
+    /// `If(version(task key) == 0 and version(zone key) == 0) Then(put both with the
+    /// lease) Else(read the job's task keys and the zone's keys)`, the zone key being
+    /// `P J /zones/<zone>/<zone-index>` (holding the job index). Concurrent claimants get
+    /// distinct job indices, and distinct zone indices within each zone; a zone index is
+    /// free again when its holder's lease goes, as a job index is, so replacements fill a
+    /// zone's holes. Claimants of different zones contend only for job indices.
+    ///
+    /// # Errors
+    ///
+    /// As [`Registry::claim`]; [`RegistryError::JobFull`] also when the zone's indices
+    /// `0..MAX_TASKS` are all held. On any error nothing is held.
+    pub async fn claim_in_zone(
+        &self,
+        job: &str,
+        zone: &Zone,
+        member: &str,
+    ) -> Result<Registration, RegistryError> {
+        self.claim_at(job, member, TaskState::Serving, Some(zone), None).await
     }
 
     /// Takes `index` of `job` for `member` if it is free or its key records `member`,
@@ -312,128 +412,79 @@ impl Registry {
         member: &str,
         index: usize,
     ) -> Result<Registration, RegistryError> {
-        self.claim_at(job, member, TaskState::Serving, Some(index)).await
+        self.claim_at(job, member, TaskState::Serving, None, Some(Spot { index, locality: None })).await
     }
 
-    /// Claims for `member` in `state`: `preferred` when it is free or its key holds
-    /// exactly the record this claim writes, else the lowest free index.
+    /// [`Registry::claim_preferring`] in a zone: takes job index `index` and `locality`
+    /// (its zone and zone index) back when each of the two keys is free or already
+    /// records this member there (the task key `serving <member> zone=<zone>/<zone-index>`,
+    /// the zone key `index`), in one transaction; else claims the lowest free job index
+    /// and zone index as [`Registry::claim_in_zone`] does, in `locality`'s zone.
+    ///
+    /// # Costs
+    ///
+    /// One lease grant and one transaction of four nested alternatives (each key ours or
+    /// free) when both are taken back; otherwise the claim goes on from the keys that
+    /// transaction read.
+    ///
+    /// # Errors
+    ///
+    /// As [`Registry::claim_in_zone`], and [`RegistryError::InvalidArgument`] for an
+    /// index or a zone index at or past [`MAX_TASKS`]. On any error nothing is held.
+    pub async fn claim_preferring_in_zone(
+        &self,
+        job: &str,
+        member: &str,
+        index: usize,
+        locality: Locality,
+    ) -> Result<Registration, RegistryError> {
+        let zone = locality.zone.clone();
+        let spot = Spot { index, locality: Some(locality) };
+        self.claim_at(job, member, TaskState::Serving, Some(&zone), Some(spot)).await
+    }
+
+    /// Claims for `member` in `state` (in `zone`, if given): `preferred` when each of
+    /// its keys is free or holds exactly what this claim writes, else the lowest free
+    /// index (and zone index).
     async fn claim_at(
         &self,
         job: &str,
         member: &str,
         state: TaskState,
-        preferred: Option<usize>,
+        zone: Option<&Zone>,
+        preferred: Option<Spot>,
     ) -> Result<Registration, RegistryError> {
         check_job(job)?;
         check_address(member)?;
-        if preferred.is_some_and(|index| index >= MAX_TASKS) {
-            return Err(RegistryError::InvalidArgument { what: "index", reason: "below MAX_TASKS (65,536)" });
+        if let Some(spot) = &preferred {
+            check_index("index", spot.index)?;
+            if let Some(locality) = &spot.locality {
+                check_index("zone index", locality.index)?;
+            }
         }
         let lease = self.grant_lease().await?;
-        let value = TaskRecord { address: member.to_owned(), state }.encode();
+        let claim = Claim {
+            registry: self,
+            job,
+            member,
+            state,
+            zone,
+            lease: &lease,
+            tasks_prefix: self.tasks_prefix(job),
+            zone_prefix: zone.map(|z| self.zone_prefix(job, z)),
+        };
         let held = match preferred {
-            Some(index) => match self.take_own_index(job, index, &value, &lease).await? {
-                Ok(registration_key) => {
-                    tracing::info!(key = %registration_key, member, lease = lease.id(), "registry: re-claimed its own index");
-                    return Ok(self.registration(job, index, registration_key, member, state, lease));
+            Some(spot) => match claim.take_own(&spot).await? {
+                Ok(()) => {
+                    tracing::info!(key = %self.task_key(job, spot.index), member, lease = lease.id(), "registry: re-claimed its own index");
+                    return Ok(self.registration(job, spot, member, state, lease));
                 }
                 Err(held) => held,
             },
-            None => self.held_indices(job).await?,
+            None => claim.read_held().await?,
         };
-        self.claim_lowest_free(job, member, state, value, lease, held).await
-    }
-
-    /// One transaction: puts `value` at `index` under `lease` when the key holds exactly
-    /// `value` (it is the member's own, under whatever lease) or does not exist. Returns
-    /// the key when it did; else the job's held indices, read in the same transaction.
-    async fn take_own_index(
-        &self,
-        job: &str,
-        index: usize,
-        value: &str,
-        lease: &HeldLease,
-    ) -> Result<Result<String, Vec<usize>>, RegistryError> {
-        let (key, prefix) = (self.task_key(job, index), self.tasks_prefix(job));
-        let put = || TxnOp::put(key.as_str(), value, Some(PutOptions::new().with_lease(lease.id())));
-        // etcd compares are conjunctions: "ours or free" is a transaction nested in the
-        // else branch, still one round trip and one atomic step.
-        let if_free = Txn::new()
-            .when([Compare::version(key.as_str(), CompareOp::Equal, 0)])
-            .and_then([put()])
-            .or_else([TxnOp::get(prefix.as_str(), Some(keys_only(MAX_TASKS)))]);
-        let txn = Txn::new()
-            .when([Compare::value(key.as_str(), CompareOp::Equal, value)])
-            .and_then([put()])
-            .or_else([TxnOp::txn(if_free)]);
-        let mut kv = self.client.kv_client();
-        let response = bounded(self.timeout(), "re-claim transaction", kv.txn(txn)).await?;
-        if response.succeeded() {
-            return Ok(Ok(key));
-        }
-        let inner = response.op_responses().into_iter().find_map(|op| match op {
-            TxnOpResponse::Txn(inner) => Some(inner),
-            _ => None,
-        });
-        match inner {
-            Some(inner) if inner.succeeded() => Ok(Ok(key)),
-            Some(inner) => {
-                let mut held = held_in(&inner, prefix.len()).unwrap_or_default();
-                // The comparison failed, so `index` is held even if the read was cut short.
-                if let Err(position) = held.binary_search(&index) {
-                    held.insert(position, index);
-                }
-                Ok(Err(held))
-            }
-            // Not what etcd answers; read the job's keys as a plain claim would.
-            None => self.held_indices(job).await.map(Err),
-        }
-    }
-
-    /// The lowest free index, by create-if-absent transactions, starting from the
-    /// indices `held`.
-    async fn claim_lowest_free(
-        &self,
-        job: &str,
-        member: &str,
-        state: TaskState,
-        value: String,
-        lease: HeldLease,
-        mut held: Vec<usize>,
-    ) -> Result<Registration, RegistryError> {
-        let prefix = self.tasks_prefix(job);
-        let mut kv = self.client.kv_client();
-        for attempt in 1..=self.config.max_claim_attempts {
-            let index = lowest_free(&held);
-            if index >= MAX_TASKS {
-                return Err(RegistryError::JobFull { job: job.to_owned() });
-            }
-            let key = self.task_key(job, index);
-            let txn = Txn::new()
-                .when([Compare::version(key.as_str(), CompareOp::Equal, 0)])
-                .and_then([TxnOp::put(
-                    key.as_str(),
-                    value.as_str(),
-                    Some(PutOptions::new().with_lease(lease.id())),
-                )])
-                .or_else([TxnOp::get(prefix.as_str(), Some(keys_only(MAX_TASKS)))]);
-            let response = bounded(self.timeout(), "claim transaction", kv.txn(txn)).await?;
-            if response.succeeded() {
-                tracing::info!(%key, member, attempt, lease = lease.id(), "registry: claimed");
-                return Ok(self.registration(job, index, key, member, state, lease));
-            }
-            // Someone created `index` since our read: take the keys this transaction
-            // read (atomically with the failed comparison) and try the lowest free one.
-            // (Without a read, which is not what etcd answers, assume only that `index`
-            // is taken.)
-            held = held_in(&response, prefix.len()).unwrap_or(held);
-            // The comparison failed, so `index` is held even if the read was cut short.
-            if let Err(position) = held.binary_search(&index) {
-                held.insert(position, index);
-            }
-            tracing::debug!(%key, attempt, "registry: index taken meanwhile; trying the next free one");
-        }
-        Err(RegistryError::Contended { job: job.to_owned(), attempts: self.config.max_claim_attempts })
+        let spot = claim.lowest_free(held).await?;
+        Ok(self.registration(job, spot, member, state, lease))
     }
 
     /// [`Registry::claim`] as a task [`Identity`]: the lowest free index of `job`, held
@@ -444,6 +495,22 @@ impl Registry {
     /// As [`Registry::claim`].
     pub async fn claim_index(&self, job: &str, member: &str) -> Result<Identity, RegistryError> {
         self.claim(job, member).await.map(Registration::into_identity)
+    }
+
+    /// [`Registry::claim_in_zone`] as a task [`Identity`] whose [`Identity::index`] is
+    /// the index **within** `zone` (what a zone-aware frontend subsets with) and whose
+    /// [`Identity::zone`] is `zone`; held until the identity is dropped.
+    ///
+    /// # Errors
+    ///
+    /// As [`Registry::claim_in_zone`].
+    pub async fn claim_index_in_zone(
+        &self,
+        job: &str,
+        zone: &Zone,
+        member: &str,
+    ) -> Result<Identity, RegistryError> {
+        self.claim_in_zone(job, zone, member).await.map(Registration::into_identity)
     }
 
     /// A lease for a registration: kept as an identity, not a lock (see
@@ -457,8 +524,7 @@ impl Registry {
     fn registration(
         &self,
         job: &str,
-        index: usize,
-        key: String,
+        spot: Spot,
         address: &str,
         state: TaskState,
         lease: HeldLease,
@@ -466,8 +532,10 @@ impl Registry {
         Registration {
             registry: self.clone(),
             job: job.to_owned(),
-            index,
-            key,
+            index: spot.index,
+            key: self.task_key(job, spot.index),
+            zone_key: spot.locality.as_ref().map(|l| self.zone_key(job, &l.zone, l.index)),
+            locality: spot.locality,
             address: address.to_owned(),
             draining: AtomicBool::new(state == TaskState::Draining),
             lease,
@@ -475,17 +543,249 @@ impl Registry {
     }
 }
 
-/// The indices a transaction's get of the job's keys read, if it has one.
-fn held_in(response: &etcd_client::TxnResponse, prefix_len: usize) -> Option<Vec<usize>> {
-    response.op_responses().into_iter().find_map(|op| match op {
-        TxnOpResponse::Get(get) => Some(indices_in(prefix_len, get.kvs().iter().map(|kv| kv.key()))),
+/// Where a claim puts a task: its job index and, in a zone, its locality.
+#[derive(Debug, Clone)]
+struct Spot {
+    index: usize,
+    locality: Option<Locality>,
+}
+
+/// The indices held, as one transaction read them: the job's, and (for a claim in a
+/// zone) the zone's.
+#[derive(Debug, Default)]
+struct Held {
+    tasks: Vec<usize>,
+    zone: Vec<usize>,
+}
+
+/// One claim under way: who claims what, under which lease.
+struct Claim<'a> {
+    registry: &'a Registry,
+    job: &'a str,
+    member: &'a str,
+    state: TaskState,
+    zone: Option<&'a Zone>,
+    lease: &'a HeldLease,
+    tasks_prefix: String,
+    zone_prefix: Option<String>,
+}
+
+impl Claim<'_> {
+    /// The keys `spot` is made of and the value each gets: the task key with the record,
+    /// and in a zone the zone key with the job index.
+    fn keys(&self, spot: &Spot) -> Vec<(String, String)> {
+        let record = TaskRecord::new(self.member, self.state).in_zone(spot.locality.clone()).encode();
+        let mut keys = vec![(self.registry.task_key(self.job, spot.index), record)];
+        if let Some(locality) = &spot.locality {
+            let zone_key = self.registry.zone_key(self.job, &locality.zone, locality.index);
+            keys.push((zone_key, spot.index.to_string()));
+        }
+        keys
+    }
+
+    /// The puts of `keys` under the claim's lease.
+    fn puts(&self, keys: &[(String, String)]) -> Vec<TxnOp> {
+        let lease = self.lease.id();
+        keys.iter()
+            .map(|(key, value)| {
+                TxnOp::put(key.as_str(), value.as_str(), Some(PutOptions::new().with_lease(lease)))
+            })
+            .collect()
+    }
+
+    /// The reads of the held indices: the job's task keys and (in a zone) the zone's keys.
+    fn reads(&self) -> Vec<TxnOp> {
+        let mut reads = vec![TxnOp::get(self.tasks_prefix.as_str(), Some(keys_only(MAX_TASKS)))];
+        if let Some(zone_prefix) = &self.zone_prefix {
+            reads.push(TxnOp::get(zone_prefix.as_str(), Some(keys_only(MAX_TASKS))));
+        }
+        reads
+    }
+
+    /// The held indices in the answers to [`Claim::reads`] (in their order).
+    fn held_in(&self, gets: &[etcd_client::GetResponse]) -> Held {
+        let indices = |prefix: &str, get: Option<&etcd_client::GetResponse>| {
+            get.map(|get| indices_in(prefix.len(), get.kvs().iter().map(|kv| kv.key()))).unwrap_or_default()
+        };
+        Held {
+            tasks: indices(&self.tasks_prefix, gets.first()),
+            zone: self.zone_prefix.as_deref().map(|p| indices(p, gets.get(1))).unwrap_or_default(),
+        }
+    }
+
+    /// The held indices, read in one transaction (one snapshot).
+    async fn read_held(&self) -> Result<Held, RegistryError> {
+        let mut kv = self.registry.client.kv_client();
+        let txn = Txn::new().and_then(self.reads());
+        let response = bounded(self.registry.timeout(), "claim read", kv.txn(txn)).await?;
+        Ok(self.held_in(&gets_of(&response)))
+    }
+
+    /// One transaction: puts `spot`'s keys when each is free or already holds exactly
+    /// what this claim writes (the member's own, under whatever lease). `Ok` when it
+    /// did; else the held indices, read in the same transaction.
+    ///
+    /// etcd compares are conjunctions, so "each ours or free" is one alternative per
+    /// combination, nested in the else branches: still one round trip and one atomic
+    /// step. Without a zone: `If(value == record) Then(put) Else(If(version == 0)
+    /// Then(put) Else(read))`; in a zone the four combinations of the two keys.
+    async fn take_own(&self, spot: &Spot) -> Result<Result<(), Held>, RegistryError> {
+        let keys = self.keys(spot);
+        let choices: Vec<[Compare; 2]> = keys
+            .iter()
+            .map(|(key, value)| {
+                [
+                    Compare::value(key.as_str(), CompareOp::Equal, value.as_str()),
+                    Compare::version(key.as_str(), CompareOp::Equal, 0),
+                ]
+            })
+            .collect();
+        // Every combination of one choice per key: ours before free, the task key's
+        // choice varying slowest.
+        let mut alternatives: Vec<Vec<Compare>> = vec![Vec::new()];
+        for choice in &choices {
+            alternatives = alternatives
+                .into_iter()
+                .flat_map(|prefix| {
+                    choice.iter().map(move |compare| {
+                        let mut alternative = prefix.clone();
+                        alternative.push(compare.clone());
+                        alternative
+                    })
+                })
+                .collect();
+        }
+        let txn = nested(&alternatives, &self.puts(&keys), self.reads());
+        let mut kv = self.registry.client.kv_client();
+        let response = bounded(self.registry.timeout(), "re-claim transaction", kv.txn(txn)).await?;
+        match outcome(&response) {
+            Ok(()) => Ok(Ok(())),
+            Err(gets) if gets.is_empty() => {
+                // Not what etcd answers; read the held indices as a plain claim would.
+                self.read_held().await.map(Err)
+            }
+            Err(gets) => {
+                let mut held = self.held_in(&gets);
+                held.mark_taken(spot);
+                Ok(Err(held))
+            }
+        }
+    }
+
+    /// The lowest free index (and zone index), by create-if-absent transactions,
+    /// starting from the indices `held`.
+    async fn lowest_free(&self, mut held: Held) -> Result<Spot, RegistryError> {
+        let mut kv = self.registry.client.kv_client();
+        let attempts = self.registry.config.max_claim_attempts;
+        for attempt in 1..=attempts {
+            let index = lowest_free(&held.tasks);
+            let locality = self.zone.map(|zone| Locality::new(zone.clone(), lowest_free(&held.zone)));
+            if index >= MAX_TASKS || locality.as_ref().is_some_and(|l| l.index >= MAX_TASKS) {
+                return Err(RegistryError::JobFull { job: self.job.to_owned() });
+            }
+            let spot = Spot { index, locality };
+            let keys = self.keys(&spot);
+            let free: Vec<Compare> =
+                keys.iter().map(|(key, _)| Compare::version(key.as_str(), CompareOp::Equal, 0)).collect();
+            let txn = nested(&[free], &self.puts(&keys), self.reads());
+            let response = bounded(self.registry.timeout(), "claim transaction", kv.txn(txn)).await?;
+            let key = &keys[0].0;
+            match outcome(&response) {
+                Ok(()) => {
+                    let zone_key = keys.get(1).map(|(key, _)| key.as_str());
+                    tracing::info!(%key, zone_key, member = self.member, attempt, lease = self.lease.id(), "registry: claimed");
+                    return Ok(spot);
+                }
+                Err(gets) => {
+                    // Someone created a key of ours since our read: take the keys this
+                    // transaction read (atomically with the failed comparison) and try
+                    // the lowest free ones. (Without a read, which is not what etcd
+                    // answers, assume only that ours are taken.)
+                    if !gets.is_empty() {
+                        held = self.held_in(&gets);
+                    }
+                    held.mark_taken(&spot);
+                    tracing::debug!(%key, attempt, "registry: index taken meanwhile; trying the next free one");
+                }
+            }
+        }
+        Err(RegistryError::Contended { job: self.job.to_owned(), attempts })
+    }
+}
+
+impl Held {
+    /// After a failed comparison on `spot`'s keys, one of them is held even if the read
+    /// was cut short: when the read shows neither, both count as held (so the next
+    /// attempt moves on).
+    fn mark_taken(&mut self, spot: &Spot) {
+        let task_held = self.tasks.binary_search(&spot.index).is_ok();
+        let zone_held = spot.locality.as_ref().is_some_and(|l| self.zone.binary_search(&l.index).is_ok());
+        if task_held || zone_held {
+            return;
+        }
+        insert_sorted(&mut self.tasks, spot.index);
+        if let Some(locality) = &spot.locality {
+            insert_sorted(&mut self.zone, locality.index);
+        }
+    }
+}
+
+fn insert_sorted(indices: &mut Vec<usize>, index: usize) {
+    if let Err(position) = indices.binary_search(&index) {
+        indices.insert(position, index);
+    }
+}
+
+/// A transaction trying `alternatives` in order (each a conjunction of compares): the
+/// first that holds runs `puts`; when none does, `reads` run. Each alternative after
+/// the first is a transaction nested in the previous one's else branch.
+fn nested(alternatives: &[Vec<Compare>], puts: &[TxnOp], reads: Vec<TxnOp>) -> Txn {
+    let Some((first, rest)) = alternatives.split_first() else {
+        return Txn::new().and_then(reads);
+    };
+    let otherwise = if rest.is_empty() { reads } else { vec![TxnOp::txn(nested(rest, puts, reads))] };
+    Txn::new().when(first.clone()).and_then(puts.to_vec()).or_else(otherwise)
+}
+
+/// Whether some alternative of a [`nested`] transaction held (`Ok`), else the answers
+/// to its reads.
+fn outcome(response: &etcd_client::TxnResponse) -> Result<(), Vec<etcd_client::GetResponse>> {
+    if response.succeeded() {
+        return Ok(());
+    }
+    let ops = response.op_responses();
+    if let Some(inner) = ops.iter().find_map(|op| match op {
+        TxnOpResponse::Txn(inner) => Some(inner),
         _ => None,
-    })
+    }) {
+        return outcome(inner);
+    }
+    Err(gets_of(response))
+}
+
+/// The get answers of a transaction's branch, in order.
+fn gets_of(response: &etcd_client::TxnResponse) -> Vec<etcd_client::GetResponse> {
+    response
+        .op_responses()
+        .into_iter()
+        .filter_map(|op| match op {
+            TxnOpResponse::Get(get) => Some(get),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The smallest index not in `held` (ascending, without duplicates).
 fn lowest_free(held: &[usize]) -> usize {
     held.iter().enumerate().find(|&(position, &index)| position != index).map_or(held.len(), |(p, _)| p)
+}
+
+fn check_index(what: &'static str, index: usize) -> Result<(), RegistryError> {
+    if index < MAX_TASKS {
+        Ok(())
+    } else {
+        Err(RegistryError::InvalidArgument { what, reason: "below MAX_TASKS (65,536)" })
+    }
 }
 
 fn check_address(address: &str) -> Result<(), RegistryError> {

@@ -13,7 +13,7 @@ use tokio::sync::watch;
 
 use super::record::{index_of, TaskRecord};
 use super::{bounded, check_job, Registry, RegistryError, MAX_TASKS};
-use crate::source::{view_of, Discovery};
+use crate::source::Discovery;
 
 /// The first wait after a failure; it doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
@@ -83,6 +83,12 @@ impl fmt::Debug for WatchCounters {
 /// that changes anything (several events in one response make one view). Each view's
 /// size is the highest index present plus one; indices with no key (holes) are absent
 /// from it, and draining tasks are [`TaskState::Draining`](crate::TaskState::Draining).
+/// A task whose record has a zone field carries it as its
+/// [`Task::locality`](steady_core::Task::locality), so the view's
+/// [`JobView::zones`] and [`JobView::zone_sizes`] follow the job's zones (a frontend job's
+/// zone sizes are what a zone-aware frontend hands its balancer); a record without one
+/// is a task in no zone. The job's zone keys (`P J /zones/`) are outside the watched
+/// prefix.
 ///
 /// # Failures
 ///
@@ -244,7 +250,8 @@ impl JobFollower {
         let Some(index) = self.index_of(kv) else { return };
         match TaskRecord::decode(kv.value()) {
             Ok(record) => {
-                self.tasks.insert(index, Task::new(record.address, record.state));
+                let task = Task { address: record.address, state: record.state, locality: record.locality };
+                self.tasks.insert(index, task);
             }
             Err(error) => {
                 tracing::warn!(job = %self.job, index, %error, "registry watch: bad value; the task is skipped");
@@ -274,7 +281,7 @@ impl JobFollower {
     /// Publishes the tasks as a view if it differs from the one in force.
     fn publish(&self) {
         let size = self.tasks.last_key_value().map_or(0, |(i, _)| i + 1);
-        let view = view_of(size, self.tasks.iter().map(|(i, task)| (*i, task.address.clone(), task.state)));
+        let view = JobView { size, tasks: Arc::new(self.tasks.clone()) };
         let changed = self.views.send_if_modified(|current| {
             if *current == view {
                 return false;
