@@ -1,7 +1,7 @@
 //! Where the lab writes the files a command makes when the user names no place for them.
 //!
-//! Every default output (`resize`'s and `slicer`'s SVG, `cache`'s figures) goes to one
-//! folder, so that running the quick start leaves the checkout as it was: the directory
+//! Every default output (`resize`'s and `slicer`'s SVG, `cache`'s and `zones`' figures) goes
+//! to one folder, so that running the quick start leaves the checkout as it was: the directory
 //! named by the environment variable `STEADY_LAB_OUT` when it is set, else
 //! `target/steady-lab/` in the workspace (which git ignores with the rest of `target/`),
 //! whatever directory the lab runs from. The figures under `docs/` are regenerated only
