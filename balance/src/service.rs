@@ -295,13 +295,14 @@ impl<S, K, C> Balance<S, K, C> {
         let _ = versions.wait_for(|v| *v >= version).await;
     }
 
-    /// Waits until the routing table has at least `members` ready members, or `timeout`
+    /// Waits until the routing table has at least `members` ready members that unkeyed
+    /// requests go to (a zone-aware balancer's spill zones' included), or `timeout`
     /// passes; returns whether it happened.
     pub async fn wait_for_members(&self, members: usize, timeout: Duration) -> bool {
         let mut versions = self.shared.versions.subscribe();
         let shared = self.shared.clone();
         let ready = async move {
-            let _ = versions.wait_for(|_| shared.table.load().members.len() >= members).await;
+            let _ = versions.wait_for(|_| shared.table.load().unkeyed().count() >= members).await;
         };
         tokio::time::timeout(timeout, ready).await.is_ok()
     }

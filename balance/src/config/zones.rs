@@ -18,7 +18,8 @@ use super::check;
 /// rule with a worked example and the measurements.
 ///
 /// A job view without zones (no task has a locality) routes as without this setting,
-/// with `frontend` as the index over the whole job. A task without a zone in a view
+/// with the frontend's index in the whole frontend job (the zones before its own, by
+/// label, then its zone index). A task without a zone in a view
 /// that has zones is not a member of any zone's subset (keyed requests still reach it
 /// when an assignment names it).
 ///
@@ -39,13 +40,13 @@ pub struct ZoneRouting {
     pub zone: Zone,
     /// How many frontends each zone has, this one's included (changeable at run time
     /// with [`crate::Balance::set_frontend_zones`]). Each zone's share of them is its
-    /// share of the demand. A zone missing here, or smaller than this frontend's index
-    /// allows, counts as `frontend + 1` frontends.
+    /// share of the demand. This frontend's zone counts at least `frontend + 1`
+    /// frontends (when it is missing here, or the sizes lag behind).
     pub frontends: ZoneSizes,
-    /// Below this share of the local subset usable (connected or connecting, not ejected,
-    /// not backing off), the zone counts as down and every request spills (default 0.5,
-    /// the panic threshold of ejection, applied per zone). 0 spills only when no local
-    /// backend serves at all.
+    /// Below this share of the local subset's `k` members usable (a member not failed,
+    /// backing off or ejected; a stand-in only once connected), the zone counts as down
+    /// and every request spills (default 0.5, the panic threshold of ejection, applied
+    /// per zone). 0 spills only when no local backend serves at all.
     pub min_healthy_share: f64,
 }
 
@@ -60,6 +61,28 @@ impl ZoneRouting {
     pub fn with_min_healthy_share(mut self, share: f64) -> Self {
         self.min_healthy_share = share;
         self
+    }
+
+    /// How many frontends this zone has, for frontend `frontend` of it: the size given,
+    /// or `frontend + 1` when that is larger (sizes that lag behind a new frontend).
+    pub(crate) fn local_frontends(&self, frontend: usize) -> usize {
+        self.frontends.get(&self.zone).max(frontend.saturating_add(1))
+    }
+
+    /// This zone's share of the frontend job (of the demand), for frontend `frontend` of it.
+    pub(crate) fn demand_share(&self, frontend: usize) -> f64 {
+        let local = self.local_frontends(frontend);
+        let total = self.frontends.total() - self.frontends.get(&self.zone) + local;
+        local as f64 / total as f64
+    }
+
+    /// Frontend `frontend` of this zone's index in the whole frontend job: the zones
+    /// before this one (by label) first, then this zone's. Distinct for every frontend
+    /// of the job, so whole-job choices (a view without zones, the subsets of the zones
+    /// requests spill to, the replicas of other zones) spread over all of them.
+    pub(crate) fn job_index(&self, frontend: usize) -> usize {
+        let before: usize = self.frontends.iter().filter(|(z, _)| **z < self.zone).map(|(_, n)| n).sum();
+        before.saturating_add(frontend)
     }
 
     /// Checks the values.

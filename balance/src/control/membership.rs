@@ -32,14 +32,19 @@ use steady_core::{JobView, Zone, ZoneView};
 pub(super) struct Inputs<'a, T, S> {
     pub(super) view: &'a JobView<T>,
     pub(super) health: &'a Health<S>,
+    /// The frontend's index over the whole job, when it routes over the whole job (a
+    /// zone-aware frontend's index in the whole frontend job).
+    pub(super) frontend: usize,
     /// `None` routes over the whole job (no zone routing, or a view without zones).
     pub(super) zones: Option<ZoneInputs<'a>>,
 }
 
-/// A zone-aware frontend's inputs: its routing settings and the view's zones.
+/// A zone-aware frontend's inputs: its routing settings, the view's zones, and whether
+/// requests spill now (over connections in rotation).
 pub(super) struct ZoneInputs<'a> {
     pub(super) routing: &'a ZoneRouting,
     pub(super) zones: &'a BTreeMap<Zone, ZoneView>,
+    pub(super) spilling: bool,
 }
 
 /// One pool's planned subset: the tasks to keep connections to, in preference order.
@@ -54,12 +59,11 @@ pub(super) struct Group {
 }
 
 /// A zone that some of the unkeyed requests spill to, and the subset they go over.
-#[derive(Debug, Clone, PartialEq)]
 pub(super) struct SpillGroup {
     pub(super) zone: Zone,
     /// The share of unkeyed requests sent there.
     pub(super) share: f64,
-    pub(super) tasks: Vec<usize>,
+    pub(super) group: Group,
 }
 
 /// A planned subset: the frontend's own (its zone's, when zone-aware), and the subsets
@@ -76,10 +80,20 @@ impl Subset {
     /// Every task wanted: the frontend's subset, then each spill zone's.
     pub(super) fn wanted(&self) -> Vec<usize> {
         let mut wanted = self.group.tasks.clone();
-        for group in &self.spill {
-            wanted.extend(&group.tasks);
+        for spill in &self.spill {
+            wanted.extend(&spill.group.tasks);
         }
         wanted
+    }
+
+    /// The members of the pools that carry requests, and how many of them are out: the
+    /// panic threshold's measure. The frontend's own subset counts unless everything
+    /// spills (a zone that is down does not put the zones it spills to in panic).
+    pub(super) fn carrying(&self) -> (usize, usize) {
+        let own = (self.local_share > 0.0).then_some(&self.group);
+        own.into_iter()
+            .chain(self.spill.iter().map(|s| &s.group))
+            .fold((0, 0), |(primary, out), g| (primary + g.primary, out + g.out))
     }
 }
 
@@ -261,7 +275,7 @@ where
         config: &BalanceConfig,
         now: Instant,
     ) -> Option<Subset> {
-        let Inputs { view, health, zones } = inputs;
+        let Inputs { view, health, frontend, zones } = inputs;
         self.slots.forget_old_failures(now);
         if view.size > steady_subset::MAX_BACKENDS {
             return None;
@@ -269,43 +283,70 @@ where
         let slots = &self.slots;
         let is_out =
             |task: usize, address: &T| slots.is_failed(task, address, now) || health.is_ejected(task, now);
-        let Some(ZoneInputs { routing, zones }) = zones else {
+        let Some(ZoneInputs { routing, zones, spilling }) = zones else {
             let k = config.subset_size.min(view.size);
-            let order = candidate_order(&config.algorithm, config.frontend, view.size, k);
+            let order = candidate_order(&config.algorithm, frontend, view.size, k);
             let group = self.plan_group(order, view.size, view, &is_out, &|_| true, config);
             return Some(Subset { group, spill: Vec::new(), local_share: 1.0 });
         };
         let empty = ZoneView::default();
         let local_zone = zones.get(&routing.zone).unwrap_or(&empty);
         let local = |task: usize| view.zone_of(task) == Some(&routing.zone);
-        let group =
-            self.plan_group(zone_order(config, local_zone), local_zone.size, view, &is_out, &local, config);
-        // What each zone can take: its serving backends not known to be out. The local
-        // zone counts as down when too little of its subset is usable.
+        let order = zone_order(config, config.frontend, local_zone);
+        let group = self.plan_group(order, local_zone.size, view, &is_out, &local, config);
+        // What each zone can take: its serving backends, as the view says (the same for
+        // every frontend, so that the zones' shares add up across them). Members known
+        // to fail are the stand-ins' business, not the spill's, unless so many of the
+        // subset are out that the zone counts as down.
         let mut capacity: BTreeMap<Zone, usize> = zones
             .iter()
             .map(|(zone, z)| {
-                let usable = z
-                    .tasks
-                    .values()
-                    .filter(|&&t| view.serving_task(t).is_some_and(|address| !is_out(t, address)))
-                    .count();
-                (zone.clone(), usable)
+                (zone.clone(), z.tasks.values().filter(|&&t| view.serving_task(t).is_some()).count())
             })
             .collect();
-        let usable = group.primary.saturating_sub(group.out);
-        if group.primary == 0 || (usable as f64) < routing.min_healthy_share * group.primary as f64 {
+        if self.zone_is_down(&group, view, &is_out, routing.min_healthy_share, spilling) {
             capacity.insert(routing.zone.clone(), 0);
         }
-        let shares = spill::shares(&routing.zone, &routing.frontends, &capacity);
+        let local_frontends = routing.local_frontends(config.frontend);
+        let shares = spill::shares(&routing.zone, local_frontends, &routing.frontends, &capacity);
+        // Spill subsets are drawn with the frontend's index in the whole frontend job, so
+        // that the frontends of several zones spilling into one spread over it.
+        let job_index = routing.job_index(config.frontend);
         let mut spill = Vec::with_capacity(shares.remote.len());
         for (zone, share) in shares.remote {
             let Some(z) = zones.get(&zone) else { continue };
             let in_zone = |task: usize| view.zone_of(task) == Some(&zone);
-            let group = self.plan_group(zone_order(config, z), z.size, view, &is_out, &in_zone, config);
-            spill.push(SpillGroup { zone, share, tasks: group.tasks });
+            let group =
+                self.plan_group(zone_order(config, job_index, z), z.size, view, &is_out, &in_zone, config);
+            spill.push(SpillGroup { zone, share, group });
         }
         Some(Subset { group, spill, local_share: shares.local })
+    }
+
+    /// Whether the frontend's zone counts as down, so that every request spills: no
+    /// local backend serves; or fewer than `min_healthy_share` of the subset's `k` have a
+    /// usable member (a primary not out, or a stand-in connected and not out); or the
+    /// frontend spills now (`spilling`) and no local member is connected yet, so that
+    /// requests keep going where connections are until the zone's are ready (make
+    /// before break).
+    fn zone_is_down(
+        &self,
+        group: &Group,
+        view: &JobView<T>,
+        is_out: &dyn Fn(usize, &T) -> bool,
+        min_healthy_share: f64,
+        spilling: bool,
+    ) -> bool {
+        if group.primary == 0 {
+            return true;
+        }
+        let usable = |task: usize| view.serving_task(task).is_some_and(|address| !is_out(task, address));
+        let (primaries, stand_ins) = group.tasks.split_at(group.primary);
+        let ready_stand_ins =
+            stand_ins.iter().filter(|&&t| self.slots.endpoint(t).is_some() && usable(t)).count();
+        let healthy = primaries.iter().filter(|&&t| usable(t)).count() + ready_stand_ins;
+        let connected = group.tasks.iter().any(|&t| self.slots.endpoint(t).is_some());
+        (healthy as f64) < min_healthy_share * group.primary as f64 || (spilling && !connected)
     }
 
     /// Plans one group's subset from `order` (job indices) over a pool of `size` tasks:
@@ -464,12 +505,15 @@ where
     }
 }
 
-/// The frontend's order over `zone` (its index against the zone's size), read as job
+/// Frontend `frontend`'s order over `zone` (against the zone's size), read as job
 /// indices; zone indices without a task are skipped.
-fn zone_order<'z>(config: &BalanceConfig, zone: &'z ZoneView) -> impl Iterator<Item = usize> + 'z {
+fn zone_order<'z>(
+    config: &BalanceConfig,
+    frontend: usize,
+    zone: &'z ZoneView,
+) -> impl Iterator<Item = usize> + 'z {
     let k = config.subset_size.min(zone.size);
-    candidate_order(&config.algorithm, config.frontend, zone.size, k)
-        .filter_map(|i| zone.tasks.get(&i).copied())
+    candidate_order(&config.algorithm, frontend, zone.size, k).filter_map(|i| zone.tasks.get(&i).copied())
 }
 
 /// Where requests may reach `task`: serving, or draining too when keyed requests may go

@@ -62,6 +62,7 @@ mod slots;
 mod slow_start;
 mod spill;
 
+use crate::route::slices::ZonePreference;
 pub(crate) use assignments::AssignmentSource;
 use assignments::Assignments;
 use health::Health;
@@ -357,7 +358,13 @@ where
     fn requests_flow(&self) -> bool {
         let shared = self.shared();
         shared.counters.closed_requests.load(Ordering::Relaxed) > 0
-            || shared.table.load().members.iter().any(|e| e.calls.requests.load(Ordering::Relaxed) > 0)
+            || shared.table.load().unkeyed().any(|e| e.calls.requests.load(Ordering::Relaxed) > 0)
+    }
+
+    /// The frontend's index over the whole job: its index, or a zone-aware frontend's
+    /// index in the whole frontend job.
+    fn job_index(&self) -> usize {
+        self.config.zones.as_ref().map_or(self.config.frontend, |z| z.job_index(self.config.frontend))
     }
 
     /// Brings the connections in line with what is wanted, then publishes the table.
@@ -369,20 +376,26 @@ where
     fn reconcile(&mut self) {
         let now = Instant::now();
         let counters = &self.publisher.shared().counters;
+        let table = self.publisher.shared().table.load();
+        let spilling = table.spill.as_ref().is_some_and(|s| s.zones().iter().any(|z| !z.members.is_empty()));
         let zones = match &self.config.zones {
-            Some(routing) if !self.zones.is_empty() => Some(ZoneInputs { routing, zones: &self.zones }),
+            Some(routing) if !self.zones.is_empty() => {
+                Some(ZoneInputs { routing, zones: &self.zones, spilling })
+            }
             _ => None,
         };
-        let inputs = Inputs { view: &self.view, health: &self.health, zones };
+        let inputs = Inputs { view: &self.view, health: &self.health, frontend: self.job_index(), zones };
         let (subset, spill, local_share) = match self.membership.plan(inputs, &self.config, now) {
             Some(planned) => {
-                self.health.observe_subset(planned.group.primary, planned.group.out, counters);
+                let (carrying, out) = planned.carrying();
+                self.health.observe_subset(carrying, out, counters);
                 let wanted = planned.wanted();
                 (wanted, planned.spill, planned.local_share)
             }
             // No subset can be computed for such a view: keep the one in force.
-            None => (self.publisher.shared().table.load().wanted.clone(), Vec::new(), 1.0),
+            None => (table.wanted.clone(), Vec::new(), 1.0),
         };
+        drop(table);
         self.membership.follow(&subset, &self.view, &self.config, counters, now);
         // Ejected members leave the table, unless the subset is in panic.
         let kept_out = self.health.kept_out(now);
@@ -392,18 +405,32 @@ where
         let reachability = self.assignments.replica_tasks().iter().fold(0u64, |digest, &t| {
             steady_subset::hash::hash_pair(digest, u64::from(t) << 1 | u64::from(reachable(t)))
         });
-        let local_zone = self.config.zones.as_ref().filter(|_| !self.zones.is_empty()).map(|z| &z.zone);
-        let is_local = |task: u32| local_zone.is_some_and(|zone| view.zone_of(task as usize) == Some(zone));
+        // A zone-aware frontend's keyed requests prefer its zone's replicas, as far as
+        // they cover its zone's share of the demand.
+        let routing = self.config.zones.as_ref().filter(|_| !self.zones.is_empty());
+        let is_local = |task: u32| routing.is_some_and(|z| view.zone_of(task as usize) == Some(&z.zone));
+        let preference = routing.map(|z| ZonePreference {
+            is_local: &is_local,
+            demand_share: z.demand_share(config.frontend),
+            job_index: z.job_index(config.frontend),
+        });
+        let preference_digest = preference.as_ref().map_or(0, |p| {
+            let locality = self.assignments.replica_tasks().iter().fold(p.job_index as u64, |digest, &t| {
+                steady_subset::hash::hash_pair(digest, u64::from(t) << 1 | u64::from(is_local(t)))
+            });
+            steady_subset::hash::hash_pair(locality, p.demand_share.to_bits())
+        });
         self.publisher.publish(TableInputs {
             subset,
             spill,
             local_share,
-            is_local: local_zone.map(|_| &is_local as &dyn Fn(u32) -> bool),
+            preference,
+            preference_digest,
             connected,
             ejected: self.health.ejected(now),
             panic: self.health.panic(),
             assignment: self.assignments.current(),
-            frontend: self.config.frontend,
+            frontend: if routing.is_some() { self.config.frontend } else { self.job_index() },
             fan_out: self.config.fan_out,
             reachable: &reachable,
             reachability,

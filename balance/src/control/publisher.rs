@@ -8,7 +8,7 @@ use steady_slice::Assignment;
 
 use super::membership::SpillGroup;
 use crate::route::endpoint::Endpoint;
-use crate::route::slices::SliceTable;
+use crate::route::slices::{SliceTable, ZonePreference};
 use crate::route::spill::Spill;
 use crate::route::table::{RoutingTable, Shared};
 
@@ -30,9 +30,10 @@ pub(super) struct TableInputs<'a, S> {
     pub(super) spill: Vec<SpillGroup>,
     /// The share of unkeyed requests that stays with the subset.
     pub(super) local_share: f64,
-    /// For a zone-aware frontend: whether a task is in its zone (keyed requests prefer
-    /// those replicas).
-    pub(super) is_local: Option<&'a dyn Fn(u32) -> bool>,
+    /// For a zone-aware frontend: how keyed requests prefer its zone's replicas, and a
+    /// digest of it (which replica tasks are local, the demand share).
+    pub(super) preference: Option<ZonePreference<'a>>,
+    pub(super) preference_digest: u64,
     /// Every connection in rotation (subset and affinity), by task.
     pub(super) connected: HashMap<usize, Arc<Endpoint<S>>>,
     /// Tasks ejected as outliers now (in rotation anyway during a panic), ascending.
@@ -70,7 +71,8 @@ impl<S> Publisher<S> {
             subset,
             spill,
             local_share,
-            is_local,
+            preference,
+            preference_digest,
             connected,
             ejected,
             panic,
@@ -81,7 +83,7 @@ impl<S> Publisher<S> {
             reachability,
         } = inputs;
         // The subset proper: the wanted tasks that no spill zone holds.
-        let spilled: Vec<usize> = spill.iter().flat_map(|g| g.tasks.iter().copied()).collect();
+        let spilled: Vec<usize> = spill.iter().flat_map(|g| g.group.tasks.iter().copied()).collect();
         let members: Vec<Arc<Endpoint<S>>> = subset
             .iter()
             .filter(|t| !spilled.contains(t))
@@ -101,6 +103,7 @@ impl<S> Publisher<S> {
         signature.extend(ids);
         signature.push(assignment.map_or(u64::MAX, Assignment::generation));
         signature.push(reachability);
+        signature.push(preference_digest);
         signature.push(u64::from(panic));
         signature.extend(ejected.iter().map(|&t| t as u64));
         // Where requests spill: the shares and each zone's ready members.
@@ -108,17 +111,17 @@ impl<S> Publisher<S> {
         for group in &spill {
             signature.push(u64::MAX);
             signature.push(group.share.to_bits());
-            signature.extend(ready_of(&group.tasks).iter().map(|e| e.id));
+            signature.extend(ready_of(&group.group.tasks).iter().map(|e| e.id));
         }
         if signature == self.published {
             return;
         }
         self.published = signature;
-        let slices =
-            assignment.map(|a| SliceTable::build(a, frontend, fan_out, &connected, reachable, is_local));
+        let slices = assignment
+            .map(|a| SliceTable::build(a, frontend, fan_out, &connected, reachable, preference.as_ref()));
         let spill = Spill::new(
             local_share,
-            spill.iter().map(|g| (g.zone.clone(), g.share, ready_of(&g.tasks))).collect(),
+            spill.iter().map(|g| (g.zone.clone(), g.share, ready_of(&g.group.tasks))).collect(),
         );
         let mut affinity: Vec<Arc<Endpoint<S>>> =
             connected.iter().filter(|(t, _)| !subset.contains(t)).map(|(_, e)| e.clone()).collect();

@@ -36,14 +36,19 @@ impl Shares {
     }
 }
 
-/// The shares of a frontend in zone `local`, with `demand` frontends per zone and
-/// `capacity` usable backends per zone (a zone counted down has 0). A `local` zone
-/// missing from `demand` counts as one frontend.
+/// The shares of a frontend in zone `local`, which has `local_demand` frontends
+/// (whatever `demand` says of it), with `demand` frontends in the other zones and
+/// `capacity` backends per zone (a zone counted down has 0).
 ///
 /// With no usable backend anywhere, everything stays local (requests then wait for the
 /// local zone, as they would without zones).
-pub(crate) fn shares(local: &Zone, demand: &ZoneSizes, capacity: &BTreeMap<Zone, usize>) -> Shares {
-    let local_demand = demand.get(local).max(1);
+pub(crate) fn shares(
+    local: &Zone,
+    local_demand: usize,
+    demand: &ZoneSizes,
+    capacity: &BTreeMap<Zone, usize>,
+) -> Shares {
+    let local_demand = local_demand.max(1);
     let total_demand = (demand.total() - demand.get(local) + local_demand) as f64;
     let total_capacity: usize = capacity.values().sum();
     if total_capacity == 0 {
@@ -112,18 +117,18 @@ mod tests {
         // two thirds and spills a sixth to each of the others; they keep everything.
         let demand = sizes(&[6, 3, 3]);
         let backends = capacity(&[4, 4, 4]);
-        let s = shares(&zone(0), &demand, &backends);
+        let s = shares(&zone(0), 6, &demand, &backends);
         assert!((s.local - 2.0 / 3.0).abs() < 1e-12, "{s:?}");
         assert_eq!(s.remote.len(), 2);
         for (_, share) in &s.remote {
             assert!((share - 1.0 / 6.0).abs() < 1e-12, "{s:?}");
         }
-        assert_eq!(shares(&zone(1), &demand, &backends), Shares::all_local());
+        assert_eq!(shares(&zone(1), 3, &demand, &backends), Shares::all_local());
     }
 
     #[test]
     fn a_zone_without_backends_spills_everything_by_surplus() {
-        let s = shares(&zone(0), &sizes(&[6, 3, 3]), &capacity(&[0, 4, 2]));
+        let s = shares(&zone(0), 6, &sizes(&[6, 3, 3]), &capacity(&[0, 4, 2]));
         // Capacity 0/66.7/33.3%, demand 50/25/25%: surpluses 41.7 and 8.3 points.
         assert_eq!(s.local, 0.0);
         assert_eq!(s.remote.iter().map(|(z, _)| z.clone()).collect::<Vec<_>>(), [zone(1), zone(2)]);
@@ -132,12 +137,14 @@ mod tests {
     }
 
     #[test]
-    fn nothing_usable_anywhere_stays_local_and_an_unknown_local_zone_counts_one_frontend() {
-        assert_eq!(shares(&zone(0), &sizes(&[1, 1]), &capacity(&[0, 0])), Shares::all_local());
-        // This frontend's zone is missing from the sizes: one frontend of 3, one
-        // backend of 3: covered.
+    fn nothing_usable_anywhere_stays_local_and_the_local_zone_counts_its_frontends() {
+        assert_eq!(shares(&zone(0), 1, &sizes(&[1, 1]), &capacity(&[0, 0])), Shares::all_local());
+        // This frontend's zone is missing from the sizes and counts one frontend of 3,
+        // with one backend of 3: covered.
         let demand = ZoneSizes::new().with(zone(1), 2);
-        assert_eq!(shares(&zone(0), &demand, &capacity(&[1, 2])), Shares::all_local());
+        assert_eq!(shares(&zone(0), 1, &demand, &capacity(&[1, 2])), Shares::all_local());
+        // Counted as 4 of 6 instead, it falls short.
+        assert!(shares(&zone(0), 4, &demand, &capacity(&[1, 2])).local < 1.0);
     }
 
     #[test]
@@ -149,7 +156,7 @@ mod tests {
         let mut b = vec![1; 14];
         b[0] = 0;
         b[13] = 5;
-        let s = shares(&zone(0), &sizes(&f), &capacity(&b));
+        let s = shares(&zone(0), 10, &sizes(&f), &capacity(&b));
         assert_eq!(s.remote.len(), MAX_SPILL_ZONES);
         assert!(s.remote.iter().any(|(z, _)| *z == zone(13)));
         let sum: f64 = s.remote.iter().map(|(_, x)| x).sum();
@@ -183,7 +190,7 @@ mod tests {
                 if frontends == 0 {
                     continue;
                 }
-                let s = shares(&zone(i), &demand, &backends);
+                let s = shares(&zone(i), frontends, &demand, &backends);
                 let sum = s.local + s.remote.iter().map(|(_, x)| x).sum::<f64>();
                 prop_assert!((sum - 1.0).abs() < 1e-9, "{s:?}");
                 prop_assert!((0.0..=1.0).contains(&s.local));
