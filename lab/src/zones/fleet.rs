@@ -180,6 +180,22 @@ impl Backends {
         self.servers[task].is_some() && task % BACKENDS_PER_ZONE < self.in_view[zone]
     }
 
+    /// For each slice of the assignment in force, its replicas in each zone that serve.
+    pub(crate) fn serving_replicas_by_zone(&self) -> Vec<[usize; 3]> {
+        let assignment = self.assignments.global.borrow();
+        assignment
+            .slices()
+            .iter()
+            .map(|slice| {
+                let mut zones = [0; 3];
+                for &r in slice.replicas.iter().filter(|&&r| self.serving(r as usize)) {
+                    zones[zone_of_backend(r as usize)] += 1;
+                }
+                zones
+            })
+            .collect()
+    }
+
     /// The job's backends (in the views or not).
     pub(crate) fn count(&self) -> usize {
         self.addresses.len()

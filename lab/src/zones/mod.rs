@@ -157,7 +157,8 @@ pub(crate) struct Outcome {
     pub(crate) cross_zone_second_half: f64,
     /// The same in each second of the phase, the first included (NaN: no answer).
     pub(crate) cross_zone_per_second: Vec<f64>,
-    /// The lowest cross-zone share the phase's demand and capacity allow.
+    /// The lowest cross-zone share the phase's demand and capacity allow with every
+    /// serving backend (keyed: every serving replica of a slice) taking an even share.
     pub(crate) lowest: Option<f64>,
     /// Requests of the busiest serving backend over the mean of the serving backends.
     pub(crate) busiest_over_mean: f64,
@@ -331,7 +332,19 @@ async fn experiment(s: &Settings) -> Result<Vec<Outcome>, Box<dyn std::error::Er
             })
             .collect();
         let lowest = lowest::lowest_cross_zone(&zones);
+        // Keyed requests can only go to their slice's replicas: a zone's capacity for a
+        // slice is its serving replicas of it (every slice weighs the same).
+        let slices = fleet.backends.serving_replicas_by_zone();
+        let keyed_lowest = slices
+            .iter()
+            .map(|replicas| {
+                let zones: Vec<(usize, usize)> = (0..3).map(|z| (fleet.frontends[z], replicas[z])).collect();
+                lowest::lowest_cross_zone(&zones)
+            })
+            .sum::<Option<f64>>()
+            .map(|sum| sum / slices.len().max(1) as f64);
         for (g, before) in fleet.groups.iter().zip(&opened_before) {
+            let lowest = if g.traffic == Traffic::Keyed { keyed_lowest } else { lowest };
             let mut counts =
                 g.recorder.lock().expect("not poisoned").phases().last().cloned().unwrap_or_default();
             // Answers in the moment since the phase ended are not a second of it.

@@ -55,12 +55,14 @@ pub(super) fn print(out: &mut impl Write, s: &Settings, outcomes: &[Outcome]) ->
         let rows: Vec<&Outcome> = outcomes.iter().filter(|o| o.phase == phase).collect();
         let Some(first) = rows.first() else { continue };
         writeln!(out)?;
+        let keyed = rows.iter().find(|o| o.traffic == Traffic::Keyed).and_then(|o| o.lowest);
         writeln!(
             out,
-            "## {}. {}; lowest possible cross-zone share {} %",
+            "## {}. {}; lowest possible cross-zone share {} % (keyed, by the slices' replicas: {} %)",
             n + 1,
             phase.describe(),
-            first.lowest.map_or("-".to_owned(), percent)
+            first.lowest.map_or("-".to_owned(), percent),
+            keyed.map_or("-".to_owned(), percent)
         )?;
         writeln!(
             out,
@@ -149,21 +151,24 @@ fn phase_figure(dir: &Path, n: usize, phase: Phase, rows: &[&Outcome]) -> DrawRe
             .label(label(o))
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], c.filled()));
     }
-    if let Some(lowest) = rows[0].lowest {
-        let y = lowest * 100.0;
-        chart.draw_series(DashedLineSeries::new(
-            [(-0.5, y), (bars - 0.5, y)],
-            8,
-            5,
-            BLACK.stroke_width(2),
-        ))?;
+    // Each bar against its own row's lowest share (keyed: by the slices' replicas).
+    for (i, o) in rows.iter().enumerate() {
+        if let Some(lowest) = o.lowest {
+            let (x, y) = (i as f64, lowest * 100.0);
+            chart.draw_series(DashedLineSeries::new(
+                [(x - 0.5, y), (x + 0.5, y)],
+                6,
+                4,
+                BLACK.stroke_width(2),
+            ))?;
+        }
     }
     legend(&mut chart, SeriesLabelPosition::UpperRight)?;
 
     // Second by second.
     let seconds = rows.iter().map(|o| o.cross_zone_per_second.len()).max().unwrap_or(1).max(2) as f64;
     let mut chart = ChartBuilder::on(&middle)
-        .caption("Cross-zone share in each second of the phase, %", FONT)
+        .caption("Cross-zone share in each second of the phase, % (dashed: lowest possible)", FONT)
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(50)
@@ -176,7 +181,9 @@ fn phase_figure(dir: &Path, n: usize, phase: Phase, rows: &[&Outcome]) -> DrawRe
         .x_label_formatter(&tick)
         .y_label_formatter(&tick)
         .draw()?;
-    if let Some(lowest) = rows[0].lowest {
+    let mut lows: Vec<f64> = rows.iter().filter_map(|o| o.lowest).collect();
+    lows.dedup_by(|a, b| (*a - *b).abs() < 1e-9);
+    for lowest in lows {
         let y = lowest * 100.0;
         chart.draw_series(DashedLineSeries::new([(1.0, y), (seconds, y)], 8, 5, BLACK.stroke_width(2)))?;
     }
