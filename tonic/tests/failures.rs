@@ -13,7 +13,7 @@ use std::time::Duration;
 use bytes::{BufMut, Bytes, BytesMut};
 use http_body_util::StreamBody;
 use prost::Message;
-use steady_balance::{BalanceConfig, Load};
+use steady_balance::{BalanceConfig, Load, MemberState};
 use steady_testing::echo::echo_client::EchoClient;
 use steady_testing::echo::echo_server::{Echo, EchoServer};
 use steady_testing::echo::{EchoReply, EchoRequest};
@@ -334,4 +334,38 @@ async fn with_health_checks_a_backend_without_the_health_service_serves() {
     }
     assert_eq!(channel.stats().members.len(), 2);
     assert!(fleet_backends.iter().all(|b| b.backend.requests.load(Ordering::SeqCst) > 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_restarted_where_it_was_leaves_probation_after_its_probe() {
+    // A gRPC call's outcome is in its trailers, read after the response's head: the
+    // probe's success comes after its request is done, and must still end probation.
+    let mut fleet = Fleet::start(2, 2).await;
+    let addr = fleet._stops[0].addr();
+    // Backend 0 stops: its connection ends, and calls find it broken.
+    fleet._stops.remove(0);
+    let deadline = tokio::time::Instant::now() + steady_testing::wait::PATIENCE;
+    while fleet.channel.stats().members.iter().any(|m| m.task == 0) {
+        let _ = fleet.send(5, None).await;
+        assert!(tokio::time::Instant::now() < deadline, "backend 0 still in rotation");
+    }
+    // Back on its port: reconnected after a broken connection, it is on probation.
+    fleet._stops.insert(0, Loopback::bind_to(addr).await.serve(EchoServer::new(fleet.backends[0].clone())));
+    eventually("backend 0 back", || fleet.channel.stats().members.iter().any(|m| m.task == 0)).await;
+    let calls_before = fleet.calls(0);
+    // Calls flow until its probe has served and probation is over.
+    let deadline = tokio::time::Instant::now() + steady_testing::wait::PATIENCE;
+    loop {
+        assert!(fleet.send(10, None).await.is_empty());
+        let state = fleet.channel.stats().members.iter().find(|m| m.task == 0).map(|m| m.state);
+        if !matches!(state, Some(MemberState::Probation { .. })) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still on probation after {} calls",
+            fleet.calls(0) - calls_before
+        );
+    }
+    assert!(fleet.calls(0) > calls_before, "the probe was served");
 }

@@ -196,7 +196,12 @@ impl<S> Endpoint<S> {
         match outcome {
             Outcome::Success => {
                 self.calls.succeeded();
-                if self.gate() == GateState::PROBE_SENT {
+                // A probe's success may come after its guard freed the probe (a gRPC
+                // call's outcome is in its trailers, read after the head): a success on
+                // a member on probation is its probe's either way, for only the probe is
+                // ever sent there.
+                let gate = self.gate();
+                if gate == GateState::PROBE_SENT || gate == GateState::PROBE_WAITING {
                     self.probe_succeeded();
                 }
             }
@@ -348,7 +353,8 @@ impl<S> Drop for InFlight<S> {
                 let _ = self.endpoint.link.feedback.send(Feedback::Drained { id: self.endpoint.id });
             }
             // A probe given up on before its outcome (or whose outcome is deferred to
-            // its body): free the probe, so that probation cannot stick.
+            // its body): free the probe, so that probation cannot stick. A deferred
+            // success still ends probation when it comes (see `record`).
             self.endpoint.gate.free_probe();
         }
     }
@@ -408,6 +414,25 @@ mod tests {
         drop(b);
         assert_eq!(rx.try_recv().unwrap(), Feedback::Drained { id: 9 });
         assert_eq!(ep.calls.requests.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn a_probe_whose_success_comes_after_its_guard_still_ends_probation() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let opening = Opening {
+            gate: GateState::PROBE_WAITING,
+            reactions: Reactions { consecutive: 0, after_probe: GateState::OPEN },
+            ..Opening::plain()
+        };
+        let ep = Arc::new(Endpoint::new(0, 4, (), opening, Link { feedback: tx, rotation: nowhere() }));
+        assert!(ep.try_probe());
+        // The response's head arrived and the request's guard dropped; its outcome (a
+        // gRPC status in the trailers) is reported after.
+        drop(InFlight::start(ep.clone()).sent());
+        assert_eq!(ep.gate(), GateState::PROBE_WAITING);
+        ep.record(Outcome::Success);
+        assert_eq!(ep.gate(), GateState::OPEN);
+        assert_eq!(rx.try_recv().unwrap(), Feedback::Probed { id: 4 });
     }
 
     #[test]

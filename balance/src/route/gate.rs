@@ -152,11 +152,12 @@ impl Gate {
         self.swap_if(GateState::PROBE_WAITING, GateState::PROBE_SENT)
     }
 
-    /// The probe served: ends probation, opening to `opened`. True for the one
-    /// outcome that ended it.
+    /// The probe served: ends probation, opening to `opened`, whether the probe is
+    /// still counted in flight or its guard already freed it (an outcome reported after
+    /// the response's head). True for the one outcome that ended it.
     pub(crate) fn probe_served(&self, opened: GateState) -> bool {
         debug_assert!(opened.serves(), "probation opens to a share: {opened:?}");
-        self.swap_if(GateState::PROBE_SENT, opened)
+        self.swap_if(GateState::PROBE_SENT, opened) || self.swap_if(GateState::PROBE_WAITING, opened)
     }
 
     /// The probe failed or was given up on: the next pick that draws the member
@@ -209,6 +210,9 @@ mod tests {
         gate.set_broken();
         gate.set_share(Share::FULL);
         assert!(gate.read().is_broken() && !gate.read().serves());
+        // A success reported after the probe was freed ends probation too.
+        let gate = Gate::new(GateState::PROBE_WAITING);
+        assert!(gate.probe_served(GateState::OPEN) && gate.read() == GateState::OPEN);
     }
 
     #[test]
