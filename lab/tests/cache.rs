@@ -4,24 +4,16 @@
 //! p2c spreads each key over every backend, so it caches each hot key four times over.)
 //! With handover, the moves of the rolling restart warm their new owners from the old ones.
 
+mod support;
+
 use std::process::Command;
 
 use serde_json::Value;
+use support::run_quick;
 
 #[test]
 fn keyed_routing_hits_more_than_p2c_and_no_request_fails_even_through_restarts() {
-    let dir = std::env::temp_dir().join(format!("steady-lab-cache-{}", std::process::id()));
-    let json = dir.join("cache.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_steady-lab"))
-        .args(["cache", "--quick", "--figures"])
-        .arg(&dir)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("steady-lab runs");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
-    let outcomes: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let (text, outcomes, dir) = run_quick("cache");
     for phase in ["reshuffled", "restart"] {
         let rows: Vec<&Value> = outcomes.iter().filter(|o| o["phase"] == phase).collect();
         assert_eq!(rows.len(), 7, "every strategy ran the {phase} phase:\n{text}");

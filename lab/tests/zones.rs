@@ -11,9 +11,12 @@
 //!   cross-zone connection; keyed: its replicas' share), and fails nothing after the first
 //!   second of zone a's outage.
 
+mod support;
+
 use std::process::Command;
 
 use serde_json::Value;
+use support::run_quick;
 
 fn row<'a>(rows: &'a [Value], phase: &str, strategy: &str, traffic: &str) -> &'a Value {
     rows.iter()
@@ -23,19 +26,7 @@ fn row<'a>(rows: &'a [Value], phase: &str, strategy: &str, traffic: &str) -> &'a
 
 #[test]
 fn zone_aware_routing_stays_local_and_spills_what_it_must_where_the_alternatives_cannot() {
-    let dir = std::env::temp_dir().join(format!("steady-lab-zones-{}", std::process::id()));
-    let json = dir.join("zones.json");
-    std::fs::create_dir_all(&dir).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_steady-lab"))
-        .args(["zones", "--quick", "--figures"])
-        .arg(&dir)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("steady-lab runs");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
-    let rows: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let (text, rows, dir) = run_quick("zones");
     assert_eq!(rows.len(), 5 * 3 * 2, "five phases, three strategies, two kinds of traffic:\n{text}");
     let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
     let lowest = |phase: &str| f(&row(&rows, phase, "zone-unaware", "unkeyed")["lowest"]);
