@@ -97,6 +97,7 @@ use etcd_client::{Client, GetOptions};
 use steady_core::Zone;
 pub use steady_etcd::{ConnectError, EtcdAccess, EtcdTls};
 
+mod claim;
 mod maintenance;
 mod record;
 mod registration;
