@@ -63,12 +63,15 @@ fn zone_aware_routing_stays_local_and_spills_what_it_must_where_the_alternatives
             assert_eq!(f(&fits["cross_zone_connections"]), 0.0, "no spill subset left: {fits}\n{text}");
         }
         // (Over the phase's second half: a debug build takes a second or two to settle
-        // after the resize.)
+        // after the resize.) Unkeyed, nothing crosses; keyed, each request of zones a and
+        // b crosses with a chance of a sixth: over a couple of hundred requests, 0.1 is
+        // four standard deviations.
         let gap = f(&fits["cross_zone_second_half"]) - f(&fits["lowest"]);
-        assert!(gap.abs() < 0.05, "{fits}\n{text}");
-        // Zone-aware traffic spills zone a's excess and no more.
+        assert!(gap.abs() < if traffic == "unkeyed" { 0.02 } else { 0.1 }, "{fits}\n{text}");
+        // Zone-aware traffic spills zone a's excess and no more (a third of zone a's half,
+        // drawn per request: 0.1 is five standard deviations over the phase).
         let steady = row(&rows, "steady", "zone-aware", traffic);
-        assert!((f(&steady["cross_zone"]) - 1.0 / 6.0).abs() < 0.07, "{steady}\n{text}");
+        assert!((f(&steady["cross_zone"]) - 1.0 / 6.0).abs() < 0.1, "{steady}\n{text}");
     }
     for n in 1..=5 {
         let name = ["steady", "zone-down", "zone-back", "frontends-doubled", "backends-halved"][n - 1];

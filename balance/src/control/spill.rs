@@ -61,6 +61,8 @@ pub(crate) fn shares(
     };
     let capacity_share = |zone: &Zone| capacity.get(zone).copied().unwrap_or(0) as f64 / total_capacity;
     let (local_demand, local_capacity) = (demand_share(local), capacity_share(local));
+    // Every share is one integer ratio, correctly rounded: equal ratios are equal floats,
+    // so a zone whose capacity matches its demand exactly spills nothing (not 1e-16).
     if local_capacity >= local_demand {
         return Shares::all_local();
     }
@@ -124,6 +126,20 @@ mod tests {
             assert!((share - 1.0 / 6.0).abs() < 1e-12, "{s:?}");
         }
         assert_eq!(shares(&zone(1), 3, &demand, &backends), Shares::all_local());
+    }
+
+    #[test]
+    fn capacity_that_matches_demand_spills_nothing_whatever_the_rounding() {
+        // 6 of 15 frontends and 4 of 10 backends; 1 of 3 and 3 of 9; 7 of 21 and 5 of 15.
+        for (f, b) in [([6, 6, 3], [4, 4, 2]), ([1, 1, 1], [3, 3, 3]), ([7, 7, 7], [5, 5, 5])] {
+            for z in 0..3 {
+                assert_eq!(
+                    shares(&zone(z), f[z], &sizes(&f), &capacity(&b)),
+                    Shares::all_local(),
+                    "{f:?} {b:?}"
+                );
+            }
+        }
     }
 
     #[test]
