@@ -114,6 +114,8 @@ pub(crate) struct Control<T, C, S, J> {
 
 /// Restarts this far apart are not consecutive.
 const RESTARTS_FORGOTTEN_AFTER: Duration = Duration::from_secs(60);
+/// The most connection outcomes recorded before one reconcile (see `on_connected`).
+const MAX_OUTCOMES_PER_TABLE: usize = 256;
 /// The longest pause between consecutive restarts.
 const MAX_RESTART_PAUSE: Duration = Duration::from_secs(10);
 
@@ -285,11 +287,31 @@ where
         }
     }
 
+    /// A connection attempt came to an outcome: records it, and every other outcome
+    /// already in (at most [`MAX_OUTCOMES_PER_TABLE`] in all), then reconciles once. A
+    /// fresh subset of thousands of members (a zone-aware frontend's spill subsets in a
+    /// large job) then costs a few reconciles, not one each: each is linear in the job's
+    /// size, and one per connection would keep the task busy past the connect timeout.
     fn on_connected(&mut self, task: usize, attempt: u64, result: Result<S, BoxError>) {
+        let mut changed = self.record_outcome(task, attempt, result);
+        for _ in 1..MAX_OUTCOMES_PER_TABLE {
+            let Some((task, attempt, result)) = poll_fn(|cx| self.membership.poll_attempts(cx)).now_or_never()
+            else {
+                break;
+            };
+            changed |= self.record_outcome(task, attempt, result);
+        }
+        if changed {
+            self.reconcile();
+        }
+    }
+
+    /// Records one attempt's outcome: the connection in rotation from the next table, or
+    /// the task backing off. Returns false for a stale attempt (the task left, or a newer
+    /// attempt replaced it), whose connection is dropped.
+    fn record_outcome(&mut self, task: usize, attempt: u64, result: Result<S, BoxError>) -> bool {
         let Some(address) = self.membership.awaiting(task, attempt) else {
-            // A stale attempt (the task left, or a newer attempt replaced it): drop its
-            // connection.
-            return;
+            return false;
         };
         match result {
             Ok(service) => {
@@ -322,7 +344,7 @@ where
                 tracing::warn!(task, %error, failures, retry_in = ?until - Instant::now(), "connection failed");
             }
         }
-        self.reconcile();
+        true
     }
 
     fn on_feedback(&mut self, feedback: Feedback) {

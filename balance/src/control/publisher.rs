@@ -1,7 +1,7 @@
 //! Publishing the routing table: built from the control task's pieces, swapped in
 //! whole, and only when something it is built from changed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use steady_slice::Assignment;
@@ -82,8 +82,10 @@ impl<S> Publisher<S> {
             reachable,
             reachability,
         } = inputs;
-        // The subset proper: the wanted tasks that no spill zone holds.
-        let spilled: Vec<usize> = spill.iter().flat_map(|g| g.group.tasks.iter().copied()).collect();
+        // The subset proper: the wanted tasks that no spill zone holds. (Sets: a spilling
+        // frontend wants thousands of tasks in a large job, and a table is built per
+        // connection that opens.)
+        let spilled: HashSet<usize> = spill.iter().flat_map(|g| g.group.tasks.iter().copied()).collect();
         let members: Vec<Arc<Endpoint<S>>> = subset
             .iter()
             .filter(|t| !spilled.contains(t))
@@ -123,8 +125,9 @@ impl<S> Publisher<S> {
             local_share,
             spill.iter().map(|g| (g.zone.clone(), g.share, ready_of(&g.group.tasks))).collect(),
         );
+        let wanted: HashSet<usize> = subset.iter().copied().collect();
         let mut affinity: Vec<Arc<Endpoint<S>>> =
-            connected.iter().filter(|(t, _)| !subset.contains(t)).map(|(_, e)| e.clone()).collect();
+            connected.iter().filter(|(t, _)| !wanted.contains(t)).map(|(_, e)| e.clone()).collect();
         affinity.sort_unstable_by_key(|e| e.task);
         self.version += 1;
         tracing::info!(
