@@ -295,7 +295,8 @@ where
     fn on_connected(&mut self, task: usize, attempt: u64, result: Result<S, BoxError>) {
         let mut changed = self.record_outcome(task, attempt, result);
         for _ in 1..MAX_OUTCOMES_PER_TABLE {
-            let Some((task, attempt, result)) = poll_fn(|cx| self.membership.poll_attempts(cx)).now_or_never()
+            let Some((task, attempt, result)) =
+                poll_fn(|cx| self.membership.poll_attempts(cx)).now_or_never()
             else {
                 break;
             };
