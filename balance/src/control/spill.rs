@@ -2,14 +2,14 @@
 //! zone, and how the rest divides among the other zones.
 //!
 //! Each zone's *demand* is its share of the frontends (every frontend is taken to send
-//! alike), its *capacity* its share of the usable backends. A zone whose capacity covers
-//! its demand keeps every request. One that falls short keeps `capacity / demand` of its
-//! requests, as many as its backends can take at the job's mean load, and spills the
-//! rest to the zones with a surplus (capacity above demand), in proportion to that
-//! surplus. When every frontend follows the rule, each zone's backends receive exactly
-//! the zone's capacity share of all requests (so every backend the mean load), and the
-//! requests that cross a zone are exactly the sum of the deficits: no routing that
-//! balances the backends crosses less. This is Envoy's zone-aware rule.
+//! alike), its *capacity* its share of the serving backends (none while it is down). A
+//! zone whose capacity covers its demand keeps every request. One that falls short keeps
+//! `capacity / demand` of its requests, as many as its backends can take at the job's
+//! mean load, and spills the rest to the zones with a surplus (capacity above demand),
+//! in proportion to that surplus. When every frontend follows the rule, each zone's
+//! backends receive exactly the zone's capacity share of all requests (so every backend
+//! the mean load), and the requests that cross a zone are exactly the sum of the deficits:
+//! no routing that balances the backends crosses less. This is Envoy's zone-aware rule.
 
 use std::collections::BTreeMap;
 
