@@ -22,6 +22,14 @@ pub enum AssignError {
         /// The task index.
         task: u32,
     },
+    /// A task profile with a bad field: `capacity` (not finite and above zero), `zone` or
+    /// `rack` (not 1 to 63 bytes of `[A-Za-z0-9._-]`).
+    BadProfile {
+        /// The task index.
+        task: u32,
+        /// The field.
+        field: &'static str,
+    },
     /// A load that is negative, NaN or infinite.
     BadLoad {
         /// The key it was reported for (0 for the uniform part of a [`crate::Load`]).
@@ -58,6 +66,10 @@ impl fmt::Display for AssignError {
             Self::TaskOutOfRange { task } => {
                 write!(f, "task {task} is above the largest task index {}", steady_slice::MAX_TASK)
             }
+            Self::BadProfile { task, field } => match *field {
+                "capacity" => write!(f, "task {task}: capacity must be finite and above zero"),
+                _ => write!(f, "task {task}: {field} must be 1 to 63 bytes of [A-Za-z0-9._-]"),
+            },
             Self::BadLoad { key, load } => {
                 write!(f, "load {load} for key {key} is not a finite non-negative number")
             }

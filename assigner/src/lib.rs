@@ -36,11 +36,17 @@
 //! # Example
 //!
 //! ```
-//! use steady_assigner::{Assigner, Load, ReplicaLimits, RunInput, SliceKey, Tasks, WeightedMove};
+//! use steady_assigner::{Assigner, Load, Placement, ReplicaLimits, RunInput, SliceKey, Tasks, WeightedMove};
 //!
 //! let tasks = Tasks::serving(0..4)?;
 //! let load = Load::from_points([(SliceKey(42), 100.0), (SliceKey(1 << 63), 10.0)])?;
-//! let input = RunInput { previous: None, tasks: &tasks, load: &load, replicas: ReplicaLimits::new(1, 2)? };
+//! let input = RunInput {
+//!     previous: None,
+//!     tasks: &tasks,
+//!     load: &load,
+//!     replicas: ReplicaLimits::new(1, 2)?,
+//!     placement: Placement::none(),
+//! };
 //! let first = WeightedMove::default().assign(&input)?;
 //! assert_eq!(first.assignment.generation(), 1);
 //! let next = WeightedMove::default().assign(&RunInput { previous: Some(&first.assignment), ..input })?;
@@ -58,8 +64,10 @@ pub mod initial;
 mod load;
 mod lpt;
 mod pieces;
+pub mod placement;
 mod report;
 mod rotation;
+mod spec;
 mod tasks;
 mod weighted_move;
 
@@ -70,8 +78,10 @@ pub use handover::warming_step;
 pub use load::{Load, ReplicaLimits};
 pub use lpt::Lpt;
 pub use pieces::imbalance;
+pub use placement::{Constraint, Infeasible, Placement, PlacementCheck, Spread, TaskProfile, Violation};
 pub use report::{Moves, Outcome, Report, SlicesPerTask};
 pub use rotation::Rotation;
+pub use spec::{Goals, JobSpec, SpecError, TaskRule, MAX_TASK_RULES};
 pub use steady_slice::{Assignment, SliceKey};
 pub use tasks::{TaskState, Tasks};
 pub use weighted_move::{WeightedMove, WeightedMoveConfig};
@@ -87,6 +97,8 @@ pub struct RunInput<'a> {
     pub load: &'a Load,
     /// How many replicas each slice has.
     pub replicas: ReplicaLimits,
+    /// The placement constraints ([`Placement::none`]: none).
+    pub placement: &'a Placement,
 }
 
 /// An algorithm that produces the next assignment from the previous one and the load.

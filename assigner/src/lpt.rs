@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use crate::error::AssignError;
 use crate::pieces::{bins_per_task, equal_ranges};
+use crate::placement::layout::Layout;
 use crate::report::{finish, Outcome, RunNotes};
 use crate::{serving_of, Assigner, RunInput};
 
@@ -49,9 +50,10 @@ impl Assigner for Lpt {
 
     fn assign(&self, input: &RunInput<'_>) -> Result<Outcome, AssignError> {
         let started = Instant::now();
-        let serving = serving_of(input.tasks)?;
+        let layout = Layout::new(input.tasks, serving_of(input.tasks)?, input.placement, input.replicas);
+        let serving = &layout.serving;
         let n = serving.len();
-        let (replicas, _) = input.replicas.effective(n);
+        let replicas = layout.min_r;
         let m = bins_per_task(self.bins_per_task, n) * n;
         let mut bins = equal_ranges(m, input.load);
         let before: Vec<Vec<usize>> = bins
@@ -65,16 +67,19 @@ impl Assigner for Lpt {
             .collect();
         let mut order: Vec<usize> = (0..m).collect();
         order.sort_by(|&a, &b| bins[b].load.total_cmp(&bins[a].load).then(a.cmp(&b)));
+        // Each task's load over its capacity.
         let mut loads = vec![0.0f64; n];
+        let spread = layout.spread_order();
         for b in order {
             let load = bins[b].load;
-            let chosen: Vec<usize> = if load <= 0.0 {
-                if before[b].len() == replicas {
-                    before[b].clone()
-                } else {
-                    (0..replicas).map(|j| (b + j) % n).collect()
-                }
-            } else {
+            let kept = load <= 0.0
+                && before[b].len() == replicas
+                && layout.score(&before[b].iter().map(|&t| t as u32).collect::<Vec<_>>()) == 0;
+            let chosen: Vec<usize> = if kept {
+                before[b].clone()
+            } else if load <= 0.0 {
+                (0..replicas).map(|j| spread[(b + j) % n] as usize).collect()
+            } else if !layout.constrained {
                 let mut candidates: Vec<usize> = (0..n).collect();
                 candidates.sort_by(|&x, &y| {
                     loads[x]
@@ -84,13 +89,32 @@ impl Assigner for Lpt {
                 });
                 candidates.truncate(replicas);
                 candidates
+            } else {
+                // One replica at a time: the task that keeps the placement best, then the
+                // least loaded, then one that held the bin, then the lowest index.
+                let mut chosen: Vec<u32> = Vec::with_capacity(replicas);
+                for _ in 0..replicas {
+                    let by_group: Vec<usize> = (0..layout.groups)
+                        .map(|g| layout.score_after(&chosen, None, Some(layout.representative(g))))
+                        .collect();
+                    let pick = (0..n).filter(|&t| !chosen.contains(&(t as u32))).min_by(|&x, &y| {
+                        let score = |t: usize| by_group[layout.group[t] as usize];
+                        score(x)
+                            .cmp(&score(y))
+                            .then(loads[x].total_cmp(&loads[y]))
+                            .then(before[b].contains(&y).cmp(&before[b].contains(&x)))
+                            .then(x.cmp(&y))
+                    });
+                    chosen.extend(pick.map(|t| t as u32));
+                }
+                chosen.into_iter().map(|t| t as usize).collect()
             };
             for &t in &chosen {
-                loads[t] += load / replicas as f64;
+                loads[t] += load / replicas as f64 * layout.inverse[t];
             }
             bins[b].replicas = chosen.into_iter().map(|t| serving[t]).collect();
         }
         let notes = RunNotes { count_changed_ranges: true, ..RunNotes::default() };
-        finish(self.name(), input.previous, &bins, &serving, input.load, notes, started)
+        finish(self.name(), input, &layout, &bins, notes, started)
     }
 }

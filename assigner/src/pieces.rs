@@ -91,6 +91,18 @@ pub fn imbalance(loads: &[f64]) -> f64 {
     max / (total / loads.len() as f64)
 }
 
+/// The busiest task's load over its capacity against the total load over the total
+/// capacity (`capacity[i]` for `loads[i]`, every one above zero); 1 when there is no load.
+pub(crate) fn imbalance_over(loads: &[f64], capacity: &[f64]) -> f64 {
+    let total: f64 = loads.iter().sum();
+    let room: f64 = capacity.iter().sum();
+    if loads.is_empty() || total <= 0.0 || room <= 0.0 {
+        return 1.0;
+    }
+    let max = loads.iter().zip(capacity).map(|(l, c)| l / c).fold(0.0, f64::max);
+    max / (total / room)
+}
+
 /// The slices of a list of pieces (replicas sorted), adjacent ones with the same replicas
 /// kept apart.
 pub(crate) fn to_slices(pieces: &[Piece]) -> Vec<Slice> {

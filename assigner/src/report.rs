@@ -6,8 +6,10 @@ use std::time::{Duration, Instant};
 use steady_slice::Assignment;
 
 use crate::error::AssignError;
-use crate::load::Load;
-use crate::pieces::{imbalance, pieces_of, task_loads, to_slices, Piece};
+use crate::pieces::{imbalance_over, pieces_of, task_loads, to_slices, Piece};
+use crate::placement::layout::Layout;
+use crate::placement::{Infeasible, Violation};
+use crate::RunInput;
 
 /// How many changes of each kind a run made. Weighted-move counts each; the other
 /// assigners, which recompute the assignment whole, count changed ranges as `moved`.
@@ -24,6 +26,9 @@ pub struct Moves {
     pub replicas_added: usize,
     /// Replicas removed to shed load onto the other replicas.
     pub replicas_removed: usize,
+    /// Pairs of slices on two tasks that traded places (weighted-move's swap, a local-search
+    /// move for what no single move can do).
+    pub swapped: usize,
     /// Slices split in place.
     pub split: usize,
 }
@@ -61,8 +66,17 @@ pub struct Report {
     /// The previous assignment's imbalance under this run's load over the serving tasks
     /// (`None` without a previous assignment).
     pub imbalance_before: Option<f64>,
-    /// The outcome's imbalance: busiest serving task's load / mean serving task load.
+    /// The outcome's imbalance: the busiest serving task's load over its capacity, against
+    /// the total load over the total capacity (with every capacity 1: the busiest task's
+    /// load over the mean task load).
     pub imbalance_after: f64,
+    /// The placement constraints the outcome misses (empty when it meets them; without
+    /// constraints, only `min-replicas` when fewer tasks serve than the minimum); see
+    /// [`crate::Placement::check`].
+    pub violations: Vec<Violation>,
+    /// Why the task set cannot meet the placement, if it cannot: the outcome is then the
+    /// best assignment the run could make.
+    pub infeasible: Option<Infeasible>,
     /// The number of slices.
     pub slices: usize,
     /// Slices per serving task.
@@ -79,7 +93,7 @@ impl fmt::Display for Report {
             f,
             "algorithm={} generation={} unchanged={} suppressed={} key_churn={:.6} forced_churn={:.6} \
              imbalance_before={} imbalance_after={:.4} slices={} slices_per_task={}/{:.1}/{} \
-             forced={} merged={} moved={} added={} removed={} split={} elapsed_us={}",
+             forced={} merged={} moved={} added={} removed={} swapped={} split={} elapsed_us={}{}",
             self.algorithm,
             self.generation,
             self.unchanged,
@@ -97,8 +111,14 @@ impl fmt::Display for Report {
             m.moved,
             m.replicas_added,
             m.replicas_removed,
+            m.swapped,
             m.split,
             self.elapsed.as_micros(),
+            self.violations.iter().fold(String::new(), |s, v| format!(
+                "{s} violated_{}={}",
+                v.constraint.name().replace('-', "_"),
+                v.slices
+            )),
         )
     }
 }
@@ -126,16 +146,17 @@ pub(crate) struct RunNotes {
 /// name the same owners for the same slices, else the next generation, validated.
 pub(crate) fn finish(
     algorithm: &'static str,
-    previous: Option<&Assignment>,
+    input: &RunInput<'_>,
+    layout: &Layout,
     pieces: &[Piece],
-    serving: &[u32],
-    load: &Load,
     mut notes: RunNotes,
     started: Instant,
 ) -> Result<Outcome, AssignError> {
+    let (previous, serving, load) = (input.previous, &layout.serving[..], input.load);
     let slices = to_slices(pieces);
     let loads_after = task_loads(pieces, serving);
-    let imbalance_before = previous.map(|p| imbalance(&task_loads(&pieces_of(p, load), serving)));
+    let imbalance_before =
+        previous.map(|p| imbalance_over(&task_loads(&pieces_of(p, load), serving), &layout.capacity));
     let same = previous.is_some_and(|p| {
         p.slices().len() == slices.len()
             && p.slices().iter().zip(&slices).all(|(a, b)| {
@@ -178,6 +199,13 @@ pub(crate) fn finish(
         mean: counts.iter().sum::<usize>() as f64 / counts.len().max(1) as f64,
         max: counts.iter().copied().max().unwrap_or(0),
     };
+    // Without constraints, only too few serving tasks can miss one (the minimum replicas):
+    // skip the pass over the slices otherwise.
+    let check = if input.placement.is_none() && serving.len() >= input.replicas.min() {
+        Default::default()
+    } else {
+        input.placement.check(input.tasks, input.replicas, &assignment)
+    };
     let report = Report {
         algorithm,
         generation: assignment.generation(),
@@ -187,7 +215,9 @@ pub(crate) fn finish(
         key_churn,
         forced_churn: notes.forced_churn,
         imbalance_before,
-        imbalance_after: imbalance(&loads_after),
+        imbalance_after: imbalance_over(&loads_after, &layout.capacity),
+        violations: check.violations,
+        infeasible: check.infeasible,
         slices: assignment.slices().len(),
         slices_per_task,
         elapsed: started.elapsed(),

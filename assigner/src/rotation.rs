@@ -22,6 +22,7 @@ use steady_slice::Assignment;
 
 use crate::error::AssignError;
 use crate::pieces::{bins_per_task, equal_ranges, equal_start, Piece};
+use crate::placement::layout::Layout;
 use crate::report::{finish, Outcome, RunNotes};
 use crate::{serving_of, Assigner, RunInput};
 
@@ -101,9 +102,12 @@ impl Assigner for Rotation {
 
     fn assign(&self, input: &RunInput<'_>) -> Result<Outcome, AssignError> {
         let started = Instant::now();
-        let serving = serving_of(input.tasks)?;
+        let layout = Layout::new(input.tasks, serving_of(input.tasks)?, input.placement, input.replicas);
+        // Tasks in an order that puts consecutive ones in different zones (racks) where
+        // the placement asks for a spread: a bin's replicas are consecutive tasks.
+        let serving: Vec<u32> = layout.spread_order().iter().map(|&p| layout.serving[p as usize]).collect();
         let n = serving.len();
-        let (replicas, _) = input.replicas.effective(n);
+        let replicas = layout.min_r;
         let c = bins_per_task(self.bins_per_task, n);
         let this = Self { bins_per_task: c, ..self.clone() };
         let bins = equal_ranges(c * n, input.load);
@@ -134,6 +138,6 @@ impl Assigner for Rotation {
         let r = best.map_or(0, |b| b.2);
         let pieces = this.pieces(&bins, &serving, r, replicas);
         let notes = RunNotes { count_changed_ranges: true, ..RunNotes::default() };
-        finish(self.name(), input.previous, &pieces, &serving, input.load, notes, started)
+        finish(self.name(), input, &layout, &pieces, notes, started)
     }
 }

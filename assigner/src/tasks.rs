@@ -1,10 +1,11 @@
-//! [`Tasks`]: the backend tasks of a job and whether each takes keys.
+//! [`Tasks`]: the backend tasks of a job, whether each takes keys, and where each sits.
 
 use std::collections::BTreeMap;
 
 use steady_slice::MAX_TASK;
 
 use crate::error::AssignError;
+use crate::placement::TaskProfile;
 
 /// What an assigner may do with a task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -18,14 +19,21 @@ pub enum TaskState {
     Gone,
 }
 
-/// A job's task set: task indices (at most [`MAX_TASK`]) with their [`TaskState`]s.
+/// A job's task set: task indices (at most [`MAX_TASK`]) with their [`TaskState`]s and,
+/// for placement, their [`TaskProfile`]s (zone, rack, capacity; the default profile
+/// otherwise).
 ///
-/// Built through validation (no duplicates, indices in range); a set with no serving
-/// task is valid here and refused by a run ([`AssignError::NoServingTasks`]).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// Built through validation (no duplicates, indices in range, valid profiles); a set with
+/// no serving task is valid here and refused by a run ([`AssignError::NoServingTasks`]).
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Tasks {
     states: BTreeMap<u32, TaskState>,
+    /// Profiles other than the default, by task.
+    profiles: BTreeMap<u32, TaskProfile>,
 }
+
+/// The profile of a task nobody described.
+static DEFAULT_PROFILE: TaskProfile = TaskProfile { zone: None, rack: None, capacity: 1.0 };
 
 impl Tasks {
     /// Tasks with their states.
@@ -44,7 +52,7 @@ impl Tasks {
                 return Err(AssignError::DuplicateTask { task });
             }
         }
-        Ok(Self { states })
+        Ok(Self { states, profiles: BTreeMap::new() })
     }
 
     /// Every task serving.
@@ -54,6 +62,36 @@ impl Tasks {
     /// As [`Tasks::new`].
     pub fn serving(tasks: impl IntoIterator<Item = u32>) -> Result<Self, AssignError> {
         Self::new(tasks.into_iter().map(|t| (t, TaskState::Serving)))
+    }
+
+    /// With `profile` for `task` (replacing any profile it had).
+    ///
+    /// # Errors
+    ///
+    /// [`AssignError::TaskOutOfRange`] for a task that is not listed,
+    /// [`AssignError::BadProfile`] for an invalid profile ([`TaskProfile::validate`]).
+    pub fn with_profile(mut self, task: u32, profile: TaskProfile) -> Result<Self, AssignError> {
+        if !self.states.contains_key(&task) {
+            return Err(AssignError::TaskOutOfRange { task });
+        }
+        profile.validate(task)?;
+        if profile == DEFAULT_PROFILE {
+            self.profiles.remove(&task);
+        } else {
+            self.profiles.insert(task, profile);
+        }
+        Ok(self)
+    }
+
+    /// The profile of `task`: the one given by [`Tasks::with_profile`], else the default
+    /// (no zone, no rack, capacity 1).
+    pub fn profile(&self, task: u32) -> &TaskProfile {
+        self.profiles.get(&task).unwrap_or(&DEFAULT_PROFILE)
+    }
+
+    /// Whether any task has a profile other than the default.
+    pub fn has_profiles(&self) -> bool {
+        !self.profiles.is_empty()
     }
 
     /// The state of `task`; [`TaskState::Gone`] when it is not listed.

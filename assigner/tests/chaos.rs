@@ -74,6 +74,7 @@ fn weighted_move_keeps_the_busiest_task_near_the_mean_through_chaos() {
             tasks: &tasks,
             load: &load,
             replicas: limits,
+            placement: steady_assigner::Placement::none(),
         });
         let run = run.unwrap();
         common::check_placement(&run.assignment, &tasks, limits);

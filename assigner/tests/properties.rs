@@ -76,11 +76,11 @@ proptest! {
         for name in NAMES {
             let assigner = by_name(name).unwrap();
             let first = assigner
-                .assign(&RunInput { previous: None, tasks: &first_tasks, load: &first_load, replicas: limits })
+                .assign(&RunInput { previous: None, tasks: &first_tasks, load: &first_load, replicas: limits, placement: steady_assigner::Placement::none() })
                 .unwrap();
             common::check_placement(&first.assignment, &first_tasks, limits);
             let next = assigner
-                .assign(&RunInput { previous: Some(&first.assignment), tasks: &tasks, load: &load, replicas: limits })
+                .assign(&RunInput { previous: Some(&first.assignment), tasks: &tasks, load: &load, replicas: limits, placement: steady_assigner::Placement::none() })
                 .unwrap();
             common::check_placement(&next.assignment, &tasks, limits);
             prop_assert!(next.assignment.generation() >= first.assignment.generation());
@@ -99,13 +99,13 @@ proptest! {
         let wm = WeightedMove::new(config.clone()).unwrap();
         let first_tasks = Tasks::serving(0..before).unwrap();
         let mut current = wm
-            .assign(&RunInput { previous: None, tasks: &first_tasks, load: &first_load, replicas: limits })
+            .assign(&RunInput { previous: None, tasks: &first_tasks, load: &first_load, replicas: limits, placement: steady_assigner::Placement::none() })
             .unwrap()
             .assignment;
         let tasks = next_tasks(&states);
         for load in &loads {
             let run = wm
-                .assign(&RunInput { previous: Some(&current), tasks: &tasks, load, replicas: limits })
+                .assign(&RunInput { previous: Some(&current), tasks: &tasks, load, replicas: limits, placement: steady_assigner::Placement::none() })
                 .unwrap();
             let r = &run.report;
             common::check_placement(&run.assignment, &tasks, limits);

@@ -20,7 +20,13 @@ fn every_assigner_makes_a_valid_first_assignment_and_repeats_it_when_nothing_cha
     for name in NAMES {
         let assigner = by_name(name).unwrap();
         assert_eq!(assigner.name(), name);
-        let input = RunInput { previous: None, tasks: &tasks, load: &load, replicas: limits };
+        let input = RunInput {
+            previous: None,
+            tasks: &tasks,
+            load: &load,
+            replicas: limits,
+            placement: steady_assigner::Placement::none(),
+        };
         let first = assigner.assign(&input).unwrap();
         assert_eq!(first.assignment.generation(), 1, "{name}");
         common::check_placement(&first.assignment, &tasks, limits);
@@ -57,7 +63,13 @@ fn weighted_move_spreads_a_hot_key_over_replicas_and_beats_static() {
     points.push((SliceKey(12345), 1000.0));
     let load = Load::from_points(points).unwrap();
     let limits = ReplicaLimits::new(1, 8).unwrap();
-    let input = RunInput { previous: None, tasks: &tasks, load: &load, replicas: limits };
+    let input = RunInput {
+        previous: None,
+        tasks: &tasks,
+        load: &load,
+        replicas: limits,
+        placement: steady_assigner::Placement::none(),
+    };
     let wm = WeightedMove::default();
     let mut current = wm.assign(&input).unwrap().assignment;
     for _ in 0..20 {
@@ -82,7 +94,13 @@ fn slices_leave_draining_and_gone_tasks() {
     for name in NAMES {
         let assigner = by_name(name).unwrap();
         let first = assigner
-            .assign(&RunInput { previous: None, tasks: &all, load: &load, replicas: limits })
+            .assign(&RunInput {
+                previous: None,
+                tasks: &all,
+                load: &load,
+                replicas: limits,
+                placement: steady_assigner::Placement::none(),
+            })
             .unwrap();
         let fewer = Tasks::new([
             (0, TaskState::Serving),
@@ -97,6 +115,7 @@ fn slices_leave_draining_and_gone_tasks() {
                 tasks: &fewer,
                 load: &load,
                 replicas: limits,
+                placement: steady_assigner::Placement::none(),
             })
             .unwrap();
         common::check_placement(&next.assignment, &fewer, limits);
@@ -108,7 +127,13 @@ fn slices_leave_draining_and_gone_tasks() {
 fn bad_input_is_a_typed_error() {
     let load = Load::none();
     let none = Tasks::new([(3, TaskState::Draining)]).unwrap();
-    let input = RunInput { previous: None, tasks: &none, load: &load, replicas: ReplicaLimits::default() };
+    let input = RunInput {
+        previous: None,
+        tasks: &none,
+        load: &load,
+        replicas: ReplicaLimits::default(),
+        placement: steady_assigner::Placement::none(),
+    };
     for name in NAMES {
         assert_eq!(by_name(name).unwrap().assign(&input).unwrap_err(), AssignError::NoServingTasks);
     }
@@ -125,7 +150,13 @@ fn bad_input_is_a_typed_error() {
 fn suppression_moves_no_key_and_a_quiet_job_settles() {
     let tasks = Tasks::serving(0..4).unwrap();
     let load = zipf_load(200, 1.2);
-    let input = RunInput { previous: None, tasks: &tasks, load: &load, replicas: ReplicaLimits::default() };
+    let input = RunInput {
+        previous: None,
+        tasks: &tasks,
+        load: &load,
+        replicas: ReplicaLimits::default(),
+        placement: steady_assigner::Placement::none(),
+    };
     let mut current = WeightedMove::default().assign(&input).unwrap().assignment;
     let lenient =
         WeightedMove::new(WeightedMoveConfig { suppress_below: 1e9, ..WeightedMoveConfig::default() })
@@ -156,7 +187,13 @@ fn suppression_moves_no_key_and_a_quiet_job_settles() {
 fn initial_weighted_move_assignment_is_fine_grained() {
     let tasks = Tasks::serving(0..10).unwrap();
     let load = Load::none();
-    let input = RunInput { previous: None, tasks: &tasks, load: &load, replicas: ReplicaLimits::default() };
+    let input = RunInput {
+        previous: None,
+        tasks: &tasks,
+        load: &load,
+        replicas: ReplicaLimits::default(),
+        placement: steady_assigner::Placement::none(),
+    };
     let first = WeightedMove::default().assign(&input).unwrap();
     // 100 equal slices per task; with no load nothing is below the mean slice load (0),
     // so nothing merges, and nothing is hot, so nothing splits.
@@ -192,7 +229,13 @@ fn weighted_move_escapes_a_hot_key_stuck_on_too_few_replicas() {
     let previous = Assignment::new(1, slices).unwrap();
     let tasks = Tasks::serving(0..10).unwrap();
     let limits = ReplicaLimits::new(1, 10).unwrap();
-    let input = RunInput { previous: Some(&previous), tasks: &tasks, load: &load, replicas: limits };
+    let input = RunInput {
+        previous: Some(&previous),
+        tasks: &tasks,
+        load: &load,
+        replicas: limits,
+        placement: steady_assigner::Placement::none(),
+    };
     let wm = WeightedMove::default();
     let next = wm.assign(&input).unwrap();
     common::check_placement(&next.assignment, &tasks, limits);

@@ -43,6 +43,7 @@ fn assign(c: &mut Criterion) {
         tasks: &tasks,
         load: &load,
         replicas: ReplicaLimits::new(1, 2).unwrap(),
+        placement: steady_assigner::Placement::none(),
     };
     let mut group = c.benchmark_group("assign_15k_100");
     group.sample_size(20).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));

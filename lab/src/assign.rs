@@ -74,8 +74,13 @@ pub fn run(out: &mut impl Write, args: &AssignArgs) -> LabResult {
     let load = Load::from_points(file.keys.into_iter().map(|(k, l)| (SliceKey(k), l)))
         .map_err(|e| format!("{}: {e}", args.load.display()))?;
     let previous: Option<Assignment> = args.previous.as_deref().map(read_json).transpose()?;
-    let outcome =
-        assigner.assign(&RunInput { previous: previous.as_ref(), tasks: &tasks, load: &load, replicas })?;
+    let outcome = assigner.assign(&RunInput {
+        previous: previous.as_ref(),
+        tasks: &tasks,
+        load: &load,
+        replicas,
+        placement: steady_assigner::Placement::none(),
+    })?;
     writeln!(out, "{}", serde_json::to_string(&outcome.assignment)?)?;
     eprintln!("{}", outcome.report);
     Ok(())

@@ -296,8 +296,13 @@ impl LocalRunner {
         }
         let ranges = self.ranges.iter().zip(&self.load).filter(|(_, l)| **l > 0.0).map(|(r, l)| (*r, *l));
         let load = Load::none().with_ranges(ranges)?;
-        let input =
-            RunInput { previous: self.previous.as_ref(), tasks, load: &load, replicas: self.config.replicas };
+        let input = RunInput {
+            previous: self.previous.as_ref(),
+            tasks,
+            load: &load,
+            replicas: self.config.replicas,
+            placement: steady_assigner::Placement::none(),
+        };
         let outcome = self.config.assigner.assign(&input)?;
         self.previous = Some(outcome.assignment.clone());
         Ok(outcome)

@@ -33,6 +33,7 @@ use steady_slice::Assignment;
 use crate::error::AssignError;
 use crate::load::Load;
 use crate::pieces::{pieces_of, task_loads, Piece};
+use crate::placement::layout::Layout;
 use crate::report::{finish, Outcome, RunNotes};
 use crate::{serving_of, Assigner, RunInput};
 
@@ -155,6 +156,7 @@ impl Assigner for ConsistentHashing {
             arc(ring[j].0, end, j);
         }
         let notes = RunNotes { count_changed_ranges: true, ..RunNotes::default() };
-        finish(self.name(), input.previous, &pieces, &serving, input.load, notes, started)
+        let layout = Layout::new(input.tasks, serving, input.placement, input.replicas);
+        finish(self.name(), input, &layout, &pieces, notes, started)
     }
 }

@@ -4,6 +4,7 @@ use std::time::Instant;
 
 use crate::error::AssignError;
 use crate::initial;
+use crate::placement::layout::Layout;
 use crate::report::{finish, Outcome, RunNotes};
 use crate::{serving_of, Assigner, RunInput};
 
@@ -55,6 +56,7 @@ impl Assigner for StaticRanges {
         let (replicas, _) = input.replicas.effective(serving.len());
         let pieces = initial::round_robin(&serving, self.slices_per_task, replicas, input.load);
         let notes = RunNotes { count_changed_ranges: true, ..RunNotes::default() };
-        finish(self.name(), input.previous, &pieces, &serving, input.load, notes, started)
+        let layout = Layout::new(input.tasks, serving, input.placement, input.replicas);
+        finish(self.name(), input, &layout, &pieces, notes, started)
     }
 }

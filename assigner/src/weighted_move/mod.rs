@@ -71,7 +71,8 @@ use std::time::Instant;
 use crate::error::AssignError;
 use crate::initial;
 use crate::load::Load;
-use crate::pieces::{imbalance, pieces_of, Piece};
+use crate::pieces::{pieces_of, Piece};
+use crate::placement::layout::Layout;
 use crate::report::{finish, Moves, Outcome, RunNotes};
 use crate::{serving_of, Assigner, RunInput};
 
@@ -180,15 +181,19 @@ impl Assigner for WeightedMove {
 
     fn assign(&self, input: &RunInput<'_>) -> Result<Outcome, AssignError> {
         let started = Instant::now();
-        let serving = serving_of(input.tasks)?;
-        let (min_r, max_r) = input.replicas.effective(serving.len());
+        let layout = Layout::new(input.tasks, serving_of(input.tasks)?, input.placement, input.replicas);
         let pieces = match input.previous {
             Some(previous) => pieces_of(previous, input.load),
-            None => initial::round_robin(&serving, self.config.initial_slices_per_task, min_r, input.load),
+            None => {
+                let order = layout.spread_order();
+                let tasks: Vec<u32> = order.iter().map(|&p| layout.serving[p as usize]).collect();
+                initial::round_robin(&tasks, self.config.initial_slices_per_task, layout.min_r, input.load)
+            }
         };
-        let mut run = Run::new(&self.config, &serving, pieces, min_r, max_r, input.load);
+        let mut run = Run::new(&self.config, &layout, pieces, input.load);
         run.fit_replica_counts();
-        let suppressed = imbalance(&run.loads) < self.config.suppress_below;
+        run.repair_placement();
+        let suppressed = run.imbalance() < self.config.suppress_below;
         if !suppressed {
             run.merge_cold_neighbours();
             run.weighted_moves();
@@ -199,7 +204,7 @@ impl Assigner for WeightedMove {
         // Back from positions among the serving tasks to task indices.
         for p in &mut run.pieces {
             for r in &mut p.replicas {
-                *r = serving[*r as usize];
+                *r = layout.serving[*r as usize];
             }
         }
         let notes = RunNotes {
@@ -208,7 +213,7 @@ impl Assigner for WeightedMove {
             suppressed,
             count_changed_ranges: false,
         };
-        finish(self.name(), input.previous, &run.pieces, &serving, input.load, notes, started)
+        finish(self.name(), input, &layout, &run.pieces, notes, started)
     }
 }
 
@@ -217,8 +222,12 @@ impl Assigner for WeightedMove {
 #[derive(Debug)]
 struct Run<'a> {
     config: &'a WeightedMoveConfig,
+    layout: &'a Layout,
     pieces: Vec<Piece>,
+    /// Each position's utilisation: its load over its capacity.
     loads: Vec<f64>,
+    /// The job's total load over its total capacity: the utilisation of a perfect balance.
+    mean: f64,
     min_r: usize,
     max_r: usize,
     load: &'a Load,
@@ -228,15 +237,16 @@ struct Run<'a> {
 
 impl<'a> Run<'a> {
     /// Phase 1: maps replicas to serving positions, replacing those on tasks that are
-    /// not serving by the least loaded serving tasks, heaviest slices first.
+    /// not serving by the least loaded serving tasks the placement allows, heaviest
+    /// slices first.
     fn new(
         config: &'a WeightedMoveConfig,
-        serving: &[u32],
+        layout: &'a Layout,
         mut pieces: Vec<Piece>,
-        min_r: usize,
-        max_r: usize,
         load: &'a Load,
     ) -> Self {
+        let serving = &layout.serving;
+        let (min_r, max_r) = (layout.min_r, layout.max_r);
         let mut lost = Vec::new();
         for (i, p) in pieces.iter_mut().enumerate() {
             let wanted = p.replicas.len();
@@ -249,17 +259,29 @@ impl<'a> Run<'a> {
         let mut loads = vec![0.0; serving.len()];
         for p in &pieces {
             for &r in &p.replicas {
-                loads[r as usize] += p.per_replica();
+                loads[r as usize] += p.per_replica() * layout.inverse[r as usize];
             }
         }
-        let mut run =
-            Self { config, pieces, loads, min_r, max_r, load, moves: Moves::default(), forced_churn: 0.0 };
+        let total: f64 = pieces.iter().map(|p| p.load).sum();
+        let mean = total / layout.capacity.iter().sum::<f64>();
+        let mut run = Self {
+            config,
+            layout,
+            pieces,
+            loads,
+            mean,
+            min_r,
+            max_r,
+            load,
+            moves: Moves::default(),
+            forced_churn: 0.0,
+        };
         lost.sort_by(|a, b| run.pieces[b.0].load.total_cmp(&run.pieces[a.0].load));
         for (i, wanted) in lost {
             let target = wanted.clamp(min_r, max_r);
             let mut replicas = run.pieces[i].replicas.clone();
             while replicas.len() < target {
-                let Some(cold) = run.coldest_outside(&replicas) else { break };
+                let Some(cold) = run.best_target(&replicas, None) else { break };
                 replicas.push(cold);
                 run.moves.forced += 1;
             }
@@ -267,6 +289,15 @@ impl<'a> Run<'a> {
             run.set_replicas(i, replicas);
         }
         run
+    }
+
+    /// The busiest task's utilisation over the mean utilisation (1 without load).
+    fn imbalance(&self) -> f64 {
+        if self.mean > 0.0 && self.mean.is_finite() {
+            self.loads.iter().copied().fold(0.0, f64::max) / self.mean
+        } else {
+            1.0
+        }
     }
 
     /// Phase 2: every slice's replica count within `[min_r, max_r]`.
@@ -277,21 +308,65 @@ impl<'a> Run<'a> {
                 continue;
             }
             while replicas.len() < self.min_r {
-                let Some(cold) = self.coldest_outside(&replicas) else { break };
+                let Some(cold) = self.best_target(&replicas, None) else { break };
                 replicas.push(cold);
                 self.moves.forced += 1;
             }
             while replicas.len() > self.max_r {
-                let busiest = (0..replicas.len())
+                // The replica whose removal leaves the best placement, the busiest of those.
+                let layout = self.layout;
+                let drop = (0..replicas.len())
                     .max_by(|&a, &b| {
-                        self.loads[replicas[a] as usize].total_cmp(&self.loads[replicas[b] as usize])
+                        let score = |x: usize| layout.score_after(&replicas, Some(replicas[x]), None);
+                        score(b).cmp(&score(a)).then(
+                            self.loads[replicas[a] as usize].total_cmp(&self.loads[replicas[b] as usize]),
+                        )
                     })
                     .expect("more than max_r >= 1 replicas");
-                replicas.swap_remove(busiest);
+                replicas.swap_remove(drop);
                 self.moves.forced += 1;
             }
             self.forced_churn += self.pieces[i].fraction();
             self.set_replicas(i, replicas);
+        }
+    }
+
+    /// Phase 2, continued: slices whose replicas miss the placement (a spread domain used
+    /// twice, a required zone without a replica) get replicas replaced, one at a time, by
+    /// the least loaded tasks that improve it, until they meet it or nothing improves it
+    /// (an infeasible placement: the best the task set allows). Forced, like phase 1.
+    fn repair_placement(&mut self) {
+        if !self.layout.constrained {
+            return;
+        }
+        for i in 0..self.pieces.len() {
+            let mut replicas = self.pieces[i].replicas.clone();
+            let mut score = self.layout.score(&replicas);
+            if score == 0 {
+                continue;
+            }
+            let mut changed = false;
+            while score > 0 {
+                // The replacement that improves the placement most, onto the least loaded.
+                let best = (0..replicas.len())
+                    .filter_map(|x| {
+                        let drop = replicas[x];
+                        let to = self.best_target(&replicas, Some(drop))?;
+                        Some((self.layout.score_after(&replicas, Some(drop), Some(to)), x, to))
+                    })
+                    .min_by(|a, b| {
+                        a.0.cmp(&b.0).then(self.loads[a.2 as usize].total_cmp(&self.loads[b.2 as usize]))
+                    });
+                let Some((after, x, to)) = best.filter(|b| b.0 < score) else { break };
+                replicas[x] = to;
+                score = after;
+                changed = true;
+                self.moves.forced += 1;
+            }
+            if changed {
+                self.forced_churn += self.pieces[i].fraction();
+                self.set_replicas(i, replicas);
+            }
         }
     }
 
@@ -329,20 +404,21 @@ impl<'a> Run<'a> {
             let cost = mover.fraction();
             let gain = mover.load / receiver.replicas.len() as f64;
             let max = self.loads.iter().copied().fold(0.0, f64::max);
+            let inverse = &self.layout.inverse;
             let fits = used + cost <= self.config.merge_budget
                 && receiver.replicas.iter().all(|&r| {
                     let shed = if mover.replicas.contains(&r) { mover.per_replica() } else { 0.0 };
-                    self.loads[r as usize] + gain - shed <= max
+                    self.loads[r as usize] + (gain - shed) * inverse[r as usize] <= max
                 });
             if !fits {
                 merged.push(next);
                 continue;
             }
             for &r in &mover.replicas {
-                self.loads[r as usize] -= mover.per_replica();
+                self.loads[r as usize] -= mover.per_replica() * inverse[r as usize];
             }
             for &r in &receiver.replicas {
-                self.loads[r as usize] += gain;
+                self.loads[r as usize] += gain * inverse[r as usize];
             }
             let replicas = receiver.replicas.clone();
             used += cost;
@@ -404,24 +480,37 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// The least loaded serving position not in `exclude`.
-    fn coldest_outside(&self, exclude: &[u32]) -> Option<u32> {
-        (0..self.loads.len() as u32)
-            .filter(|t| !exclude.contains(t))
-            .min_by(|&a, &b| self.loads[a as usize].total_cmp(&self.loads[b as usize]))
+    /// The position to give a replica of a slice whose replicas are `replicas`, with
+    /// `drop` (one of them) leaving: among the positions not in `replicas`, one that
+    /// leaves the best placement, the least loaded of those. `O(groups * r^2 + tasks)`.
+    fn best_target(&self, replicas: &[u32], drop: Option<u32>) -> Option<u32> {
+        let layout = self.layout;
+        let group_score: Vec<usize> = if layout.constrained {
+            (0..layout.groups)
+                .map(|g| layout.score_after(replicas, drop, Some(layout.representative(g))))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let score = |t: usize| group_score.get(layout.group[t] as usize).copied().unwrap_or(0);
+        (0..self.loads.len())
+            .filter(|&t| !replicas.contains(&(t as u32)))
+            .min_by(|&a, &b| score(a).cmp(&score(b)).then(self.loads[a].total_cmp(&self.loads[b])))
+            .map(|t| t as u32)
     }
 
     /// Gives piece `i` the replicas `replicas`, moving its load between tasks.
     fn set_replicas(&mut self, i: usize, replicas: Vec<u32>) {
+        let inverse = &self.layout.inverse;
         let p = &mut self.pieces[i];
         let old = p.per_replica();
         for &r in &p.replicas {
-            self.loads[r as usize] -= old;
+            self.loads[r as usize] -= old * inverse[r as usize];
         }
         p.replicas = replicas;
         let new = p.per_replica();
         for &r in &p.replicas {
-            self.loads[r as usize] += new;
+            self.loads[r as usize] += new * inverse[r as usize];
         }
     }
 }

@@ -45,6 +45,8 @@ enum Move {
     },
     /// The busy task's replica is removed; the slice's other replicas take its share.
     RemoveReplica { slice: usize },
+    /// The busy task's replica of `slice` and `to`'s replica of `with` trade places.
+    Swap { slice: usize, with: usize, to: usize },
 }
 
 /// A move with its weight (benefit / cost) and cost (key-space share).
@@ -68,8 +70,11 @@ struct Displacing<'a> {
     by_load: &'a [usize],
 }
 
-/// How many of the coldest tasks a displacing move tries as its receiver.
+/// How many of the coldest tasks a displacing move or a swap tries as its receiver.
 const DISPLACING_RECEIVERS: usize = 4;
+
+/// How many groups' coldest tasks a displacing move or a swap tries besides.
+const MAX_GROUP_RECEIVERS: usize = 8;
 
 impl Run<'_> {
     /// Phase 4: see the module documentation.
@@ -94,17 +99,22 @@ impl Run<'_> {
                 break;
             }
             let left = self.config.move_budget - used;
-            let mean = total / n as f64;
-            // Displacing moves escape stalls above the suppression threshold; below it
-            // the job is balanced enough, and they cost far more to search than single
-            // moves.
+            let mean = self.mean;
+            // Where load may go: the coldest task, and under constraints the coldest task
+            // of every group (zone and rack), so that each slice finds the coldest task
+            // its placement allows.
+            let targets = self.targets(cold);
+            // Displacing moves and swaps escape stalls above the suppression threshold;
+            // below it the job is balanced enough, and they cost far more to search than
+            // single moves.
             let stalled = self.loads[hot] >= self.config.suppress_below * mean;
-            let best = self.best_single_move(hot, cold, &on, left, epsilon).or_else(|| {
-                if stalled {
-                    self.best_displacing_move(hot, &on, left, mean)
-                } else {
-                    None
+            let best = self.best_single_move(hot, &targets, &on, left, epsilon).or_else(|| {
+                if !stalled {
+                    return None;
                 }
+                let receivers = self.receivers(hot, &targets);
+                self.best_displacing_move(hot, &receivers, &on, left, mean)
+                    .or_else(|| self.best_swap(hot, &receivers, &on, left, epsilon))
             });
             let Some(best) = best else { break };
             used += best.cost;
@@ -112,16 +122,53 @@ impl Run<'_> {
         }
     }
 
-    /// Slicer's three moves for each slice of `hot`, the best by weight.
+    /// The positions load may move to, coldest first: `cold` alone without constraints,
+    /// else the coldest position of each group.
+    fn targets(&self, cold: usize) -> Vec<usize> {
+        let layout = self.layout;
+        if !layout.constrained {
+            return vec![cold];
+        }
+        let mut coldest: Vec<Option<usize>> = vec![None; layout.groups];
+        for t in 0..self.loads.len() {
+            let c = &mut coldest[layout.group[t] as usize];
+            if c.is_none_or(|c| self.loads[t] < self.loads[c]) {
+                *c = Some(t);
+            }
+        }
+        let mut targets: Vec<usize> = coldest.into_iter().flatten().collect();
+        targets.sort_by(|&a, &b| self.loads[a].total_cmp(&self.loads[b]).then(a.cmp(&b)));
+        targets
+    }
+
+    /// The receivers a displacing move or a swap tries: the few coldest tasks, and under
+    /// constraints the coldest of each group too (few groups: zones, racks).
+    fn receivers(&self, hot: usize, targets: &[usize]) -> Vec<usize> {
+        let mut receivers: Vec<usize> = (0..self.loads.len()).filter(|&t| t != hot).collect();
+        receivers.sort_by(|&a, &b| self.loads[a].total_cmp(&self.loads[b]).then(a.cmp(&b)));
+        receivers.truncate(DISPLACING_RECEIVERS);
+        for &t in targets.iter().take(MAX_GROUP_RECEIVERS) {
+            if t != hot && !receivers.contains(&t) {
+                receivers.push(t);
+            }
+        }
+        receivers
+    }
+
+    /// Slicer's three moves for each slice of `hot`, the best by weight: each gives load
+    /// to the coldest of `targets` that the slice's placement allows (a move never makes
+    /// a slice's placement worse).
     fn best_single_move(
         &self,
         hot: usize,
-        cold: usize,
+        targets: &[usize],
         on: &[Vec<usize>],
         left: f64,
         epsilon: f64,
     ) -> Option<Scored> {
-        let (lh, lc) = (self.loads[hot], self.loads[cold]);
+        let layout = self.layout;
+        let inverse = &layout.inverse;
+        let lh = self.loads[hot];
         let mut best: Option<Scored> = None;
         for &i in &on[hot] {
             let p = &self.pieces[i];
@@ -131,43 +178,63 @@ impl Run<'_> {
             }
             let r = p.replicas.len();
             let share = p.per_replica();
-            let has_cold = p.replicas.contains(&(cold as u32));
+            let score = layout.score(&p.replicas);
+            let allowed = |drop: Option<u32>| {
+                targets.iter().copied().find(|&c| {
+                    !p.replicas.contains(&(c as u32))
+                        && layout.score_after(&p.replicas, drop, Some(c as u32)) <= score
+                })
+            };
             let mut consider = |benefit: f64, step: Move| {
                 if benefit > epsilon && best.as_ref().is_none_or(|b| benefit / cost > b.weight) {
                     best = Some(Scored { weight: benefit / cost, cost, step });
                 }
             };
-            let give = |kind| Move::Give { slice: i, kind, to: cold, displaced: Vec::new() };
-            if !has_cold {
-                consider(lh - (lh - share).max(lc + share), give(Give::Reassign));
+            let give = |kind, to| Move::Give { slice: i, kind, to, displaced: Vec::new() };
+            if let Some(c) = allowed(Some(hot as u32)) {
+                let lc = self.loads[c];
+                consider(
+                    lh - (lh - share * inverse[hot]).max(lc + share * inverse[c]),
+                    give(Give::Reassign, c),
+                );
             }
-            if !has_cold && r < self.max_r {
-                let new_share = p.load / (r + 1) as f64;
-                let drop = share - new_share;
-                let peak =
-                    p.replicas.iter().map(|&x| self.loads[x as usize] - drop).fold(lc + new_share, f64::max);
-                consider(lh - peak, give(Give::AddReplica));
+            if r < self.max_r {
+                if let Some(c) = allowed(None) {
+                    let lc = self.loads[c];
+                    let new_share = p.load / (r + 1) as f64;
+                    let drop = share - new_share;
+                    let peak = p
+                        .replicas
+                        .iter()
+                        .map(|&x| self.loads[x as usize] - drop * inverse[x as usize])
+                        .fold(lc + new_share * inverse[c], f64::max);
+                    consider(lh - peak, give(Give::AddReplica, c));
+                }
             }
-            if r > self.min_r {
+            if r > self.min_r && layout.score_after(&p.replicas, Some(hot as u32), None) <= score {
                 let gain = p.load / (r - 1) as f64 - share;
                 let peak = p
                     .replicas
                     .iter()
                     .filter(|&&x| x as usize != hot)
-                    .map(|&x| self.loads[x as usize] + gain)
-                    .fold(lh - share, f64::max);
+                    .map(|&x| self.loads[x as usize] + gain * inverse[x as usize])
+                    .fold(lh - share * inverse[hot], f64::max);
                 consider(lh - peak, Move::RemoveReplica { slice: i });
             }
         }
         best
     }
 
-    /// The best displacing move off `hot` (see the module documentation), trying the
-    /// few coldest tasks as receivers.
-    fn best_displacing_move(&self, hot: usize, on: &[Vec<usize>], left: f64, mean: f64) -> Option<Scored> {
-        let mut receivers: Vec<usize> = (0..self.loads.len()).filter(|&t| t != hot).collect();
-        receivers.sort_by(|&a, &b| self.loads[a].total_cmp(&self.loads[b]).then(a.cmp(&b)));
-        receivers.truncate(DISPLACING_RECEIVERS);
+    /// The best displacing move off `hot` (see the module documentation), trying
+    /// `receivers`.
+    fn best_displacing_move(
+        &self,
+        hot: usize,
+        receivers: &[usize],
+        on: &[Vec<usize>],
+        left: f64,
+        mean: f64,
+    ) -> Option<Scored> {
         // Each receiver's slices that carry load, those with the most load per key first:
         // the order in which a displacing move clears room on it.
         let density =
@@ -190,12 +257,17 @@ impl Run<'_> {
             if p.load <= 0.0 || p.fraction() > left {
                 continue;
             }
+            let score = self.layout.score(&p.replicas);
             for (&to, clearing) in receivers.iter().zip(&clearing) {
                 if p.replicas.contains(&(to as u32)) {
                     continue;
                 }
                 for kind in [Give::Reassign, Give::AddReplica] {
                     if kind == Give::AddReplica && p.replicas.len() >= self.max_r {
+                        continue;
+                    }
+                    let drop = (kind == Give::Reassign).then_some(hot as u32);
+                    if self.layout.score_after(&p.replicas, drop, Some(to as u32)) > score {
                         continue;
                     }
                     let m = Displacing { hot, slice: i, kind, to, clearing, by_load: &by_load };
@@ -225,16 +297,17 @@ impl Run<'_> {
             Some(e) => e.1 += d,
             None => delta.push((t, d)),
         };
+        let inverse = &self.layout.inverse;
         let share = p.per_replica();
         let gained = match kind {
             Give::Reassign => {
-                add(&mut delta, hot, -share);
+                add(&mut delta, hot, -share * inverse[hot]);
                 share
             }
             Give::AddReplica => {
                 let new_share = p.load / (p.replicas.len() + 1) as f64;
                 for &x in &p.replicas {
-                    add(&mut delta, x as usize, new_share - share);
+                    add(&mut delta, x as usize, (new_share - share) * inverse[x as usize]);
                 }
                 new_share
             }
@@ -246,7 +319,7 @@ impl Run<'_> {
         if goal >= lh {
             return None;
         }
-        add(&mut delta, to, gained);
+        add(&mut delta, to, gained * inverse[to]);
         let mut cost = p.fraction();
         let mut displaced = Vec::new();
         for &j in clearing.iter().filter(|&&j| j != i) {
@@ -259,7 +332,12 @@ impl Run<'_> {
             }
             // The coldest eligible task: among those already touched (their loads have
             // changed) and the first untouched one in load order.
-            let eligible = |t: usize| t != to && !q.replicas.contains(&(t as u32));
+            let score = self.layout.score(&q.replicas);
+            let eligible = |t: usize| {
+                t != to
+                    && !q.replicas.contains(&(t as u32))
+                    && self.layout.score_after(&q.replicas, Some(to as u32), Some(t as u32)) <= score
+            };
             let untouched = by_load.iter().copied().find(|&t| eligible(t) && delta.iter().all(|e| e.0 != t));
             let Some(d) = delta
                 .iter()
@@ -271,11 +349,11 @@ impl Run<'_> {
                 continue;
             };
             let moved = q.per_replica();
-            if after(&delta, d) + moved > goal {
+            if after(&delta, d) + moved * inverse[d] > goal {
                 continue;
             }
-            add(&mut delta, to, -moved);
-            add(&mut delta, d, moved);
+            add(&mut delta, to, -moved * inverse[to]);
+            add(&mut delta, d, moved * inverse[d]);
             cost += q.fraction();
             displaced.push((j, d));
         }
@@ -287,6 +365,64 @@ impl Run<'_> {
             return None;
         }
         Some(Scored { weight: (lh - peak) / cost, cost, step: Move::Give { slice: i, kind, to, displaced } })
+    }
+
+    /// The best swap off `hot`: one of its slices exchanged with a lighter slice of one
+    /// of `receivers`, where neither single move fits (the receiver would end above the
+    /// busy task, or the placement forbids the plain move: a slice bound to its zone can
+    /// only trade places within it). Both slices' placements must stay as good; the cost
+    /// is both slices' key space.
+    fn best_swap(
+        &self,
+        hot: usize,
+        receivers: &[usize],
+        on: &[Vec<usize>],
+        left: f64,
+        epsilon: f64,
+    ) -> Option<Scored> {
+        let layout = self.layout;
+        let inverse = &layout.inverse;
+        let lh = self.loads[hot];
+        let mut best: Option<Scored> = None;
+        for &to in receivers {
+            let lt = self.loads[to];
+            for &i in &on[hot] {
+                let p = &self.pieces[i];
+                if p.load <= 0.0 || p.fraction() >= left || p.replicas.contains(&(to as u32)) {
+                    continue;
+                }
+                if layout.score_after(&p.replicas, Some(hot as u32), Some(to as u32))
+                    > layout.score(&p.replicas)
+                {
+                    continue;
+                }
+                let si = p.per_replica();
+                for &j in &on[to] {
+                    let q = &self.pieces[j];
+                    let sj = q.per_replica();
+                    let cost = p.fraction() + q.fraction();
+                    if sj >= si || cost > left || q.replicas.contains(&(hot as u32)) {
+                        continue;
+                    }
+                    let peak = (lh + (sj - si) * inverse[hot]).max(lt + (si - sj) * inverse[to]);
+                    let benefit = lh - peak;
+                    if benefit <= epsilon || best.as_ref().is_some_and(|b| benefit / cost <= b.weight) {
+                        continue;
+                    }
+                    if layout.score_after(&q.replicas, Some(to as u32), Some(hot as u32))
+                        > layout.score(&q.replicas)
+                    {
+                        continue;
+                    }
+                    best = Some(Scored {
+                        weight: benefit / cost,
+                        cost,
+                        step: Move::Swap { slice: i, with: j, to },
+                    });
+                }
+            }
+        }
+        best
     }
 
     /// Applies `step`, keeping `on` (the slices on each task) current.
@@ -306,6 +442,11 @@ impl Run<'_> {
                         self.set_replicas(slice, replicas);
                     }
                 }
+            }
+            Move::Swap { slice, with, to } => {
+                self.reassign(slice, hot, to, on);
+                self.reassign(with, to, hot, on);
+                self.moves.swapped += 1;
             }
             Move::RemoveReplica { slice } => {
                 let mut replicas = self.pieces[slice].replicas.clone();

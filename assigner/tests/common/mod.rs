@@ -21,3 +21,13 @@ pub fn check_placement(a: &Assignment, tasks: &Tasks, limits: ReplicaLimits) {
     // Valid by steady-slice's rules (the constructor already checked; this re-checks).
     assert!(Assignment::new(a.generation(), a.slices().to_vec()).is_ok());
 }
+
+/// Every slice on serving tasks only, with at least one replica.
+pub fn check_serving(a: &Assignment, tasks: &Tasks) {
+    for (i, s) in a.slices().iter().enumerate() {
+        assert!(!s.replicas.is_empty(), "slice {i} has no replica");
+        for &t in &s.replicas {
+            assert_eq!(tasks.state(t), TaskState::Serving, "slice {i} on task {t}");
+        }
+    }
+}

@@ -140,8 +140,13 @@ pub fn simulate(scenario: &Scenario, assigners: &[&str]) -> Result<Run, Simulate
         // The run sees the `window` steps that end `delay` steps before it (newest first).
         let view = keys.observed(history.iter().skip(scenario.delay).take(scenario.window));
         for c in &mut contenders {
-            let input =
-                RunInput { previous: c.assignment.as_ref(), tasks: &tasks, load: &view, replicas: limits };
+            let input = RunInput {
+                previous: c.assignment.as_ref(),
+                tasks: &tasks,
+                load: &view,
+                replicas: limits,
+                placement: steady_assigner::Placement::none(),
+            };
             let outcome = c.assigner.assign(&input).map_err(|error| SimulateError::Run {
                 assigner: c.trace.assigner,
                 step,

@@ -282,7 +282,13 @@ fn check(cli: &Cli) -> Result<Checked, Failure> {
     if let Some(tasks) = &tasks {
         let load = estimate(&[], None, &tasks.serving_ids());
         let first = assigner
-            .assign(&RunInput { previous: None, tasks, load: &load, replicas })
+            .assign(&RunInput {
+                previous: None,
+                tasks,
+                load: &load,
+                replicas,
+                placement: steady_assigner::Placement::none(),
+            })
             .map_err(|e| format!("--algorithm {}: its first run failed: {e}", cli.algorithm))?;
         let bytes = first.assignment.encode().len();
         if bytes > MAX_ASSIGNMENT_BYTES {

@@ -369,8 +369,13 @@ impl AssignerService {
         let serving = tasks.serving_ids();
         let fresh = self.book.fresh(&self.job, self.config.stale_after);
         let load = estimate(&fresh, current.assignment(), &serving);
-        let input =
-            RunInput { previous: current.assignment(), tasks, load: &load, replicas: self.config.replicas };
+        let input = RunInput {
+            previous: current.assignment(),
+            tasks,
+            load: &load,
+            replicas: self.config.replicas,
+            placement: steady_assigner::Placement::none(),
+        };
         // A panicking assigner must not take the service down with it.
         let outcome = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             self.assigner.assign(&input)

@@ -104,6 +104,7 @@ impl AssignerStats {
             total.moved += m.moved;
             total.replicas_added += m.replicas_added;
             total.replicas_removed += m.replicas_removed;
+            total.swapped += m.swapped;
             total.split += m.split;
         }
         let mut history = self.history.lock().unwrap_or_else(|p| p.into_inner());
