@@ -81,7 +81,7 @@ pub use pieces::imbalance;
 pub use placement::{Constraint, Infeasible, Placement, PlacementCheck, Spread, TaskProfile, Violation};
 pub use report::{Moves, Outcome, Report, SlicesPerTask};
 pub use rotation::Rotation;
-pub use spec::{Goals, JobSpec, SpecError, TaskRule, MAX_TASK_RULES};
+pub use spec::{profile_tasks, Goals, JobSpec, SpecError, TaskRule, MAX_TASK_RULES};
 pub use steady_slice::{Assignment, SliceKey};
 pub use tasks::{TaskState, Tasks};
 pub use weighted_move::{WeightedMove, WeightedMoveConfig};

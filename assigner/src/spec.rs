@@ -149,39 +149,54 @@ impl JobSpec {
         }
     }
 
-    /// `tasks` with the profiles the rules give (zones from `tasks` win over the rules').
+    /// `tasks` with the profiles the rules give (as [`profile_tasks`]).
     ///
     /// # Errors
     ///
-    /// [`AssignError::BadProfile`] for a rule's bad field (a validated spec has none).
-    pub fn profile(&self, mut tasks: Tasks) -> Result<Tasks, AssignError> {
-        if self.tasks.is_empty() {
-            return Ok(tasks);
-        }
-        let listed: Vec<u32> = tasks.iter().map(|(t, _)| t).collect();
-        for t in listed {
-            let mut profile = tasks.profile(t).clone();
-            let known_zone = profile.zone.is_some();
-            for rule in self.tasks.iter().filter(|r| (r.first..=r.last).contains(&t)) {
-                if !known_zone && rule.zone.is_some() {
-                    profile.zone.clone_from(&rule.zone);
-                }
-                if rule.rack.is_some() {
-                    profile.rack.clone_from(&rule.rack);
-                }
-                if let Some(c) = rule.capacity {
-                    profile.capacity = c;
-                }
-            }
-            tasks = tasks.with_profile(t, profile)?;
-        }
-        Ok(tasks)
+    /// As [`profile_tasks`].
+    pub fn profile(&self, tasks: Tasks) -> Result<Tasks, AssignError> {
+        profile_tasks(&self.tasks, tasks)
     }
 
     /// The spread level's name, for messages.
     pub fn spread(&self) -> Spread {
         self.placement.spread
     }
+}
+
+/// `tasks` with the profiles `rules` give: each listed task's profile with the fields of
+/// every rule covering it applied in order (a later rule overrides an earlier one); a
+/// zone the task already has (from discovery) wins over the rules'.
+///
+/// # Errors
+///
+/// [`AssignError::BadProfile`] for a rule's bad field (a validated spec has none).
+pub fn profile_tasks(rules: &[TaskRule], mut tasks: Tasks) -> Result<Tasks, AssignError> {
+    if rules.is_empty() {
+        return Ok(tasks);
+    }
+    let listed: Vec<u32> = tasks.iter().map(|(t, _)| t).collect();
+    for t in listed {
+        let mut profile = tasks.profile(t).clone();
+        let known_zone = profile.zone.is_some();
+        let mut touched = false;
+        for rule in rules.iter().filter(|r| (r.first..=r.last).contains(&t)) {
+            touched = true;
+            if !known_zone && rule.zone.is_some() {
+                profile.zone.clone_from(&rule.zone);
+            }
+            if rule.rack.is_some() {
+                profile.rack.clone_from(&rule.rack);
+            }
+            if let Some(c) = rule.capacity {
+                profile.capacity = c;
+            }
+        }
+        if touched {
+            tasks.set_profile(t, profile)?;
+        }
+    }
+    Ok(tasks)
 }
 
 #[cfg(feature = "serde")]

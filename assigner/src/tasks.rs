@@ -68,9 +68,20 @@ impl Tasks {
     ///
     /// # Errors
     ///
+    /// As [`Tasks::set_profile`].
+    pub fn with_profile(mut self, task: u32, profile: TaskProfile) -> Result<Self, AssignError> {
+        self.set_profile(task, profile)?;
+        Ok(self)
+    }
+
+    /// Gives `task` the profile `profile` (replacing any profile it had); on error the
+    /// set is unchanged.
+    ///
+    /// # Errors
+    ///
     /// [`AssignError::TaskOutOfRange`] for a task that is not listed,
     /// [`AssignError::BadProfile`] for an invalid profile ([`TaskProfile::validate`]).
-    pub fn with_profile(mut self, task: u32, profile: TaskProfile) -> Result<Self, AssignError> {
+    pub fn set_profile(&mut self, task: u32, profile: TaskProfile) -> Result<(), AssignError> {
         if !self.states.contains_key(&task) {
             return Err(AssignError::TaskOutOfRange { task });
         }
@@ -80,7 +91,7 @@ impl Tasks {
         } else {
             self.profiles.insert(task, profile);
         }
-        Ok(self)
+        Ok(())
     }
 
     /// The profile of `task`: the one given by [`Tasks::with_profile`], else the default

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use steady_assigner::ReplicaLimits;
+use steady_assigner::{JobSpec, Placement, ReplicaLimits, TaskRule};
 
 /// How an Assigner service runs ([`AssignerConfig::validate`] gives the ranges).
 #[derive(Debug, Clone)]
@@ -17,6 +17,13 @@ pub struct AssignerConfig {
     pub stale_after: Duration,
     /// Replicas per slice (default one).
     pub replicas: ReplicaLimits,
+    /// The placement constraints (default none; see `steady_assigner::Placement`). A run
+    /// that cannot meet them still publishes the best assignment it can and says which
+    /// constraint it misses ([`super::AssignerStats::placement`]).
+    pub placement: Placement,
+    /// Task profiles by index (racks, capacities, zones for tasks their discovery source
+    /// puts in none), applied to the task set before every run.
+    pub task_rules: Vec<TaskRule>,
     /// The backoff after a store error, doubled up to 16 times this (default 100 ms; at
     /// least [`MIN_BACKOFF`]).
     pub backoff: Duration,
@@ -47,6 +54,8 @@ impl Default for AssignerConfig {
             min_interval: Duration::from_secs(1),
             stale_after: Duration::from_secs(30),
             replicas: ReplicaLimits::default(),
+            placement: Placement::default(),
+            task_rules: Vec::new(),
             backoff: Duration::from_millis(100),
             handover: None,
         }
@@ -71,6 +80,15 @@ impl fmt::Display for AssignerConfigError {
 impl std::error::Error for AssignerConfigError {}
 
 impl AssignerConfig {
+    /// With the replicas, constraints and task rules of `spec` (its goals configure the
+    /// assigner itself: `JobSpec::weighted_move`).
+    pub fn with_spec(mut self, spec: &JobSpec) -> Self {
+        self.replicas = spec.replicas;
+        self.placement = spec.placement.clone();
+        self.task_rules = spec.tasks.clone();
+        self
+    }
+
     /// Checks every field's range.
     ///
     /// # Errors
@@ -89,6 +107,15 @@ impl AssignerConfig {
         }
         if self.handover.is_some_and(|w| w > Duration::from_secs(3600)) {
             return bad("handover", "at most an hour");
+        }
+        if self.placement.validate().is_err() {
+            return bad("placement.zones", "distinct labels of 1 to 63 bytes of [A-Za-z0-9._-]");
+        }
+        if (JobSpec { tasks: self.task_rules.clone(), ..JobSpec::default() }).validate().is_err() {
+            return bad(
+                "task_rules",
+                "ranges first <= last, valid zone and rack labels, capacities above zero",
+            );
         }
         Ok(())
     }

@@ -42,14 +42,14 @@ use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use steady_assigner::{warming_step, Assigner, Assignment, RunInput, Tasks};
+use steady_assigner::{profile_tasks, warming_step, Assigner, Assignment, RunInput, Tasks};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 pub use config::{AssignerConfig, AssignerConfigError, MIN_BACKOFF, MIN_CADENCE};
 pub use estimate::estimate;
-pub use stats::{AssignerStats, RunRecord};
+pub use stats::{AssignerStats, PlacementState, RunRecord};
 pub use tasks::{follow_job, tasks_of};
 
 use config::CONFLICTS_BEFORE_BACKOFF;
@@ -369,12 +369,15 @@ impl AssignerService {
         let serving = tasks.serving_ids();
         let fresh = self.book.fresh(&self.job, self.config.stale_after);
         let load = estimate(&fresh, current.assignment(), &serving);
+        // Racks and capacities from the job spec (rules are validated with the config).
+        let profiled =
+            profile_tasks(&self.config.task_rules, tasks.clone()).unwrap_or_else(|_| tasks.clone());
         let input = RunInput {
             previous: current.assignment(),
-            tasks,
+            tasks: &profiled,
             load: &load,
             replicas: self.config.replicas,
-            placement: steady_assigner::Placement::none(),
+            placement: &self.config.placement,
         };
         // A panicking assigner must not take the service down with it.
         let outcome = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -395,6 +398,16 @@ impl AssignerService {
         };
         let report = &outcome.report;
         stats.run_nanos.fetch_add(report.elapsed.as_nanos() as u64, Ordering::Relaxed);
+        let placement =
+            PlacementState { violations: report.violations.clone(), infeasible: report.infeasible.clone() };
+        if stats.set_placement(placement) {
+            match &report.infeasible {
+                Some(why) => {
+                    tracing::warn!(job = %self.job, %why, "assigner: placement infeasible; publishing the best assignment it allows")
+                }
+                None => tracing::info!(job = %self.job, "assigner: placement feasible again"),
+            }
+        }
         if report.unchanged {
             return Ok(None);
         }

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
-use steady_assigner::Moves;
+use steady_assigner::{Infeasible, Moves, Violation};
 
 /// How many published runs [`AssignerStats::history`] keeps.
 const RUN_HISTORY: usize = 64;
@@ -46,6 +46,18 @@ pub struct AssignerStats {
     pub(super) history: Mutex<VecDeque<RunRecord>>,
     /// Every move so far, by kind (the sums of each published run's).
     pub(super) moves: Mutex<Moves>,
+    /// The placement as the last run left it.
+    pub(super) placement: Mutex<PlacementState>,
+}
+
+/// The placement constraints the assignment of the last run misses, and why, if the task
+/// set cannot meet them: what the status page and the metrics show.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PlacementState {
+    /// The constraints missed, with how many slices miss each.
+    pub violations: Vec<Violation>,
+    /// Why the task set cannot meet the constraints, if it cannot.
+    pub infeasible: Option<Infeasible>,
 }
 
 impl AssignerStats {
@@ -93,6 +105,20 @@ impl AssignerStats {
     /// Every move of the published runs so far, by kind.
     pub fn moves(&self) -> Moves {
         *self.moves.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The placement constraints the last run's assignment misses, and why (every run,
+    /// published or not).
+    pub fn placement(&self) -> PlacementState {
+        self.placement.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Keeps the last run's placement; whether the infeasibility changed (for a log line).
+    pub(super) fn set_placement(&self, state: PlacementState) -> bool {
+        let mut current = self.placement.lock().unwrap_or_else(|p| p.into_inner());
+        let changed = current.infeasible != state.infeasible;
+        *current = state;
+        changed
     }
 
     pub(super) fn record(&self, run: RunRecord) {
