@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use steady_discovery::identity::Origin;
 use steady_discovery::registry::{
-    self, Registration, Registry, RegistryConfig, RegistryError, WatchCounters, MAX_TASKS,
+    self, DrainScope, Registration, Registry, RegistryConfig, RegistryError, WatchCounters, MAX_TASKS,
 };
 use steady_discovery::{Discovery, JobView, TaskState};
 use steady_subset::{Algorithm, Subsetting};
@@ -517,8 +517,8 @@ async fn a_drain_past_the_budget_is_refused_by_name_and_goes_through_once_there_
     let second = registry.register("upkeep", 1, "10.0.0.2:50051").await.unwrap();
     first.drain_within_budget(1, Duration::from_secs(5)).await.unwrap();
     match second.drain_within_budget(1, Duration::from_millis(300)).await {
-        Err(RegistryError::DrainRefused { job, draining, max }) => {
-            assert_eq!((job.as_str(), draining, max), ("upkeep", vec![0], 1));
+        Err(RegistryError::DrainRefused { job, scope, draining, max }) => {
+            assert_eq!((job.as_str(), scope, draining, max), ("upkeep", DrainScope::Job, vec![0], 1));
         }
         other => panic!("expected a refusal, got {other:?}"),
     }

@@ -75,6 +75,12 @@
 //!   [`Registration::reclaim`] of a zoned registration take both indices back in one
 //!   transaction (four nested alternatives: each key ours or free), else claim the
 //!   lowest free ones in the zone.
+//! * [`Registration::drain_within`] / [`Registration::drain_within_budget`]: one read
+//!   transaction (the job's task keys and `P J /maintenance` at one revision), then,
+//!   when the [`DrainBudget`] has room, `If(mod_revision(maintenance) == read and
+//!   lease(task key) == ours) Then(put maintenance, put the draining record)`; a drain
+//!   that has to wait reads again every 50 ms. Admissions anywhere in the job (any zone)
+//!   conflict on the one maintenance key, so they are serialized.
 //!
 //! # Through an outage of etcd
 //!
@@ -103,6 +109,7 @@ mod record;
 mod registration;
 mod watch;
 
+pub use maintenance::{DrainBudget, DrainScope};
 pub use record::{RecordError, TaskRecord, MAX_ADDRESS_BYTES, MAX_VALUE_BYTES};
 pub use registration::Registration;
 pub use watch::{watch_job, watch_job_counted, WatchCounters, WatchCounts};
@@ -258,15 +265,20 @@ pub enum RegistryError {
     /// The registration is no longer ours: its lease lapsed or was revoked, or another
     /// task registered at the same index.
     Lost,
-    /// A budgeted drain ([`Registration::drain_within_budget`]) did not get its turn in
-    /// the time it was given: this many tasks of the job were draining. The task is left
-    /// serving.
+    /// A budgeted drain ([`Registration::drain_within`], [`Registration::drain_within_budget`])
+    /// did not get its turn in the time it was given: the budget `scope` names (the
+    /// job's, or the asking task's zone's) had no room, `draining` being the tasks that
+    /// counted toward it. The task is left serving.
     DrainRefused {
         /// The job.
         job: String,
-        /// The tasks draining when the wait ran out.
+        /// Which budget refused: the job's, or the zone's (with the zone). When both
+        /// had no room, the job's.
+        scope: DrainScope,
+        /// The other tasks draining when the wait ran out that count toward that budget
+        /// (job indices: all of the job's, or those in the zone), ascending.
         draining: Vec<usize>,
-        /// The most that may drain at once.
+        /// The most that budget lets drain at once.
         max: usize,
     },
 }
@@ -283,10 +295,15 @@ impl fmt::Display for RegistryError {
                 write!(f, "registry: job {job:?}: no free index won in {attempts} attempts")
             }
             Self::Lost => f.write_str("registry: the registration's lease or key is no longer ours"),
-            Self::DrainRefused { job, draining, max } => write!(
+            Self::DrainRefused { job, scope: DrainScope::Job, draining, max } => write!(
                 f,
                 "registry: job {job:?}: tasks {draining:?} are draining and at most {max} may drain at once: \
                  not drained, still serving"
+            ),
+            Self::DrainRefused { job, scope: DrainScope::Zone(zone), draining, max } => write!(
+                f,
+                "registry: job {job:?}: tasks {draining:?} of zone {zone} are draining and at most {max} \
+                 may drain at once in a zone: not drained, still serving"
             ),
         }
     }
@@ -341,9 +358,9 @@ impl Registry {
         format!("{}{job}/tasks/", self.config.key_prefix)
     }
 
-    /// The key every admitted budgeted drain of `job` rewrites
-    /// ([`Registration::drain_within_budget`]), `P J /maintenance`: outside the tasks'
-    /// prefix, so watchers of the job never see it.
+    /// The key every admitted budgeted drain of `job` rewrites, whatever its zone
+    /// ([`Registration::drain_within`]), `P J /maintenance`: outside the tasks' prefix,
+    /// so watchers of the job never see it.
     pub fn maintenance_key(&self, job: &str) -> String {
         format!("{}{job}/maintenance", self.config.key_prefix)
     }

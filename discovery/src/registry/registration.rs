@@ -118,7 +118,7 @@ impl Registration {
     }
 
     /// The state it last wrote: [`TaskState::Serving`] until [`Registration::drain`]
-    /// succeeds, [`TaskState::Draining`] after.
+    /// succeeds, [`TaskState::Draining`] after (until [`Registration::undrain`]).
     pub fn state(&self) -> TaskState {
         if self.draining.load(Ordering::Acquire) {
             TaskState::Draining
@@ -170,21 +170,28 @@ impl Registration {
     /// another task registered the same index); [`RegistryError::Unavailable`] when etcd
     /// does not answer (the state is then unknown: retry).
     pub async fn drain(&self) -> Result<(), RegistryError> {
+        self.write_state(TaskState::Draining).await?;
+        tracing::info!(key = %self.key, "registry: draining");
+        Ok(())
+    }
+
+    /// Rewrites its value in `state`, on condition that the key is still attached to
+    /// this registration's lease.
+    pub(super) async fn write_state(&self, state: TaskState) -> Result<(), RegistryError> {
         if !self.is_held() {
             return Err(RegistryError::Lost);
         }
-        let value = self.record(TaskState::Draining);
+        let value = self.record(state);
         let txn =
             Txn::new().when([Compare::lease(self.key.as_str(), CompareOp::Equal, self.lease.id())]).and_then(
                 [TxnOp::put(self.key.as_str(), value, Some(PutOptions::new().with_lease(self.lease.id())))],
             );
         let mut kv = self.registry.client.kv_client();
-        let response = bounded(self.registry.timeout(), "drain transaction", kv.txn(txn)).await?;
+        let response = bounded(self.registry.timeout(), "state transaction", kv.txn(txn)).await?;
         if !response.succeeded() {
             return Err(RegistryError::Lost);
         }
-        self.draining.store(true, Ordering::Release);
-        tracing::info!(key = %self.key, "registry: draining");
+        self.mark_state(state);
         Ok(())
     }
 
@@ -198,9 +205,9 @@ impl Registration {
         &self.registry
     }
 
-    /// Records that the key now says draining.
-    pub(super) fn mark_draining(&self) {
-        self.draining.store(true, Ordering::Release);
+    /// Records that the key now says `state` (draining, or serving).
+    pub(super) fn mark_state(&self, state: TaskState) {
+        self.draining.store(state == TaskState::Draining, Ordering::Release);
     }
 
     /// Revokes the lease and waits for etcd's answer: the key is deleted at once, and a
