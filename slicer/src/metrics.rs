@@ -83,8 +83,9 @@ impl crate::assigner_service::AssignerHandle {
     /// `candidate` (its name in the election, so that several services of one process,
     /// a leader and its standby, are told apart):
     /// runs, publications, conflicts, errors, terms, whether it leads, the generation,
-    /// run time, the last run's imbalance before and after and key churn, and moves by
-    /// kind.
+    /// run time, the last run's imbalance before and after and key churn, moves by kind,
+    /// and the placement constraints the last run misses (slices per constraint, and which
+    /// one the task set cannot meet).
     pub fn observe_metrics(&self, meter: &Meter, job: &str, candidate: &str) {
         let stats = Arc::downgrade(&self.shared_stats());
         let source = move || stats.upgrade();
@@ -163,10 +164,40 @@ impl crate::assigner_service::AssignerHandle {
                     ("merged", m.merged),
                     ("replica_added", m.replicas_added),
                     ("replica_removed", m.replicas_removed),
+                    ("swapped", m.swapped),
                 ]
                 .into_iter()
                 .map(|(kind, n)| (vec![KeyValue::new("steady.kind", kind)], n as u64))
                 .collect()
-            });
+            })
+            .gauges(
+                "steady.assigner.placement.violations",
+                "{slice}",
+                "Slices of the last run's assignment that miss each placement constraint (0: met)",
+                |s| {
+                    let placement = s.placement();
+                    steady_assigner::Constraint::ALL
+                        .into_iter()
+                        .map(|c| {
+                            let slices = placement.violations.iter().find(|v| v.constraint == c).map_or(0, |v| v.slices);
+                            (vec![KeyValue::new("steady.constraint", c.name())], slices as f64)
+                        })
+                        .collect()
+                },
+            )
+            .gauges(
+                "steady.assigner.placement.infeasible",
+                "1",
+                "1 for the constraint the task set cannot meet (the run publishes the best assignment it allows)",
+                |s| {
+                    let why = s.placement().infeasible.map(|i| i.constraint());
+                    steady_assigner::Constraint::ALL
+                        .into_iter()
+                        .map(|c| {
+                            (vec![KeyValue::new("steady.constraint", c.name())], f64::from(u8::from(why == Some(c))))
+                        })
+                        .collect()
+                },
+            );
     }
 }

@@ -12,7 +12,18 @@
 //!     --etcd-user steady-slicer --etcd-password-file /run/secrets/etcd-password
 //! steady-slicer --job users --registry http://etcd-0:2379 --store etcd --endpoints http://etcd-0:2379
 //! steady-slicer --job users --dns users.prod.svc.cluster.local.
+//! steady-slicer --job users --registry http://etcd-0:2379 --store etcd --endpoints http://etcd-0:2379 \
+//!     --spec users-spec.json
 //! ```
+//!
+//! With `--spec FILE` the job spec (JSON, `steady_assigner::JobSpec`, docs/placement.md)
+//! gives the replicas per slice (so `--max-replicas` is refused beside it), the placement
+//! constraints (replicas spread over zones or racks, a replica per zone), the goals
+//! (weighted-move's imbalance threshold and churn budget) and task profiles (racks,
+//! capacities, zones for tasks discovery puts in none). A bad spec is one line naming the
+//! field; a spec the tasks cannot meet is a warning, and the Assigner publishes the best
+//! assignment they allow, naming the missed constraint on its status line, page and
+//! metrics.
 //!
 //! The backend job is `--tasks N` (tasks `0..N`, all serving, for good), or followed through
 //! discovery: `--registry URLS`, the etcd registry of `--job` (tasks registered under
@@ -60,7 +71,10 @@ use std::time::Duration;
 use clap::error::ErrorKind;
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use futures_util::StreamExt;
-use steady_assigner::{by_name, Assigner, ReplicaLimits, RunInput, Tasks, NAMES};
+use steady_assigner::{
+    by_name, profile_tasks, Assigner, JobSpec, ReplicaLimits, RunInput, Tasks, WeightedMove,
+    WeightedMoveConfig, NAMES,
+};
 use steady_discovery::{dns, registry, Discovery};
 use steady_slice::MAX_TASK;
 use steady_slicer::assigner_service::{estimate, follow_job, AssignerConfig, AssignerService};
@@ -118,9 +132,13 @@ struct Cli {
     /// Milliseconds between runs (at least 10).
     #[arg(long, default_value_t = 10_000)]
     cadence_ms: u64,
-    /// Most replicas per slice.
-    #[arg(long, default_value_t = 1)]
-    max_replicas: usize,
+    /// Most replicas per slice (default 1; a --spec gives its own).
+    #[arg(long, conflicts_with = "spec")]
+    max_replicas: Option<usize>,
+    /// The job spec (JSON): replicas, placement constraints, goals, task profiles
+    /// (`steady_assigner::JobSpec`; docs/placement.md).
+    #[arg(long, value_name = "FILE")]
+    spec: Option<PathBuf>,
     /// The etcd lease of the election, seconds (with `--store etcd`; default 5).
     #[arg(long)]
     lease_ttl_secs: Option<u64>,
@@ -244,9 +262,26 @@ struct ServingTls {
 fn check(cli: &Cli) -> Result<Checked, Failure> {
     check_name("job", &cli.job).map_err(|e| format!("--job: {e}"))?;
     check_name("candidate", &cli.candidate).map_err(|e| format!("--candidate: {e}"))?;
-    let assigner = by_name(&cli.algorithm).ok_or_else(|| {
-        format!("--algorithm: unknown algorithm {:?}: one of {}", cli.algorithm, NAMES.join(", "))
-    })?;
+    let spec = match &cli.spec {
+        None => None,
+        Some(path) => {
+            let text =
+                std::fs::read_to_string(path).map_err(|e| format!("--spec {}: {e}", path.display()))?;
+            let spec: JobSpec =
+                serde_json::from_str(&text).map_err(|e| format!("--spec {}: {e}", path.display()))?;
+            Some(spec)
+        }
+    };
+    let assigner: Box<dyn Assigner + Send + Sync> = match (&spec, cli.algorithm.as_str()) {
+        // The spec's goals configure weighted-move (its suppression threshold and budget).
+        (Some(spec), "weighted-move") => Box::new(
+            WeightedMove::new(spec.weighted_move(WeightedMoveConfig::default()))
+                .map_err(|e| format!("--spec: {e}"))?,
+        ),
+        _ => by_name(&cli.algorithm).ok_or_else(|| {
+            format!("--algorithm: unknown algorithm {:?}: one of {}", cli.algorithm, NAMES.join(", "))
+        })?,
+    };
     let tasks = match cli.tasks {
         // Checked before the task set is built: `Tasks` would list every task first.
         Some(n) if n == 0 || n > MAX_TASK + 1 => {
@@ -268,12 +303,16 @@ fn check(cli: &Cli) -> Result<Checked, Failure> {
         StoreKind::Etcd if cli.endpoints.is_empty() => return Err("--store etcd needs --endpoints".into()),
         _ => {}
     }
-    let replicas = ReplicaLimits::new(1, cli.max_replicas).map_err(|e| format!("--max-replicas: {e}"))?;
-    let config = AssignerConfig {
+    let replicas =
+        ReplicaLimits::new(1, cli.max_replicas.unwrap_or(1)).map_err(|e| format!("--max-replicas: {e}"))?;
+    let mut config = AssignerConfig {
         cadence: Duration::from_millis(cli.cadence_ms),
         replicas,
         ..AssignerConfig::default()
     };
+    if let Some(spec) = &spec {
+        config = config.with_spec(spec);
+    }
     config.validate().map_err(|e| format!("--cadence-ms: {e}"))?;
     // The first run's assignment (every task serving, no load reported yet) must fit in the
     // store, or every write would be refused: the slices grow with the tasks. (A job that
@@ -281,15 +320,23 @@ fn check(cli: &Cli) -> Result<Checked, Failure> {
     // and counted as the Assigner's error.)
     if let Some(tasks) = &tasks {
         let load = estimate(&[], None, &tasks.serving_ids());
+        let profiled = profile_tasks(&config.task_rules, tasks.clone())?;
         let first = assigner
             .assign(&RunInput {
                 previous: None,
-                tasks,
+                tasks: &profiled,
                 load: &load,
-                replicas,
-                placement: steady_assigner::Placement::none(),
+                replicas: config.replicas,
+                placement: &config.placement,
             })
             .map_err(|e| format!("--algorithm {}: its first run failed: {e}", cli.algorithm))?;
+        // An infeasible placement is not refused (the tasks that would meet it may come):
+        // the Assigner publishes the best assignment it can and says what it misses.
+        if let Some(why) = &first.report.infeasible {
+            eprintln!(
+                "steady-slicer: warning: --spec: {why}; the best assignment the tasks allow is published"
+            );
+        }
         let bytes = first.assignment.encode().len();
         if bytes > MAX_ASSIGNMENT_BYTES {
             return Err(format!(
@@ -532,8 +579,14 @@ async fn run(cli: Cli, checked: Checked) -> Result<(), Failure> {
                 return;
             }
             let s = service.stats();
+            let placement = s.placement();
+            let missed: String = placement
+                .violations
+                .iter()
+                .map(|v| format!(" violated {} {}", v.constraint, v.slices))
+                .collect();
             println!(
-                "generation {} published {} runs {} leading-terms {} conflicts {} errors {} reports accepted {} dropped {}",
+                "generation {} published {} runs {} leading-terms {} conflicts {} errors {} reports accepted {} dropped {}{missed}",
                 distributor.current(&cli.job).map_or(0, |a| a.generation()),
                 s.published(),
                 s.runs(),
