@@ -5,9 +5,12 @@
 //! 1. **Forced moves.** Replicas on tasks that are gone or draining are replaced by the
 //!    least loaded serving tasks (heaviest slices first), keeping each slice's replica
 //!    count. Not charged to any budget.
-//! 2. **Replica limits.** Slices with fewer than `min` replicas get replicas on the least
-//!    loaded tasks; slices with more than `max` lose their replicas on the most loaded
-//!    ones. Also forced, so not charged either (the limits are configuration).
+//! 2. **Replica limits and placement.** Slices with fewer than `min` replicas get replicas
+//!    on the least loaded tasks; slices with more than `max` lose their replicas on the
+//!    most loaded ones. Then slices whose replicas miss the [`crate::Placement`] (two in
+//!    one zone under a spread, a zone without one under a replica per zone) have replicas
+//!    replaced, one at a time, by the least loaded tasks that improve it. Also forced, so
+//!    not charged either (the limits and constraints are configuration).
 //!
 //! Then, unless the imbalance is under [`WeightedMoveConfig::suppress_below`] (phases 3
 //! and 4 only):
@@ -26,10 +29,22 @@
 //!    *displacing* move (ours, see `moves.rs`) may: the same reassignment or added replica
 //!    onto one of the coldest tasks, with some of that task's other slices moved away
 //!    so that no touched task ends above the goal: the new peak of the slice's own
-//!    tasks, or the mean when that is higher.
+//!    tasks, or the mean when that is higher; and when that cannot either, a *swap*: the
+//!    slice trades places with a lighter slice of a cold task (the move a slice bound to
+//!    its zone needs when its zone's other tasks are full). Under a placement, "the least
+//!    loaded task" is the least loaded one the slice's placement allows, and no move
+//!    leaves a slice's placement worse than it was.
 //! 5. **Splits.** Slices carrying at least `split_factor` times the mean slice load
 //!    (measured when the phase starts) are split in place, hottest first, while there
 //!    are fewer than `max_slices_per_task` slices per serving task.
+//!
+//! # Capacity
+//!
+//! Every load comparison is of load over capacity ([`crate::TaskProfile::capacity`]): a
+//! task with capacity 2 is as loaded as one with capacity 1 when it carries twice the
+//! load, and the imbalance is the busiest task's load over capacity against the job's
+//! total load over total capacity. With every capacity 1 (the default) this is the
+//! paper's algorithm exactly.
 //!
 //! # Choices the paper leaves open
 //!

@@ -1,6 +1,11 @@
 //! Phase 4 of weighted-move: the best-weighted move off the busiest task, again and
 //! again, within the move budget; and, when no single move helps, a move that clears
-//! room on its receiver first.
+//! room on its receiver first, or a swap of two slices.
+//!
+//! Under a placement, each move's receiver is the coldest task the slice's placement
+//! allows among the coldest task of every group (zone and rack), so a slice bound to its
+//! zone still finds the coldest task there; a swap is what moves load when the only tasks
+//! a slice may go to are as busy as the slice is heavy.
 //!
 //! # Why the second kind of move
 //!
