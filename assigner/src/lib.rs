@@ -14,11 +14,20 @@
 //! * Baselines: [`StaticRanges`] (equal ranges; Slicer's static model of 100 slices per
 //!   task) and [`ConsistentHashing`] (virtual nodes, and its load-aware variant).
 //!
+//! Every assigner takes a [`Placement`] too (constraints over the tasks' zones and racks:
+//! replicas spread over them, a replica in every zone) and balances load over each task's
+//! capacity ([`TaskProfile`]); [`JobSpec`] is the declarative form of both, with the goals
+//! and task rules. See [`placement`] and `docs/placement.md`.
+//!
 //! # Contracts
 //!
 //! * Every assignment a run returns is valid by `steady-slice`'s rules (it is built by
 //!   [`Assignment::new`]); no slice names a task that is not serving; every slice has
-//!   between `min` and `max` replicas (both capped at the number of serving tasks).
+//!   between `min` and `max` replicas (both capped at the number of serving tasks, `min`
+//!   raised to the zones a replica per zone needs, `max` capped at the spread domains).
+//! * Weighted-move and LPT meet the [`Placement`] wherever the serving tasks can; where
+//!   they cannot, the run still returns the best assignment it can, and its [`Report`]
+//!   names the [`Infeasible`] constraint and the [`Violation`]s.
 //! * Generations increase by one per change; a run that changes nothing returns the
 //!   previous assignment itself with [`Report::unchanged`] set, so nothing is published.
 //! * Bad input is a typed [`AssignError`], never a panic: no serving tasks, duplicate or
@@ -28,7 +37,8 @@
 //!
 //! # Dependencies
 //!
-//! std and `steady-slice` only. The service around the assigner (load reports, the
+//! std and `steady-slice` only (and, with the feature `serde`, serde, to read a
+//! [`JobSpec`]). The service around the assigner (load reports, the
 //! store, the Watch server) lives in `steady-slicer`; this crate must never depend on an
 //! async runtime, tonic or an etcd client, so that simulators, benchmarks and the lab
 //! can run it as a plain function.

@@ -39,10 +39,16 @@ fn the_model_and_assigner_crates_depend_on_std_and_the_model_only() {
     let slice = dependencies("slice");
     let allowed: BTreeSet<String> = ["xxhash-rust", "serde"].map(String::from).into();
     assert!(slice.is_subset(&allowed), "steady-slice depends on {slice:?}");
-    // The assigner is plain computation over the model: no runtime, no RPC, no store.
+    // The assigner is plain computation over the model: no runtime, no RPC, no store; serde
+    // only as an option, for reading a job spec.
     let assigner = dependencies("assigner");
-    let allowed: BTreeSet<String> = ["steady-slice"].map(String::from).into();
+    let allowed: BTreeSet<String> = ["steady-slice", "serde"].map(String::from).into();
     assert!(assigner.is_subset(&allowed), "steady-assigner depends on {assigner:?}");
+    let serde = table("assigner", "[dependencies]").remove("serde").unwrap_or_default();
+    assert!(
+        serde.is_empty() || serde.contains("optional = true"),
+        "steady-assigner: serde must stay optional"
+    );
 }
 
 #[test]
