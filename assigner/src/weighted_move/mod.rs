@@ -91,7 +91,10 @@ use crate::placement::layout::Layout;
 use crate::report::{finish, Moves, Outcome, RunNotes};
 use crate::{serving_of, Assigner, RunInput};
 
+mod cold;
 mod moves;
+
+use cold::ColdIndex;
 
 /// Weighted-move's constants; the defaults are the paper's.
 #[derive(Debug, Clone, PartialEq)]
@@ -208,6 +211,7 @@ impl Assigner for WeightedMove {
         let mut run = Run::new(&self.config, &layout, pieces, input.load);
         run.fit_replica_counts();
         run.repair_placement();
+        run.cold = None;
         let suppressed = run.imbalance() < self.config.suppress_below;
         if !suppressed {
             run.merge_cold_neighbours();
@@ -248,6 +252,9 @@ struct Run<'a> {
     load: &'a Load,
     moves: Moves,
     forced_churn: f64,
+    /// The least loaded task of each group, kept current through the forced phases
+    /// (dropped before the load moves, which track loads their own way).
+    cold: Option<ColdIndex>,
 }
 
 impl<'a> Run<'a> {
@@ -290,7 +297,9 @@ impl<'a> Run<'a> {
             load,
             moves: Moves::default(),
             forced_churn: 0.0,
+            cold: None,
         };
+        run.cold = Some(ColdIndex::new(layout, &run.loads));
         lost.sort_by(|a, b| run.pieces[b.0].load.total_cmp(&run.pieces[a.0].load));
         for (i, wanted) in lost {
             let target = wanted.clamp(min_r, max_r);
@@ -363,15 +372,19 @@ impl<'a> Run<'a> {
             let mut changed = false;
             while score > 0 {
                 // The replacement that improves the placement most, onto the least loaded.
-                let best = (0..replicas.len())
-                    .filter_map(|x| {
-                        let drop = replicas[x];
-                        let to = self.best_target(&replicas, Some(drop))?;
-                        Some((self.layout.score_after(&replicas, Some(drop), Some(to)), x, to))
-                    })
-                    .min_by(|a, b| {
-                        a.0.cmp(&b.0).then(self.loads[a.2 as usize].total_cmp(&self.loads[b.2 as usize]))
+                let mut best: Option<(usize, usize, u32)> = None;
+                for x in 0..replicas.len() {
+                    let drop = replicas[x];
+                    let Some(to) = self.best_target(&replicas, Some(drop)) else { continue };
+                    let candidate = (self.layout.score_after(&replicas, Some(drop), Some(to)), x, to);
+                    let better = best.is_none_or(|b| {
+                        let load = |t: u32| self.loads[t as usize];
+                        candidate.0.cmp(&b.0).then(load(to).total_cmp(&load(b.2))).is_lt()
                     });
+                    if better {
+                        best = Some(candidate);
+                    }
+                }
                 let Some((after, x, to)) = best.filter(|b| b.0 < score) else { break };
                 replicas[x] = to;
                 score = after;
@@ -498,20 +511,30 @@ impl<'a> Run<'a> {
     /// The position to give a replica of a slice whose replicas are `replicas`, with
     /// `drop` (one of them) leaving: among the positions not in `replicas`, one that
     /// leaves the best placement, the least loaded of those. `O(groups * r^2 + tasks)`.
-    fn best_target(&self, replicas: &[u32], drop: Option<u32>) -> Option<u32> {
+    fn best_target(&mut self, replicas: &[u32], drop: Option<u32>) -> Option<u32> {
         let layout = self.layout;
-        let group_score: Vec<usize> = if layout.constrained {
-            (0..layout.groups)
-                .map(|g| layout.score_after(replicas, drop, Some(layout.representative(g))))
-                .collect()
-        } else {
-            Vec::new()
+        let score = |g: usize| {
+            if layout.constrained {
+                layout.score_after(replicas, drop, Some(layout.representative(g)))
+            } else {
+                0
+            }
         };
-        let score = |t: usize| group_score.get(layout.group[t] as usize).copied().unwrap_or(0);
-        (0..self.loads.len())
-            .filter(|&t| !replicas.contains(&(t as u32)))
-            .min_by(|&a, &b| score(a).cmp(&score(b)).then(self.loads[a].total_cmp(&self.loads[b])))
-            .map(|t| t as u32)
+        let Some(cold) = self.cold.as_mut() else {
+            // No index (outside the forced phases): a scan, in the same order.
+            let group_score: Vec<usize> = (0..layout.groups).map(score).collect();
+            return (0..self.loads.len())
+                .filter(|&t| !replicas.contains(&(t as u32)))
+                .min_by(|&a, &b| {
+                    let s = |t: usize| group_score[layout.group[t] as usize];
+                    s(a).cmp(&s(b)).then(self.loads[a].total_cmp(&self.loads[b]))
+                })
+                .map(|t| t as u32);
+        };
+        (0..layout.groups)
+            .filter_map(|g| cold.coldest(g, &self.loads, replicas).map(|(key, t)| (score(g), key, t)))
+            .min()
+            .map(|(_, _, t)| t)
     }
 
     /// Gives piece `i` the replicas `replicas`, moving its load between tasks.
@@ -522,10 +545,15 @@ impl<'a> Run<'a> {
         for &r in &p.replicas {
             self.loads[r as usize] -= old * inverse[r as usize];
         }
-        p.replicas = replicas;
+        let old_replicas = std::mem::replace(&mut p.replicas, replicas);
         let new = p.per_replica();
         for &r in &p.replicas {
             self.loads[r as usize] += new * inverse[r as usize];
+        }
+        if let Some(cold) = self.cold.as_mut() {
+            for &r in old_replicas.iter().chain(&self.pieces[i].replicas) {
+                cold.update(self.layout.group[r as usize], r, self.loads[r as usize]);
+            }
         }
     }
 }
