@@ -561,3 +561,42 @@ impl<'a> Run<'a> {
 fn same_set(a: &[u32], b: &[u32]) -> bool {
     a.len() == b.len() && a.iter().all(|x| b.contains(x))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::placement::{Placement, Spread, TaskProfile};
+    use crate::{ReplicaLimits, Tasks};
+
+    /// The forced phases' heap finds the task a scan finds, through loads that change.
+    #[test]
+    fn the_cold_index_chooses_as_the_scan_does() {
+        let mut tasks = Tasks::serving(0..30).unwrap();
+        for t in 0..30 {
+            let profile = TaskProfile::in_zone(format!("z{}", t % 3)).rack(format!("r{}", t % 2));
+            tasks.set_profile(t, profile.capacity(1.0 + f64::from(t % 4))).unwrap();
+        }
+        let placement = Placement { spread: Spread::Racks, replica_per_zone: true, zones: Vec::new() };
+        let layout = Layout::new(&tasks, tasks.serving_ids(), &placement, ReplicaLimits::new(1, 4).unwrap());
+        let config = WeightedMoveConfig::default();
+        let load = Load::none().with_uniform(1000.0).unwrap();
+        let pieces = initial::round_robin(&layout.serving, 20, 2, &load);
+        let mut run = Run::new(&config, &layout, pieces, &load);
+        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+        for step in 0..400 {
+            rng = rng.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            let i = (rng >> 33) as usize % run.pieces.len();
+            let replicas = run.pieces[i].replicas.clone();
+            let drop = replicas.get((rng >> 20) as usize % (replicas.len() + 1)).copied();
+            let indexed = run.best_target(&replicas, drop);
+            let cold = run.cold.take();
+            let scanned = run.best_target(&replicas, drop);
+            run.cold = cold;
+            assert_eq!(indexed, scanned, "step {step}");
+            // Give the slice to the chosen task (loads change both ways).
+            let mut next: Vec<u32> = replicas.iter().copied().filter(|&r| Some(r) != drop).collect();
+            next.extend(indexed);
+            run.set_replicas(i, next);
+        }
+    }
+}
