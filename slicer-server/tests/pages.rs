@@ -2,7 +2,9 @@
 //! Prometheus text and carries the control plane's instruments, and the status page,
 //! loaded in a real headless Chromium (`steady_testing::Browser`; mandatory in
 //! `scripts/test.sh`), names the job's tasks, the generation and the imbalance of the
-//! load six reporting Slicelets send.
+//! load six reporting Slicelets send. Under a job spec the tasks cannot meet, `/metrics`
+//! counts the slices that miss each constraint and the page shows the missed constraint,
+//! marked, with why.
 //!
 //! `STEADY_SCREENSHOT=$PWD/docs/status-page.png cargo test -p steady-slicer-server --test pages`
 //! (run from the workspace root: a test runs in its crate's folder)
@@ -40,9 +42,15 @@ impl Drop for Running {
 }
 
 fn start() -> Running {
+    start_with(&[])
+}
+
+/// [`start`], with `extra` arguments.
+fn start_with(extra: &[&str]) -> Running {
     let mut child = Command::new(BIN)
         .args(["--job", "users", "--tasks", &TASKS.to_string(), "--listen", "127.0.0.1:0"])
         .args(["--cadence-ms", "200", "--metrics-listen", "0"])
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -250,4 +258,100 @@ fn text_of<'a>(dom: &'a str, id: &str) -> &'a str {
     let marker = format!("id=\"{id}\">");
     let start = dom.find(&marker).unwrap_or_else(|| panic!("no #{id}")) + marker.len();
     dom[start..].split('<').next().unwrap_or_default()
+}
+
+/// A job spec the six tasks cannot meet: a replica of every slice in each of zones a, b
+/// and c, and the tasks only in a (0-2) and b (3-5). Written to a file of its own, removed
+/// when dropped.
+struct SpecFile(std::path::PathBuf);
+
+impl SpecFile {
+    fn infeasible(name: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("steady-pages-{name}-{}.json", std::process::id()));
+        std::fs::write(
+            &path,
+            r#"{
+              "replicas": { "min": 2 },
+              "constraints": { "spread": "zones", "replica_per_zone": true, "zones": ["a", "b", "c"] },
+              "tasks": [ { "range": [0, 2], "zone": "a" }, { "range": [3, 5], "zone": "b" } ]
+            }"#,
+        )
+        .unwrap();
+        Self(path)
+    }
+
+    fn arg(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for SpecFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The placement the spec misses is in `/metrics`: slices per constraint (every slice
+/// misses replica-per-zone, none spread-zones) and the constraint the tasks cannot meet.
+#[test]
+fn metrics_name_the_constraint_an_infeasible_spec_misses() {
+    let spec = SpecFile::infeasible("metrics");
+    let running = start_with(&["--spec", spec.arg()]);
+    let violations = "steady_assigner_placement_violations";
+    let samples = scrape_until(&running.pages, "the first generation published", |s| {
+        value(s, "steady_distributor_publications_total", &[]).is_some_and(|p| p >= 1.0)
+            && value(s, violations, &[("steady_constraint", "replica-per-zone")]).is_some_and(|v| v > 0.0)
+    });
+    for constraint in ["min-replicas", "spread-zones", "spread-racks"] {
+        assert_eq!(
+            value(&samples, violations, &[("steady_constraint", constraint)]),
+            Some(0.0),
+            "{constraint}"
+        );
+    }
+    let infeasible = |c| value(&samples, "steady_assigner_placement_infeasible", &[("steady_constraint", c)]);
+    assert_eq!(infeasible("replica-per-zone"), Some(1.0));
+    assert_eq!(infeasible("spread-zones"), Some(0.0));
+    assert!(samples
+        .iter()
+        .any(|(n, l, _)| n == violations && l.get("steady_job").map(String::as_str) == Some("users")));
+}
+
+/// The status page of a job whose spec cannot be met shows, in a real browser, the
+/// constraint it misses (marked, with its slices) and why: zone c has no serving task.
+#[test]
+fn the_status_page_shows_the_constraint_an_infeasible_spec_misses_in_a_real_browser() {
+    let Some(browser) = steady_testing::Browser::find() else { return };
+    let spec = SpecFile::infeasible("page");
+    let running = start_with(&["--spec", spec.arg()]);
+    // The first loads may come before the first run: load until the page has one.
+    let deadline = Instant::now() + WAIT;
+    let dom = loop {
+        let dom = browser.dump_dom(&format!("{}/", running.pages));
+        if text_of(&dom, "placement") != "no run yet" {
+            break dom;
+        }
+        assert!(Instant::now() < deadline, "no run on the page within {WAIT:?}");
+    };
+    assert_eq!(text_of(&dom, "placement"), "VIOLATED (below)", "{dom}");
+    assert!(dom.contains("<section id=\"violations\" class=\"violated\""), "{dom}");
+    assert_eq!(
+        text_of(&dom, "infeasible"),
+        "Infeasible: constraint replica-per-zone cannot be met: zone c has no serving task."
+    );
+    // The missed constraint's row: every slice, the whole key space.
+    let row =
+        dom.split("<td class=\"constraint\">replica-per-zone</td>").nth(1).expect("a replica-per-zone row");
+    let cells: Vec<&str> = row
+        .split("</tr>")
+        .next()
+        .unwrap()
+        .split("<td>")
+        .skip(1)
+        .map(|c| c.trim_end_matches("</td>"))
+        .collect();
+    let slices: usize = cells[0].parse().unwrap();
+    assert!(slices >= 1, "{cells:?}");
+    assert_eq!(cells[1], "100.0%", "{cells:?}");
+    assert!(!dom.contains("<td class=\"constraint\">spread-zones</td>"), "the spread is met: {dom}");
 }

@@ -18,9 +18,12 @@
 //! * `/`: the assignment in force drawn over the key space (aggregated into a fixed
 //!   number of columns, so 15,000 slices cost what 15 do), each task's state, slices, key
 //!   share and load from its latest report, imbalance and key churn over the last
-//!   published runs, the leader and the store, and recent events (leadership changes,
-//!   generations, drains and departures, refused and dropped reports). One HTML document
-//!   with inline SVG, no external assets and no script, refreshing itself every 2 seconds.
+//!   published runs, the leader and the store, the placement (`met`, or each constraint
+//!   of the job spec the last run misses with its slices and key share, and why the task
+//!   set cannot meet it when it cannot), and recent events (leadership changes,
+//!   generations, drains and departures, refused and dropped reports, placement missed
+//!   and met again). One HTML document with inline SVG, no external assets and no
+//!   script, refreshing itself every 2 seconds.
 //!
 //! # Bounds
 //!
@@ -186,6 +189,10 @@ impl StatusServer {
                 .map(|r| (r.report.task(), r.report.total()))
                 .collect(),
             history: s.assigner.borrow().history(),
+            placement: {
+                let stats = s.assigner.borrow();
+                (stats.runs() > 0).then(|| stats.placement())
+            },
             watchers: s.distributor.watchers(job),
             reports_accepted: s.collector.book().accepted(),
             reports_refused: s.collector.refused(),
@@ -227,10 +234,14 @@ struct Seen {
     refused: u64,
     dropped: u64,
     invalid: u64,
+    /// The constraints the last run misses, by name, and why they cannot be met.
+    missed: Vec<&'static str>,
+    infeasible: Option<String>,
 }
 
 impl Seen {
     fn read(s: &StatusSources) -> Self {
+        let placement = s.assigner.borrow().placement();
         Self {
             leading: s.assigner.borrow().is_leading(),
             generation: s.distributor.current(&s.job).map_or(0, |a| a.generation()),
@@ -238,6 +249,8 @@ impl Seen {
             refused: s.collector.refused(),
             dropped: s.collector.book().dropped(),
             invalid: s.collector.invalid(),
+            missed: placement.violations.iter().map(|v| v.constraint.name()).collect(),
+            infeasible: placement.infeasible.map(|why| why.to_string()),
         }
     }
 
@@ -284,6 +297,19 @@ impl Seen {
             if after > before {
                 events.push(format!("{} {what}", after - before));
             }
+        }
+        if now.infeasible != self.infeasible {
+            events.push(match &now.infeasible {
+                Some(why) => format!("placement infeasible: {why}"),
+                None => "placement feasible again".to_owned(),
+            });
+        }
+        if now.missed != self.missed {
+            events.push(if now.missed.is_empty() {
+                "placement met: no slice misses a constraint".to_owned()
+            } else {
+                format!("placement missed: {}", now.missed.join(", "))
+            });
         }
         events
     }

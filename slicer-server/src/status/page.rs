@@ -4,13 +4,19 @@
 //! It stays readable at 100 tasks and 15,000 slices: the key space is drawn as
 //! [`KEY_SPACE_COLUMNS`] columns, each coloured by the task that holds most of its keys
 //! (never one box per slice), and the tasks are a table with one row each.
+//!
+//! The placement (the job spec's constraints, `steady_assigner::Placement`) is one word in
+//! the summary while the last run meets it (`met`), and a section of its own, marked,
+//! while it does not: a row per missed constraint (its name, the slices that miss it and
+//! their share of the key space) and, when the task set cannot meet it at all, why
+//! (`steady_assigner::Infeasible`'s text).
 
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime};
 
 use steady_assigner::{Assignment, TaskState};
 
-use steady_slicer::assigner_service::RunRecord;
+use steady_slicer::assigner_service::{PlacementState, RunRecord};
 
 /// How many columns the key-space strip has, whatever the number of slices.
 const KEY_SPACE_COLUMNS: usize = 600;
@@ -28,6 +34,8 @@ pub(crate) struct Snapshot {
     /// Each reporting task's load (requests per second) from its latest fresh report.
     pub(crate) loads: Vec<(u32, f64)>,
     pub(crate) history: Vec<RunRecord>,
+    /// The placement as the last run left it; `None` before the first run.
+    pub(crate) placement: Option<PlacementState>,
     pub(crate) watchers: usize,
     pub(crate) reports_accepted: u64,
     pub(crate) reports_refused: u64,
@@ -84,6 +92,7 @@ pub(crate) fn render(s: &Snapshot) -> String {
          <p class=\"summary\">generation <b id=\"generation\">{generation}</b> · imbalance \
          <b id=\"imbalance\">{imbalance}</b> (busiest task's reported load / mean) · \
          <span id=\"leader\">{leader}</span> · store <span id=\"store\">{store}</span> · \
+         placement <b class=\"{placement_class}\" id=\"placement\">{placement}</b> · \
          {watchers} watchers · reports accepted {accepted}, refused {refused}</p>",
         refresh = s.refresh.as_secs().max(1),
         job = esc(&s.job),
@@ -94,10 +103,19 @@ pub(crate) fn render(s: &Snapshot) -> String {
             format!("{} is a standby", esc(&s.candidate))
         },
         store = esc(&s.store),
+        placement = match &s.placement {
+            None => "no run yet",
+            Some(p) if is_met(p) => "met",
+            Some(_) => "VIOLATED (below)",
+        },
+        placement_class = if s.placement.as_ref().is_some_and(|p| !is_met(p)) { "violated" } else { "met" },
         watchers = s.watchers,
         accepted = s.reports_accepted,
         refused = s.reports_refused,
     );
+    if let Some(p) = s.placement.as_ref().filter(|p| !is_met(p)) {
+        placement(&mut html, p);
+    }
     html.push_str("<h2>The key space</h2>");
     match &s.assignment {
         Some(a) => key_space(&mut html, a),
@@ -118,8 +136,58 @@ pub(crate) fn render(s: &Snapshot) -> String {
 const STYLE: &str = "body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}\
     h1{font-size:1.4em}h2{font-size:1.1em;margin-top:1.5em}table{border-collapse:collapse}\
     td,th{padding:2px 8px;text-align:right;border-bottom:1px solid #ddd}th{background:#f4f4f4}\
-    td.task{text-align:left}.bar{fill:#4a7}.draining{color:#b60}.gone{color:#999}\
-    svg{display:block;margin:.5em 0}time{color:#666;margin-right:.5em}";
+    td.task,td.constraint{text-align:left}.bar{fill:#4a7}.draining{color:#b60}.gone{color:#999}\
+    svg{display:block;margin:.5em 0}time{color:#666;margin-right:.5em}\
+    b.violated{color:#b00}section.violated{border:2px solid #b00;background:#fff3f3;padding:.2em 1em 1em}\
+    section.violated h2{color:#b00;margin-top:.5em}p.infeasible{font-weight:bold}";
+
+/// Whether the last run met every constraint it was given (no constraint: met).
+fn is_met(p: &PlacementState) -> bool {
+    p.violations.is_empty() && p.infeasible.is_none()
+}
+
+/// The constraints the last run's assignment misses, and why the task set cannot meet
+/// them, if it cannot: a section marked in red, above everything else.
+fn placement(html: &mut String, p: &PlacementState) {
+    html.push_str(
+        "<section id=\"violations\" class=\"violated\" role=\"alert\">\
+         <h2>Placement: constraints missed</h2>",
+    );
+    match &p.infeasible {
+        Some(why) => {
+            let _ = write!(
+                html,
+                "<p class=\"infeasible\" id=\"infeasible\">Infeasible: {}.</p>\
+                 <p>The Assigner publishes the best assignment the serving tasks allow, and repairs \
+                 it when the tasks that would meet the constraint return.</p>",
+                esc(&why.to_string())
+            );
+        }
+        None => html.push_str(
+            "<p>The serving tasks could meet every constraint: the next runs repair these slices \
+             (repairs are not charged to the churn budget).</p>",
+        ),
+    }
+    if p.violations.is_empty() {
+        html.push_str("<p>No slice misses a constraint yet.</p></section>");
+        return;
+    }
+    html.push_str(
+        "<table id=\"missed\"><tr><th>constraint</th><th>slices</th><th>key space</th>\
+         <th>first slice</th></tr>",
+    );
+    for v in &p.violations {
+        let _ = write!(
+            html,
+            "<tr><td class=\"constraint\">{}</td><td>{}</td><td>{:.1}%</td><td>{}</td></tr>",
+            v.constraint.name(),
+            v.slices,
+            v.key_share * 100.0,
+            v.first,
+        );
+    }
+    html.push_str("</table></section>");
+}
 
 /// A colour per task, stable across refreshes.
 fn colour(task: u32) -> String {
@@ -275,6 +343,7 @@ mod tests {
                 .collect(),
             loads: (0..tasks).map(|t| (t, 10.0 + f64::from(t))).collect(),
             history: Vec::new(),
+            placement: Some(PlacementState::default()),
             watchers: 3,
             reports_accepted: 10,
             reports_refused: 1,
@@ -295,6 +364,60 @@ mod tests {
         assert!(page.contains("users &lt;&amp;&gt;") && !page.contains("users <&>"));
         assert!(page.contains("class=\"draining\""));
         assert!(!page.contains("http://") && !page.contains("https://"), "no external assets");
+    }
+
+    #[test]
+    fn a_missed_placement_is_a_marked_section_with_each_constraint_and_the_reason() {
+        use steady_assigner::{Constraint, Infeasible, Violation};
+        let mut s = snapshot(4, 16);
+        s.placement = Some(PlacementState {
+            violations: vec![
+                Violation {
+                    constraint: Constraint::SpreadZones,
+                    slices: 12,
+                    key_share: 0.75,
+                    first: SliceKey(0),
+                },
+                Violation {
+                    constraint: Constraint::ReplicaPerZone,
+                    slices: 16,
+                    key_share: 1.0,
+                    first: SliceKey(0),
+                },
+            ],
+            infeasible: Some(Infeasible::ZoneWithoutTasks { zone: "c".into() }),
+        });
+        let page = render(&s);
+        assert!(page.contains("<b class=\"violated\" id=\"placement\">VIOLATED (below)</b>"), "{page}");
+        assert!(page.contains("<section id=\"violations\" class=\"violated\""));
+        assert!(
+            page.contains("<td class=\"constraint\">spread-zones</td><td>12</td><td>75.0%</td>"),
+            "{page}"
+        );
+        assert!(page.contains("<td class=\"constraint\">replica-per-zone</td><td>16</td><td>100.0%</td>"));
+        assert!(
+            page.contains(
+                "Infeasible: constraint replica-per-zone cannot be met: zone c has no serving task."
+            ),
+            "{page}"
+        );
+        // The section comes before the key space: the first thing below the summary.
+        assert!(page.find("id=\"violations\"") < page.find("id=\"keyspace\""));
+
+        // Violations the tasks could repair: the section, without a reason.
+        s.placement.as_mut().unwrap().infeasible = None;
+        let page = render(&s);
+        assert!(page.contains("id=\"violations\"") && !page.contains("Infeasible"), "{page}");
+    }
+
+    #[test]
+    fn a_met_placement_is_one_word_and_before_any_run_it_says_so() {
+        let mut s = snapshot(4, 16);
+        let page = render(&s);
+        assert!(page.contains("<b class=\"met\" id=\"placement\">met</b>"), "{page}");
+        assert!(!page.contains("id=\"violations\"") && !page.contains("VIOLATED"));
+        s.placement = None;
+        assert!(render(&s).contains("<b class=\"met\" id=\"placement\">no run yet</b>"));
     }
 
     #[test]
