@@ -123,6 +123,17 @@ async fn replicas_spread_over_the_view_s_zones_a_zone_outage_is_named_and_repair
         assert!(v.slices <= outage.slices().len() && v.key_share > 0.0, "{v:?}");
     }
 
+    // Every task goes: the assignment in force stays, and the placement says no task
+    // serves (not the last run's state).
+    views.send_replace(view(0..0));
+    eventually("no serving task named", || {
+        assigner.stats().placement().infeasible
+            == Some(steady_assigner::Infeasible::MinReplicas { min: 2, serving: 0 })
+    })
+    .await;
+    let kept = distributor.current(JOB).expect("the assignment in force stays");
+    assert!(kept.slices().iter().all(|s| !s.replicas.is_empty() && s.replicas.iter().all(|&t| t < 2)));
+
     // They come back: the next runs repair the spread, and the violations go.
     views.send_replace(view(0..6));
     let repaired = until(&distributor, "the spread repaired", spread_over_zones).await;

@@ -238,6 +238,8 @@ fn parse_args() -> Cli {
 
 /// What the checked command line asks for.
 struct Checked {
+    /// Why the spec cannot be met by the `--tasks` given (warned about at the check).
+    infeasible: Option<steady_assigner::Infeasible>,
     assigner: Box<dyn Assigner + Send + Sync>,
     /// With `--tasks`; `None` when discovery gives the tasks.
     tasks: Option<Tasks>,
@@ -313,11 +315,15 @@ fn check(cli: &Cli) -> Result<Checked, Failure> {
     if let Some(spec) = &spec {
         config = config.with_spec(spec);
     }
-    config.validate().map_err(|e| format!("--cadence-ms: {e}"))?;
+    config.validate().map_err(|e| match e.field {
+        "cadence" => format!("--cadence-ms: {e}"),
+        _ => format!("--spec: {e}"),
+    })?;
     // The first run's assignment (every task serving, no load reported yet) must fit in the
     // store, or every write would be refused: the slices grow with the tasks. (A job that
     // discovery gives is not known yet: an assignment too large is refused by the store
     // and counted as the Assigner's error.)
+    let mut infeasible = None;
     if let Some(tasks) = &tasks {
         let load = estimate(&[], None, &tasks.serving_ids());
         let profiled = profile_tasks(&config.task_rules, tasks.clone())?;
@@ -337,6 +343,7 @@ fn check(cli: &Cli) -> Result<Checked, Failure> {
                 "steady-slicer: warning: --spec: {why}; the best assignment the tasks allow is published"
             );
         }
+        infeasible.clone_from(&first.report.infeasible);
         let bytes = first.assignment.encode().len();
         if bytes > MAX_ASSIGNMENT_BYTES {
             return Err(format!(
@@ -351,7 +358,7 @@ fn check(cli: &Cli) -> Result<Checked, Failure> {
     }
     let tls = check_tls(cli)?;
     let etcd_access = check_etcd_access(cli)?;
-    Ok(Checked { assigner, tasks, config, tls, etcd_access })
+    Ok(Checked { infeasible, assigner, tasks, config, tls, etcd_access })
 }
 
 /// How to reach etcd: files read now, so that a missing or unreadable one is one line
@@ -473,7 +480,7 @@ async fn backend_job(
 }
 
 async fn run(cli: Cli, checked: Checked) -> Result<(), Failure> {
-    let Checked { assigner, tasks, config, tls, etcd_access } = checked;
+    let Checked { infeasible, assigner, tasks, config, tls, etcd_access } = checked;
     // The backend job: fixed, or followed through discovery (kept for as long as the
     // process runs: dropping a discovery source stops it). First: a source that cannot be
     // read is one line before anything else happens.
@@ -573,6 +580,8 @@ async fn run(cli: Cli, checked: Checked) -> Result<(), Failure> {
     let status = async {
         // At most one line a second, whatever the cadence.
         let mut tick = tokio::time::interval(config.cadence.max(Duration::from_secs(1)));
+        // Already warned about at the check (with --tasks).
+        let mut last_infeasible = infeasible;
         loop {
             tick.tick().await;
             if !service.is_running() {
@@ -580,6 +589,16 @@ async fn run(cli: Cli, checked: Checked) -> Result<(), Failure> {
             }
             let s = service.stats();
             let placement = s.placement();
+            // The reason a spec cannot be met, once each time it changes (the Assigner's
+            // own log line goes to tracing, which this binary does not print).
+            if placement.infeasible != last_infeasible {
+                match &placement.infeasible {
+                    Some(why) => eprintln!("steady-slicer: warning: --spec: {why}; the best assignment the tasks allow is published"),
+                    None if last_infeasible.is_some() => eprintln!("steady-slicer: the placement can be met again"),
+                    None => {}
+                }
+                last_infeasible.clone_from(&placement.infeasible);
+            }
             let missed: String = placement
                 .violations
                 .iter()

@@ -385,7 +385,15 @@ impl AssignerService {
         })) {
             Ok(Ok(o)) => o,
             Ok(Err(error)) => {
-                // No serving task, most likely: keep the assignment in force.
+                // No serving task, most likely: keep the assignment in force, and say that
+                // no placement can be met by none (the last run's state would be stale).
+                if matches!(error, steady_assigner::AssignError::NoServingTasks) {
+                    let none = steady_assigner::Infeasible::MinReplicas {
+                        min: self.config.replicas.min(),
+                        serving: 0,
+                    };
+                    stats.set_placement(PlacementState { violations: Vec::new(), infeasible: Some(none) });
+                }
                 stats.errors.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(%error, job = %self.job, "assigner: run refused its input");
                 return Ok(None);
