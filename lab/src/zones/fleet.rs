@@ -417,6 +417,10 @@ mod tests {
         assert!(view.serving_task(9).is_some() && view.serving_task(10).is_none());
         assert_eq!(view.zone_of(5).map(Zone::as_str), Some("b"));
         assert!(!plain_view(&addresses, [4, 4, 4], false).has_zones());
+        // A zone out of the views (its leases expired): holes, the job's size kept.
+        let a_gone = plain_view(&addresses, [0, 4, 4], true);
+        assert_eq!(a_gone.size, 12);
+        assert!((0..4).all(|t| a_gone.serving_task(t).is_none()) && a_gone.serving_task(4).is_some());
         let c = zone_view(&addresses, 2, 2);
         assert_eq!(c.size, 2);
         assert_eq!(c.serving_task(1).map(|e| e.0.uri().port_u16()), Some(Some(1009)));

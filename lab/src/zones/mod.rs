@@ -45,7 +45,8 @@ use load::{Load, Recorder};
 /// Arguments of `steady-lab zones`.
 #[derive(Debug, Args)]
 pub struct ZonesArgs {
-    /// A test-sized run: 4 s phases, 10 requests per second per frontend.
+    /// A test-sized run: 4 s phases, 10 requests per second per frontend (with
+    /// --placement, 20 slices per task).
     #[arg(long)]
     quick: bool,
     /// Seconds each phase lasts (the first one is left out of the cross-zone share and
