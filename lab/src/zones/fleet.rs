@@ -17,7 +17,8 @@ use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use steady_balance::{
-    Assignment, BalanceConfig, JobView, Locality, SliceKey, Task, TaskState, Zone, ZoneRouting, ZoneSizes,
+    Assignment, BalanceConfig, JobView, Locality, NoReplicaPolicy, SliceKey, Task, TaskState, Zone,
+    ZoneRouting, ZoneSizes,
 };
 use steady_slice::Slice;
 
@@ -223,15 +224,26 @@ impl Backends {
         }
     }
 
-    /// Keeps only zone indices `0..backends` of `zone` in every view, and publishes the
-    /// next assignment, whose replicas in `zone` are on those backends only.
-    pub(crate) fn resize(&mut self, zone: usize, backends: usize) -> Result<(), Box<dyn std::error::Error>> {
-        self.in_view[zone] = backends.clamp(1, BACKENDS_PER_ZONE);
+    /// Whether backend `task`'s server runs (whatever the views say).
+    pub(crate) fn live(&self, task: usize) -> bool {
+        self.servers.get(task).is_some_and(Option::is_some)
+    }
+
+    /// Keeps only zone indices `0..backends` of `zone` in every view (0: the zone leaves
+    /// them, as a registry shows tasks whose leases expired), the assignments unchanged.
+    pub(crate) fn show(&mut self, zone: usize, backends: usize) {
+        self.in_view[zone] = backends.min(BACKENDS_PER_ZONE);
         self.views.plain.send_replace(plain_view(&self.addresses, self.in_view, false));
         self.views.zoned.send_replace(plain_view(&self.addresses, self.in_view, true));
         for (z, sender) in self.views.per_zone.iter().enumerate() {
             sender.send_replace(zone_view(&self.addresses, z, self.in_view[z]));
         }
+    }
+
+    /// Keeps only zone indices `0..backends` of `zone` in every view, and publishes the
+    /// next assignment, whose replicas in `zone` are on those backends only.
+    pub(crate) fn resize(&mut self, zone: usize, backends: usize) -> Result<(), Box<dyn std::error::Error>> {
+        self.show(zone, backends.clamp(1, BACKENDS_PER_ZONE));
         let generation = self.assignments.global.borrow().generation() + 1;
         let (global, per_zone) = assignments(generation, self.in_view)?;
         self.assignments.global.send_replace(global);
@@ -239,6 +251,28 @@ impl Backends {
             sender.send_replace(a);
         }
         Ok(())
+    }
+
+    /// A zone-aware frontend for keyed traffic in `zone` (its zone index `index`, the
+    /// frontend job's size in each zone `frontends`) that follows `assignments` instead
+    /// of the fleet's own. A keyed request whose slice has no ready replica fails
+    /// (`NoReplicaPolicy::Fail`) instead of going to the subset: a service whose keys
+    /// must reach one of their owners, so that a failed request counts a key with no
+    /// live owner.
+    pub(crate) fn keyed_frontend(
+        &self,
+        zone: usize,
+        index: usize,
+        frontends: [usize; 3],
+        assignments: watch::Receiver<Assignment>,
+    ) -> Result<SteadyChannel, steady_balance::ConfigError> {
+        let mut config = BalanceConfig::new(index, SUBSET_SIZE)
+            .with_zones(ZoneRouting::new(zone_label(zone), frontend_zones(frontends)));
+        config.slow_start = config.slow_start.with_probation(self.probation);
+        config.no_replica = NoReplicaPolicy::Fail;
+        let channel = SteadyChannel::builder(config).from_job(self.views.zoned.subscribe())?;
+        channel.balance().follow_assignment_watch(assignments);
+        Ok(channel)
     }
 
     /// A frontend of `strategy` in `zone`: its global index `global` (over every zone's
@@ -383,6 +417,10 @@ mod tests {
         assert!(view.serving_task(9).is_some() && view.serving_task(10).is_none());
         assert_eq!(view.zone_of(5).map(Zone::as_str), Some("b"));
         assert!(!plain_view(&addresses, [4, 4, 4], false).has_zones());
+        // A zone out of the views (its leases expired): holes, the job's size kept.
+        let a_gone = plain_view(&addresses, [0, 4, 4], true);
+        assert_eq!(a_gone.size, 12);
+        assert!((0..4).all(|t| a_gone.serving_task(t).is_none()) && a_gone.serving_task(4).is_some());
         let c = zone_view(&addresses, 2, 2);
         assert_eq!(c.size, 2);
         assert_eq!(c.serving_task(1).map(|e| e.0.uri().port_u16()), Some(Some(1009)));

@@ -37,6 +37,8 @@ pub(crate) struct PhaseCounts {
     pub(crate) failed_late: u64,
     /// `[crossed, answered]` in each second of the phase, the first included.
     pub(crate) per_second: Vec<[u64; 2]>,
+    /// Failed requests in each second of the phase, the first included.
+    pub(crate) failed_per_second: Vec<u64>,
 }
 
 /// The counts of one group, phase by phase.
@@ -86,10 +88,15 @@ impl Recorder {
     }
 
     fn failed(&mut self) {
+        let second = self.started.elapsed().as_secs() as usize;
         let settled = self.settled();
         if let Some(p) = self.phases.last_mut() {
             p.failed += 1;
             p.failed_late += u64::from(settled);
+            if p.failed_per_second.len() <= second {
+                p.failed_per_second.resize(second + 1, 0);
+            }
+            p.failed_per_second[second] += 1;
         }
     }
 }
@@ -189,6 +196,7 @@ mod tests {
         assert_eq!(p.served[1][7], 1);
         assert_eq!(p.served.iter().flatten().sum::<u64>(), 1);
         assert_eq!((p.failed, p.failed_late), (2, 1));
+        assert_eq!((p.failed_per_second[0], p.failed_per_second.last()), (1, Some(&1)));
         assert_eq!(p.per_second[0], [1, 2]);
         assert_eq!(p.per_second.last(), Some(&[0, 1]));
     }

@@ -17,6 +17,9 @@
 //! (cross-zone share against the lowest possible, busiest backend / mean, failed
 //! requests, connections per frontend and opened by the change) and writes a figure per
 //! phase; with `--json`, every row.
+//!
+//! `--placement` runs keyed placement phases instead ([`placement`]): assignments made by
+//! the Assigner under three placements, through zone a's outage.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -33,6 +36,7 @@ use crate::LabResult;
 mod fleet;
 mod load;
 pub(crate) mod lowest;
+mod placement;
 mod report;
 
 use fleet::{backend_of, zone_of_backend, Backends, Strategy, Traffic, FRONTENDS};
@@ -41,7 +45,8 @@ use load::{Load, Recorder};
 /// Arguments of `steady-lab zones`.
 #[derive(Debug, Args)]
 pub struct ZonesArgs {
-    /// A test-sized run: 4 s phases, 10 requests per second per frontend.
+    /// A test-sized run: 4 s phases, 10 requests per second per frontend (with
+    /// --placement, 20 slices per task).
     #[arg(long)]
     quick: bool,
     /// Seconds each phase lasts (the first one is left out of the cross-zone share and
@@ -67,6 +72,20 @@ pub struct ZonesArgs {
     /// Also write every row as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Keyed placement phases instead: zone-aware keyed frontends following the
+    /// Assigner's weighted-move under three placements (2 replicas with no constraint, 2
+    /// spread over zones, a replica per zone) through zone a's outage: steady, zone a
+    /// killed (its tasks gone 1 s later), back.
+    #[arg(long)]
+    placement: bool,
+    /// With --placement: the keyed frontends of each source in zones a, b and c, as
+    /// A/B/C, each 1 to 12 [default: 6/3/3].
+    #[arg(long, value_name = "A/B/C")]
+    frontends: Option<String>,
+    /// With --placement: milliseconds from zone a's death until its tasks leave the
+    /// registry and the Assigners (the lease expiry) [default: 1000; at most the phase].
+    #[arg(long, value_name = "MS")]
+    detection_ms: Option<u64>,
 }
 
 /// The settings of a run.
@@ -101,6 +120,35 @@ impl ZonesArgs {
             return Err("--work-us must be at most 1,000,000".to_owned());
         }
         Ok(s)
+    }
+
+    /// The placement experiment's setup, with the run's settings `s`.
+    fn setup(&self, s: &Settings) -> Result<placement::Setup, String> {
+        if !self.placement && self.frontends.is_some() {
+            return Err("--frontends needs --placement".to_owned());
+        }
+        if !self.placement && self.detection_ms.is_some() {
+            return Err("--detection-ms needs --placement".to_owned());
+        }
+        let frontends = match &self.frontends {
+            None => FRONTENDS,
+            Some(given) => {
+                let counts: Vec<usize> = given.split('/').filter_map(|n| n.trim().parse().ok()).collect();
+                match <[usize; 3]>::try_from(counts) {
+                    Ok(f) if f.iter().all(|n| (1..=12).contains(n)) => f,
+                    _ => return Err("--frontends must be three counts A/B/C, each 1 to 12".to_owned()),
+                }
+            }
+        };
+        let detection = self.detection_ms.map_or(placement::DETECTION, Duration::from_millis);
+        if detection >= s.phase {
+            return Err("--detection-ms must be shorter than a phase".to_owned());
+        }
+        // A quick run's Assigners start from 20 slices per task (a debug build runs
+        // weighted-move over 1,200 slices in tens of milliseconds, on the runtime that
+        // sends the requests); a full run's from weighted-move's 100.
+        let slices_per_task = if self.quick { 20 } else { steady_assigner::initial::SLICES_PER_TASK };
+        Ok(placement::Setup { frontends, slices_per_task, detection })
     }
 }
 
@@ -219,6 +267,11 @@ impl Group {
 /// Runs the experiment.
 pub fn run(out: &mut impl Write, args: &ZonesArgs) -> LabResult {
     let settings = args.settings()?;
+    let setup = args.setup(&settings)?;
+    if args.placement {
+        let dir = crate::output::or_default(&args.figures, "zones-figures")?;
+        return placement::run(out, &settings, setup, &dir, args.json.as_deref());
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let outcomes = runtime.block_on(experiment(&settings))?;
     report::print(out, &settings, &outcomes)?;
