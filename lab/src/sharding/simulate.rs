@@ -55,7 +55,10 @@ pub struct Run {
     /// The scenario.
     pub scenario: Scenario,
     /// Per step: the achievable floor of imbalance: the hottest key's load over as many
-    /// replicas as allowed, against the mean task load (at least 1).
+    /// replicas as allowed, against the mean task load (at least 1). In a scenario with a
+    /// [`Topology`], over capacity: the replicas on the tasks of the largest capacities,
+    /// as many as the limits and the spread allow, against the total load over the total
+    /// capacity.
     pub floor: Vec<f64>,
     /// One trace per assigner, in the order asked for (in a scenario with a [`Topology`],
     /// [`UNCONSTRAINED`] last, when `weighted-move` ran).
