@@ -19,8 +19,9 @@
 //!   Rocksteadier, one channel per zone and steady's zone-aware mode side by side;
 //!   prints a table per phase and writes a figure per phase.
 //! * `steady-lab assign --algorithm NAME --tasks T --load FILE [--previous FILE]
-//!   [--max-replicas R]` runs one assigner run: the next assignment as one line of JSON
-//!   on stdout, the report on stderr. **Also a contract**: see `assign.rs`.
+//!   [--max-replicas R | --spec FILE]` runs one assigner run: the next assignment as one
+//!   line of JSON on stdout (with a job spec: the assignment with every constraint it
+//!   misses), the report on stderr. **Also a contract**: see `assign.rs`.
 //! * `steady-lab sharding [--scenario PREFIX] [--assigner NAME] [--quick] [--figures DIR]`
 //!   simulates the assigners over the sharding scenarios and prints their tables.
 //! * `steady-lab figures --out DIR` draws the evaluation figures (SVG).
@@ -100,8 +101,8 @@ enum Command {
     /// the cross-zone share against the lowest possible, balance, failures and
     /// connections per phase; writes a figure per phase.
     Zones(zones::ZonesArgs),
-    /// Run one assigner run: the next assignment as one line of JSON on stdout, the
-    /// run's report on stderr.
+    /// Run one assigner run: the next assignment as one line of JSON on stdout (with
+    /// --spec, with the constraints it misses), the run's report on stderr.
     Assign(assign::AssignArgs),
     /// Simulate the assigners (weighted-move, rotation, LPT and the baselines) over the
     /// standard sharding scenarios and print their tables.

@@ -1,5 +1,5 @@
-//! `steady-lab sharding`: the assigners simulated over the standard scenarios, their
-//! tables on stdout and, with `--figures DIR`, the figures.
+//! `steady-lab sharding`: the assigners simulated over the standard scenarios and the
+//! placement scenarios, their tables on stdout and, with `--figures DIR`, the figures.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -14,7 +14,7 @@ use crate::LabResult;
 #[derive(Debug, Args)]
 pub struct ShardingArgs {
     /// Only the scenarios whose names start with this (repeatable; e.g. `slicer`,
-    /// `day-t20`, `stress`). Default: all of them.
+    /// `day-t20`, `stress`, `placement`). Default: all of them.
     #[arg(long)]
     scenario: Vec<String>,
     /// Only these assigners (repeatable). Default: all of them.
@@ -33,7 +33,7 @@ pub struct ShardingArgs {
 
 /// The scenarios `args` choose.
 fn scenarios(args: &ShardingArgs) -> Vec<Scenario> {
-    Scenario::standard()
+    Scenario::all()
         .into_iter()
         .filter(|s| args.scenario.is_empty() || args.scenario.iter().any(|p| s.name.starts_with(p.as_str())))
         .map(|s| if args.quick { s.shortened(240, 10_000) } else { s })

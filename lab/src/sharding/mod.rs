@@ -9,10 +9,18 @@
 //! assignment in force. All assigners see the same requests; nothing depends on threads
 //! or clocks except the measured run times.
 //!
+//! The placement scenarios ([`Scenario::placement`]) give the tasks zones and capacities
+//! and the job constraints (a [`Topology`]: replicas spread over zones, a replica per
+//! zone), which every run is given; each assignment is checked against them, imbalance is
+//! load over capacity, and [`UNCONSTRAINED`] weighted-move runs beside the constrained one
+//! on the same traffic, the reference for run time and churn.
+//!
 //! [`summary`] turns the traces into the figures weighted-move's targets name: imbalance
 //! (mean, p90, max) beside the achievable floor, key churn per run and per hour,
 //! reaction time after a shift, the busiest task's load against the static model, slices
-//! per task and run time. [`figures`] draws them and [`report`] writes the tables.
+//! per task and run time; for the placement scenarios also constraint violations and the
+//! run time against the unconstrained reference. [`figures`] draws them and [`report`]
+//! writes the tables.
 
 pub mod figures;
 pub mod report;
@@ -21,8 +29,8 @@ pub mod simulate;
 pub mod summary;
 pub mod workload;
 
-pub use scenario::{Event, Scenario};
-pub use simulate::{simulate, Run, SimulateError, Trace};
+pub use scenario::{Event, Scenario, Topology};
+pub use simulate::{simulate, Run, SimulateError, Trace, UNCONSTRAINED};
 pub use workload::Shift;
 
 use crate::sweep::Sweep;

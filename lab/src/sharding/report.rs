@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::simulate::Run;
+use super::simulate::{Run, UNCONSTRAINED};
 use super::summary::{self, floor_mean, summarise, Summary, SETTLED, STATIC_MODEL};
 use super::workload::Shift;
 use crate::figures::Figure;
@@ -74,10 +74,12 @@ fn find<'a>(all: &'a [Summary], name: &str) -> Option<&'a Summary> {
     all.iter().find(|s| s.assigner == name)
 }
 
-/// Weighted-move's targets (`docs/report.md` lists them), checked over `runs`. Targets
-/// whose baseline did not run are left out.
+/// Weighted-move's targets (`docs/report.md` lists them), checked over the runs of `runs`
+/// without a topology (the placement scenarios have targets of their own,
+/// [`placement_verdicts`]). Targets whose baseline did not run are left out.
 pub fn verdicts(runs: &[Run]) -> Vec<Verdict> {
-    let summaries: Vec<(&Run, Vec<Summary>)> = runs.iter().map(|r| (r, summarise(r))).collect();
+    let summaries: Vec<(&Run, Vec<Summary>)> =
+        runs.iter().filter(|r| r.scenario.topology.is_none()).map(|r| (r, summarise(r))).collect();
     let subject = |all: &'_ [Summary]| find(all, SUBJECT).cloned();
     let mut out = Vec::new();
 
@@ -229,14 +231,200 @@ pub fn verdict_table(out: &mut String, verdicts: &[Verdict]) {
     out.push('\n');
 }
 
-/// Every table: the targets first, then one table per scenario.
+/// Every table: the targets first, then one table per scenario; then, when placement
+/// scenarios ran, their targets and one table per placement scenario.
 pub fn tables(runs: &[Run]) -> String {
     let mut out = String::new();
-    verdict_table(&mut out, &verdicts(runs));
-    for run in runs {
-        scenario_table(&mut out, run);
+    let (placed, plain): (Vec<&Run>, Vec<&Run>) = runs.iter().partition(|r| r.scenario.topology.is_some());
+    if !plain.is_empty() || placed.is_empty() {
+        verdict_table(&mut out, &verdicts(runs));
+        for run in &plain {
+            scenario_table(&mut out, run);
+        }
+    }
+    if !placed.is_empty() {
+        out.push_str(PLACEMENT_HEADING);
+        verdict_table(&mut out, &placement_verdicts(runs));
+        for run in &placed {
+            placement_table(&mut out, run);
+        }
     }
     out
+}
+
+/// The heading of the placement tables.
+const PLACEMENT_HEADING: &str = "**Placement under constraints** (imbalance is load over capacity; \
+     violations: slices missing a constraint of the scenario's placement, summed over the \
+     constraints; `weighted-move-unconstrained`: weighted-move on the same traffic without the \
+     constraints and capacities)\n\n";
+
+/// The imbalance the placement targets ask for where the floor allows it.
+pub const PLACEMENT_IMBALANCE: f64 = 1.10;
+
+/// The most run time weighted-move may take under constraints, against unconstrained
+/// weighted-move on the same workload.
+pub const PLACEMENT_TIME_RATIO: f64 = 2.0;
+
+/// The churn budget of a run, forced moves excluded: weighted-move's default move and
+/// merge budgets.
+pub const CHURN_BUDGET: f64 = 0.10;
+
+/// One placement scenario's table: a row per assigner.
+pub fn placement_table(out: &mut String, run: &Run) {
+    let infeasible = run.feasible.iter().filter(|&&f| !f).count();
+    let _ = writeln!(
+        out,
+        "**{}**  \nachievable floor of imbalance (mean): {:.3}; runs whose task set cannot meet the \
+         placement: {infeasible} of {}\n",
+        run.scenario,
+        floor_mean(run),
+        run.feasible.len(),
+    );
+    out.push_str(
+        "| assigner | violations (max, runs after the first) | where infeasible | imbalance mean | p90 | max | \
+         run's own median/p90 | churn/run | worst run | forced/run | run ms mean/p90 | vs unconstrained mean/p90 |\n",
+    );
+    out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for s in summarise(run) {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.3}/{:.3} | {} | {} | {} | {:.2}/{:.2} | {} |",
+            s.assigner,
+            s.violations_max.map_or("-".into(), |v| v.to_string()),
+            s.violations_infeasible_max.map_or("-".into(), |v| v.to_string()),
+            s.imbalance_mean,
+            s.imbalance_p90,
+            s.imbalance_max,
+            s.planned_median,
+            s.planned_p90,
+            percent(s.churn_per_run),
+            percent(s.churn_run_max),
+            percent(s.forced_per_run),
+            s.run_ms_mean,
+            s.run_ms_p90,
+            match (s.run_vs_unconstrained, s.run_p90_vs_unconstrained) {
+                (Some(m), Some(p)) => format!("{m:.2}x/{p:.2}x"),
+                _ => "-".into(),
+            },
+        );
+    }
+    out.push('\n');
+}
+
+/// Weighted-move's placement targets, checked over the runs of `runs` with a topology:
+/// no violation after the first run wherever the task set can meet the placement; the
+/// runs' own imbalance at most [`PLACEMENT_IMBALANCE`] where the floor allows it; churn
+/// per run within [`CHURN_BUDGET`]; run time at most [`PLACEMENT_TIME_RATIO`] times
+/// unconstrained weighted-move's.
+pub fn placement_verdicts(runs: &[Run]) -> Vec<Verdict> {
+    let summaries: Vec<(&Run, Summary, Option<Summary>)> = runs
+        .iter()
+        .filter(|r| r.scenario.topology.is_some())
+        .filter_map(|r| {
+            let all = summarise(r);
+            let wm = find(&all, SUBJECT)?.clone();
+            Some((r, wm, find(&all, UNCONSTRAINED).cloned()))
+        })
+        .collect();
+    let mut out = Vec::new();
+    if summaries.is_empty() {
+        return out;
+    }
+
+    let missing: Vec<String> = summaries
+        .iter()
+        .filter(|(_, wm, _)| wm.violations_max.unwrap_or(0) > 0)
+        .map(|(r, wm, _)| format!("{} in {}", wm.violations_max.unwrap_or(0), r.scenario.name))
+        .collect();
+    let unconstrained = summaries.iter().filter_map(|(_, _, u)| u.as_ref()?.violations_max).max();
+    out.push(Verdict {
+        target: "constraint violations 0 after the first run wherever the task set can meet the placement"
+            .into(),
+        measured: format!(
+            "{}{}",
+            if missing.is_empty() { "0 in every scenario".to_string() } else { missing.join(", ") },
+            unconstrained
+                .map_or(String::new(), |u| format!(" (unconstrained weighted-move: up to {u} slices)")),
+        ),
+        met: missing.is_empty(),
+    });
+
+    let floored: Vec<&(&Run, Summary, Option<Summary>)> =
+        summaries.iter().filter(|(r, _, _)| seen_floor_median(r) <= PLACEMENT_IMBALANCE).collect();
+    let worst = floored.iter().max_by(|a, b| a.1.planned_median.total_cmp(&b.1.planned_median));
+    if let Some((run, wm, _)) = worst {
+        let skipped: Vec<String> = summaries
+            .iter()
+            .filter(|(r, _, _)| seen_floor_median(r) > PLACEMENT_IMBALANCE)
+            .map(|(r, wm, _)| {
+                format!("{} {:.3} against {:.3}", r.scenario.name, wm.planned_median, seen_floor_median(r))
+            })
+            .collect();
+        out.push(Verdict {
+            target: format!(
+                "the runs' own imbalance (load over capacity, median run) at most {PLACEMENT_IMBALANCE:.2} \
+                 where the floor allows it"
+            ),
+            measured: format!(
+                "worst {:.3} ({}){}",
+                wm.planned_median,
+                run.scenario.name,
+                if skipped.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; where the floor is above {PLACEMENT_IMBALANCE:.2}, against the floor: {}",
+                        skipped.join(", ")
+                    )
+                }
+            ),
+            met: wm.planned_median <= PLACEMENT_IMBALANCE,
+        });
+    }
+
+    if let Some((run, wm, _)) =
+        summaries.iter().max_by(|a, b| a.1.churn_run_max.total_cmp(&b.1.churn_run_max))
+    {
+        out.push(Verdict {
+            target: format!(
+                "churn per run within the budget ({}), forced moves and repairs excluded",
+                percent(CHURN_BUDGET)
+            ),
+            measured: format!("worst run {} ({})", percent(wm.churn_run_max), run.scenario.name),
+            met: wm.churn_run_max <= CHURN_BUDGET + 1e-9,
+        });
+    }
+
+    let mut ratios: Vec<(f64, &str)> = summaries
+        .iter()
+        .filter_map(|(r, wm, _)| Some((wm.run_vs_unconstrained?, r.scenario.name.as_str())))
+        .collect();
+    ratios.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let worst_p90 = summaries
+        .iter()
+        .filter_map(|(r, wm, _)| Some((wm.run_p90_vs_unconstrained?, r.scenario.name.as_str())))
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    if let (Some(&(worst, name)), Some((p90, p90_name))) = (ratios.last(), worst_p90) {
+        out.push(Verdict {
+            target: format!(
+                "run time at most {PLACEMENT_TIME_RATIO:.0}x unconstrained weighted-move's on the same workload \
+                 (mean per run)"
+            ),
+            measured: format!(
+                "{:.2}x at the median scenario, {worst:.2}x at the worst ({name}); 90th percentiles: \
+                 {p90:.2}x at the worst ({p90_name})",
+                ratios[(ratios.len() - 1) / 2].0
+            ),
+            met: worst <= PLACEMENT_TIME_RATIO,
+        });
+    }
+    out
+}
+
+/// The median over the runs after the warm-up of the floor of the runs' own imbalance.
+fn seen_floor_median(run: &Run) -> f64 {
+    let from = run.scenario.warm_up().min(run.seen_floor.len());
+    summary::median(&mut run.seen_floor[from..].to_vec()).unwrap_or(1.0)
 }
 
 /// The `docs/report.md` section: how the simulation works, the figures, the tables.

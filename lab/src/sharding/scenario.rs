@@ -1,7 +1,10 @@
 //! The sharding scenarios: what traffic a job sees, how the assigner observes it, and
-//! what happens to its tasks.
+//! what happens to its tasks; and, for the placement scenarios, where the tasks sit and
+//! what the job asks of their placement ([`Topology`]).
 
 use std::fmt;
+
+use steady_assigner::{Placement, Spread, TaskProfile};
 
 use super::workload::Shift;
 
@@ -21,6 +24,62 @@ pub enum Event {
         /// The step.
         at: usize,
     },
+    /// Task `task`, failed before, serves again (same index, same zone and capacity).
+    Return {
+        /// The step.
+        at: usize,
+        /// The task.
+        task: u32,
+    },
+}
+
+impl Event {
+    /// The step it happens at.
+    pub fn at(&self) -> usize {
+        match *self {
+            Self::Fail { at, .. } | Self::Add { at } | Self::Return { at, .. } => at,
+        }
+    }
+}
+
+/// Where a placement scenario's tasks sit, how much load each takes, and the constraints
+/// the job asks for: what a job spec (`steady_assigner::JobSpec`) gives an Assigner.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Topology {
+    /// Task `t` is in zone `zones[t % zones.len()]` (empty: tasks have no zone).
+    pub zones: Vec<String>,
+    /// Task `t` has capacity `capacities[t % capacities.len()]` (empty: every task 1).
+    pub capacities: Vec<f64>,
+    /// The constraints, passed to every run.
+    pub placement: Placement,
+    /// The fewest replicas per slice (the most is [`Scenario::max_replicas`]).
+    pub min_replicas: usize,
+}
+
+impl Topology {
+    /// Tasks round-robin over zones `a`, `b`, `c`, every task capacity 1, no constraint.
+    pub fn three_zones() -> Self {
+        Self {
+            zones: ["a", "b", "c"].map(String::from).to_vec(),
+            capacities: Vec::new(),
+            placement: Placement::default(),
+            min_replicas: 1,
+        }
+    }
+
+    /// Task `t`'s profile.
+    pub fn profile(&self, t: u32) -> TaskProfile {
+        let cycle = |n: usize| t as usize % n;
+        TaskProfile {
+            zone: (!self.zones.is_empty()).then(|| self.zones[cycle(self.zones.len())].clone()),
+            rack: None,
+            capacity: if self.capacities.is_empty() {
+                1.0
+            } else {
+                self.capacities[cycle(self.capacities.len())]
+            },
+        }
+    }
 }
 
 /// One simulated job.
@@ -52,6 +111,9 @@ pub struct Scenario {
     pub max_replicas: usize,
     /// The seed of the popularity rankings and of the sampled counts.
     pub seed: u64,
+    /// Zones, capacities and constraints (`None`: tasks are equal, nothing is asked of
+    /// their placement, as in the standard scenarios).
+    pub topology: Option<Topology>,
 }
 
 impl Scenario {
@@ -108,6 +170,7 @@ impl Scenario {
             steps: 19 * 21,
             max_replicas: 10,
             seed: 0x5_2_3,
+            topology: None,
         }
     }
 
@@ -131,6 +194,7 @@ impl Scenario {
             steps: 1440,
             max_replicas: 8,
             seed: u64::from(tasks) << 8 | (exponent * 10.0) as u64,
+            topology: None,
         }
     }
 
@@ -152,6 +216,7 @@ impl Scenario {
             steps: 360,
             max_replicas: 8,
             seed: 0x10,
+            topology: None,
         }
     }
 
@@ -168,6 +233,73 @@ impl Scenario {
         all
     }
 
+    /// The placement scenarios (their names start with `placement`): the reaction
+    /// experiment's job with its tasks in three zones (`a`, `b`, `c`, task `t` in the
+    /// `t % 3`-th), asking for
+    /// * `placement-spread-5.2.3`: two replicas per slice in distinct zones;
+    /// * `placement-per-zone-5.2.3`: three replicas, one in every zone;
+    /// * `placement-capacity-5.2.3`: no constraint, but every even task has capacity 2;
+    /// * `placement-outage-5.2.3`: two replicas in distinct zones while zone `c`'s tasks
+    ///   all fail at step 100 and return at step 200;
+    /// * `placement-outage-per-zone-5.2.3`: three replicas, one in each of the zones `a`,
+    ///   `b`, `c`, through the same outage: infeasible while `c` is down, repaired when
+    ///   it returns;
+    ///
+    /// and a day at scale, `placement-day-t20-z1`: [`Scenario::day`]'s 20 tasks and
+    /// 100,000 keys (Zipf 1.0) in three zones, every even task capacity 2, two replicas per
+    /// slice in distinct zones.
+    pub fn placement() -> Vec<Self> {
+        let spread = Placement { spread: Spread::Zones, ..Placement::default() };
+        let per_zone = Placement {
+            replica_per_zone: true,
+            zones: ["a", "b", "c"].map(String::from).to_vec(),
+            ..Placement::default()
+        };
+        let base = Self::slicer_reaction();
+        let variant = |name: &str, max_replicas: usize, topology: Topology| Self {
+            name: format!("placement-{name}-5.2.3"),
+            max_replicas,
+            topology: Some(topology),
+            ..base.clone()
+        };
+        // Zone c: tasks 2, 5 and 8.
+        let outage: Vec<Event> = [2, 5, 8]
+            .map(|task| Event::Fail { at: 100, task })
+            .into_iter()
+            .chain([2, 5, 8].map(|task| Event::Return { at: 200, task }))
+            .collect();
+        let spread_two = Topology { placement: spread.clone(), min_replicas: 2, ..Topology::three_zones() };
+        let per_zone_three = Topology { placement: per_zone, min_replicas: 3, ..Topology::three_zones() };
+        let capacity = Topology { capacities: vec![2.0, 1.0], ..Topology::three_zones() };
+        let day = Self::day(20, 1.0);
+        vec![
+            variant("spread", 2, spread_two.clone()),
+            variant("per-zone", 3, per_zone_three.clone()),
+            variant("capacity", base.max_replicas, capacity),
+            Self { events: outage.clone(), ..variant("outage", 2, spread_two) },
+            Self { events: outage, ..variant("outage-per-zone", 3, per_zone_three) },
+            Self {
+                name: format!("placement-{}", day.name),
+                max_replicas: 2,
+                topology: Some(Topology {
+                    capacities: vec![2.0, 1.0],
+                    placement: spread,
+                    min_replicas: 2,
+                    ..Topology::three_zones()
+                }),
+                ..day
+            },
+        ]
+    }
+
+    /// Every scenario `steady-lab sharding` knows: [`Scenario::standard`], then
+    /// [`Scenario::placement`].
+    pub fn all() -> Vec<Self> {
+        let mut all = Self::standard();
+        all.extend(Self::placement());
+        all
+    }
+
     /// The same scenario shortened for tests and `--quick`: at most `steps` steps and
     /// `keys` keys, events moved to fit.
     pub fn shortened(mut self, steps: usize, keys: usize) -> Self {
@@ -176,7 +308,9 @@ impl Scenario {
             self.steps = steps;
             for event in &mut self.events {
                 match event {
-                    Event::Fail { at, .. } | Event::Add { at } => *at = (*at as f64 * scale) as usize,
+                    Event::Fail { at, .. } | Event::Add { at } | Event::Return { at, .. } => {
+                        *at = (*at as f64 * scale) as usize
+                    }
                 }
             }
             if let Shift::Diurnal { day_steps, .. } = &mut self.shift {
@@ -210,6 +344,33 @@ impl fmt::Display for Scenario {
             self.window,
             self.delay,
             self.max_replicas,
-        )
+        )?;
+        if let Some(t) = &self.topology {
+            let p = &t.placement;
+            let mut asks = Vec::new();
+            if p.spread != Spread::None {
+                asks.push(format!("replicas in distinct {}", p.spread.name()));
+            }
+            if p.replica_per_zone {
+                asks.push("a replica per zone".to_string());
+            }
+            if asks.is_empty() {
+                asks.push("no constraint".to_string());
+            }
+            let capacities = if t.capacities.is_empty() {
+                "capacity 1".to_string()
+            } else {
+                let list: Vec<String> = t.capacities.iter().map(f64::to_string).collect();
+                format!("capacities {} (cycled)", list.join("/"))
+            };
+            write!(
+                f,
+                "; {} zones, {capacities}, min {} replicas, {}",
+                t.zones.len(),
+                t.min_replicas,
+                asks.join(" and ")
+            )?;
+        }
+        Ok(())
     }
 }

@@ -4,12 +4,18 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use steady_assigner::{
-    by_name, imbalance, AssignError, Assigner, Assignment, Load, ReplicaLimits, RunInput, SliceKey,
-    SlicesPerTask, TaskState, Tasks,
+    by_name, imbalance, AssignError, Assigner, Assignment, Load, Placement, ReplicaLimits, RunInput,
+    SliceKey, SlicesPerTask, Spread, TaskState, Tasks,
 };
 
-use super::scenario::{Event, Scenario};
+use super::scenario::{Event, Scenario, Topology};
 use super::workload::{sample_counts, Popularity};
+
+/// The name of the reference a placement scenario adds beside `weighted-move`: the same
+/// assigner on the same traffic and task events, with the same replica limits, but with
+/// no constraint and every task capacity 1 (weighted-move before placement existed), so
+/// its run time and churn are what the constraints are measured against.
+pub const UNCONSTRAINED: &str = "weighted-move-unconstrained";
 
 /// What one assigner did over a scenario, step by step.
 #[derive(Debug, Clone, PartialEq)]
@@ -17,7 +23,9 @@ pub struct Trace {
     /// The assigner's name.
     pub assigner: &'static str,
     /// Per step: the busiest serving task's load / the mean serving task's load, under
-    /// the requests actually served in that step.
+    /// the requests actually served in that step; in a scenario with a [`Topology`],
+    /// load over capacity: the busiest serving task's load over its capacity against the
+    /// total load over the total capacity.
     pub imbalance: Vec<f64>,
     /// Per step: the busiest serving task's load, requests per second.
     pub busiest: Vec<f64>,
@@ -31,6 +39,14 @@ pub struct Trace {
     pub published: usize,
     /// Per step: slices per serving task after the run.
     pub slices_per_task: Vec<SlicesPerTask>,
+    /// Per step: the run's own imbalance ([`steady_assigner::Report::imbalance_after`]):
+    /// on the load it saw, the busiest task's load over its capacity against the total
+    /// load over the total capacity.
+    pub planned: Vec<f64>,
+    /// Per step, in a scenario with a [`Topology`]: the slices of the assignment in force
+    /// that miss a constraint of its placement (`Placement::check`, summed over the
+    /// constraints); empty for the other scenarios.
+    pub violations: Vec<usize>,
 }
 
 /// A scenario's traces, with what bounds every assigner.
@@ -39,10 +55,20 @@ pub struct Run {
     /// The scenario.
     pub scenario: Scenario,
     /// Per step: the achievable floor of imbalance: the hottest key's load over as many
-    /// replicas as allowed, against the mean task load (at least 1).
+    /// replicas as allowed, against the mean task load (at least 1). In a scenario with a
+    /// [`Topology`], over capacity: the replicas on the tasks of the largest capacities,
+    /// as many as the limits and the spread allow, against the total load over the total
+    /// capacity.
     pub floor: Vec<f64>,
-    /// One trace per assigner, in the order asked for.
+    /// One trace per assigner, in the order asked for (in a scenario with a [`Topology`],
+    /// [`UNCONSTRAINED`] last, when `weighted-move` ran).
     pub traces: Vec<Trace>,
+    /// Per step: whether the serving tasks can meet the scenario's placement at all
+    /// (always, without a [`Topology`]).
+    pub feasible: Vec<bool>,
+    /// Per step: the floor of [`Trace::planned`]: as `floor`, over capacity, for the load
+    /// the run saw.
+    pub seen_floor: Vec<f64>,
 }
 
 impl Run {
@@ -84,11 +110,33 @@ struct Contender {
     assigner: Box<dyn Assigner + Send + Sync>,
     assignment: Option<Assignment>,
     trace: Trace,
+    /// Runs without the scenario's constraints and profiles ([`UNCONSTRAINED`]).
+    plain: bool,
+}
+
+impl Contender {
+    fn new(assigner: Box<dyn Assigner + Send + Sync>, name: &'static str, plain: bool) -> Self {
+        let trace = Trace {
+            assigner: name,
+            imbalance: Vec::new(),
+            busiest: Vec::new(),
+            churn: Vec::new(),
+            forced: Vec::new(),
+            elapsed: Vec::new(),
+            published: 0,
+            slices_per_task: Vec::new(),
+            planned: Vec::new(),
+            violations: Vec::new(),
+        };
+        Self { assigner, assignment: None, trace, plain }
+    }
 }
 
 /// Simulates `scenario` for each of `assigners` (names as `steady_assigner::by_name`
 /// takes them): every step, apply the task events, run each assigner on the load of its
-/// window, then serve the step's sampled requests under each assignment in force.
+/// window, then serve the step's sampled requests under each assignment in force. In a
+/// scenario with a [`Topology`], every run gets the tasks' profiles and the placement, and
+/// [`UNCONSTRAINED`] runs beside `weighted-move`.
 ///
 /// # Errors
 ///
@@ -98,28 +146,29 @@ pub fn simulate(scenario: &Scenario, assigners: &[&str]) -> Result<Run, Simulate
         .iter()
         .map(|&name| {
             let assigner = by_name(name).ok_or_else(|| SimulateError::UnknownAssigner(name.to_owned()))?;
-            let trace = Trace {
-                assigner: assigner.name(),
-                imbalance: Vec::new(),
-                busiest: Vec::new(),
-                churn: Vec::new(),
-                forced: Vec::new(),
-                elapsed: Vec::new(),
-                published: 0,
-                slices_per_task: Vec::new(),
-            };
-            Ok(Contender { assigner, assignment: None, trace })
+            let name = assigner.name();
+            Ok(Contender::new(assigner, name, false))
         })
         .collect::<Result<Vec<_>, _>>()?;
+    let topology = scenario.topology.as_ref();
+    if topology.is_some() && assigners.contains(&"weighted-move") {
+        let reference = by_name("weighted-move").expect("weighted-move is an assigner");
+        contenders.push(Contender::new(reference, UNCONSTRAINED, true));
+    }
+    let placement = topology.map_or(Placement::none(), |t| &t.placement);
     let popularity =
         Popularity::new(scenario.keys, scenario.exponent, scenario.rate, scenario.shift, scenario.seed);
     let keys = KeySpace::new(popularity.slice_keys());
-    let limits = ReplicaLimits::new(1, scenario.max_replicas.max(1)).expect("1 <= max replicas");
+    let min_replicas = topology.map_or(1, |t| t.min_replicas.max(1));
+    let limits = ReplicaLimits::new(min_replicas, scenario.max_replicas.max(min_replicas))
+        .expect("1 <= min replicas <= max replicas");
     let mut states: BTreeMap<u32, TaskState> = (0..scenario.tasks).map(|t| (t, TaskState::Serving)).collect();
     let mut next_task = scenario.tasks;
     // Per-second rates of the last `window + delay` steps, in slice-key order.
     let mut history: VecDeque<Vec<f64>> = VecDeque::new();
     let mut floor = Vec::with_capacity(scenario.steps);
+    let mut feasible = Vec::with_capacity(scenario.steps);
+    let mut seen_floor = Vec::with_capacity(scenario.steps);
 
     for step in 0..scenario.steps {
         for event in &scenario.events {
@@ -131,21 +180,36 @@ pub fn simulate(scenario: &Scenario, assigners: &[&str]) -> Result<Run, Simulate
                     states.insert(next_task, TaskState::Serving);
                     next_task += 1;
                 }
+                Event::Return { at, task } if at == step => {
+                    states.insert(task, TaskState::Serving);
+                }
                 _ => {}
             }
         }
-        let tasks =
+        let plain =
             Tasks::new(states.iter().map(|(&t, &s)| (t, s))).expect("the simulator's tasks are valid");
+        let tasks = match topology {
+            Some(t) => profiled(plain.clone(), t),
+            None => plain.clone(),
+        };
         let serving = tasks.serving_ids();
+        feasible.push(placement.feasibility(&tasks, limits).is_ok());
         // The run sees the `window` steps that end `delay` steps before it (newest first).
-        let view = keys.observed(history.iter().skip(scenario.delay).take(scenario.window));
+        let (view, seen_hottest, seen_total) =
+            keys.observed(history.iter().skip(scenario.delay).take(scenario.window));
+        let capacity: Vec<f64> = serving.iter().map(|&t| tasks.profile(t).capacity).collect();
+        let most_replicas = match topology {
+            Some(t) => placement_replicas(scenario, t, &tasks, &serving),
+            None => scenario.max_replicas.min(serving.len()).max(1),
+        };
+        seen_floor.push(floor_over_capacity(seen_hottest, seen_total, &capacity, most_replicas));
         for c in &mut contenders {
             let input = RunInput {
                 previous: c.assignment.as_ref(),
-                tasks: &tasks,
+                tasks: if c.plain { &plain } else { &tasks },
                 load: &view,
                 replicas: limits,
-                placement: steady_assigner::Placement::none(),
+                placement: if c.plain { Placement::none() } else { placement },
             };
             let outcome = c.assigner.assign(&input).map_err(|error| SimulateError::Run {
                 assigner: c.trace.assigner,
@@ -158,6 +222,13 @@ pub fn simulate(scenario: &Scenario, assigners: &[&str]) -> Result<Run, Simulate
             c.trace.elapsed.push(report.elapsed);
             c.trace.published += usize::from(!report.unchanged);
             c.trace.slices_per_task.push(report.slices_per_task);
+            c.trace.planned.push(report.imbalance_after);
+            if topology.is_some() {
+                // Checked against the scenario's placement and profiles, whatever the run
+                // was given (the unconstrained reference is held to them too).
+                let check = placement.check(&tasks, limits, &outcome.assignment);
+                c.trace.violations.push(check.violations.iter().map(|v| v.slices).sum());
+            }
             c.assignment = Some(outcome.assignment);
         }
 
@@ -169,18 +240,81 @@ pub fn simulate(scenario: &Scenario, assigners: &[&str]) -> Result<Run, Simulate
         );
         let total: f64 = rates.iter().sum();
         let hottest = rates.iter().copied().fold(0.0, f64::max);
-        let replicas = scenario.max_replicas.min(serving.len()).max(1) as f64;
-        let mean = total / serving.len() as f64;
-        floor.push(if mean > 0.0 { (hottest / replicas / mean).max(1.0) } else { 1.0 });
+        match topology {
+            None => {
+                let replicas = scenario.max_replicas.min(serving.len()).max(1) as f64;
+                let mean = total / serving.len() as f64;
+                floor.push(if mean > 0.0 { (hottest / replicas / mean).max(1.0) } else { 1.0 });
+            }
+            Some(_) => floor.push(floor_over_capacity(hottest, total, &capacity, most_replicas)),
+        }
         for c in &mut contenders {
             let loads = keys.task_loads(c.assignment.as_ref().expect("assigned above"), &rates, &serving);
-            c.trace.imbalance.push(imbalance(&loads));
+            c.trace.imbalance.push(match topology {
+                None => imbalance(&loads),
+                Some(_) => imbalance_over(&loads, &capacity),
+            });
             c.trace.busiest.push(loads.iter().copied().fold(0.0, f64::max));
         }
         history.push_front(rates);
         history.truncate(scenario.window + scenario.delay);
     }
-    Ok(Run { scenario: scenario.clone(), floor, traces: contenders.into_iter().map(|c| c.trace).collect() })
+    Ok(Run {
+        scenario: scenario.clone(),
+        floor,
+        traces: contenders.into_iter().map(|c| c.trace).collect(),
+        feasible,
+        seen_floor,
+    })
+}
+
+/// `tasks` with the profiles `topology` gives them.
+fn profiled(mut tasks: Tasks, topology: &Topology) -> Tasks {
+    let listed: Vec<u32> = tasks.iter().map(|(t, _)| t).collect();
+    for t in listed {
+        tasks = tasks.with_profile(t, topology.profile(t)).expect("the scenario's profiles are valid");
+    }
+    tasks
+}
+
+/// The most replicas a slice can have under the scenario's limits and placement: spread
+/// over zones caps them at the zones with serving tasks.
+fn placement_replicas(scenario: &Scenario, topology: &Topology, tasks: &Tasks, serving: &[u32]) -> usize {
+    let mut most = scenario.max_replicas.min(serving.len());
+    if topology.placement.spread == Spread::Zones {
+        let mut zones: Vec<Option<String>> = serving.iter().map(|&t| tasks.profile(t).zone.clone()).collect();
+        zones.sort_unstable();
+        zones.dedup();
+        most = most.min(zones.len());
+    }
+    most.max(1)
+}
+
+/// The achievable floor of imbalance over capacity: the hottest key on `replicas`
+/// replicas on the tasks of the largest capacities, each replica carrying an equal share,
+/// against the total load over the total capacity (at least 1). A lower bound: it ignores
+/// which tasks the constraints let the replicas share.
+fn floor_over_capacity(hottest: f64, total: f64, capacity: &[f64], replicas: usize) -> f64 {
+    let room: f64 = capacity.iter().sum();
+    if total <= 0.0 || room <= 0.0 {
+        return 1.0;
+    }
+    let mut largest = capacity.to_vec();
+    largest.sort_by(|a, b| b.total_cmp(a));
+    let smallest_chosen = largest[replicas.min(largest.len()) - 1];
+    (hottest / replicas as f64 / smallest_chosen / (total / room)).max(1.0)
+}
+
+/// The busiest task's load over its capacity against the total load over the total
+/// capacity (`capacity[i]` for `loads[i]`); 1 without load.
+fn imbalance_over(loads: &[f64], capacity: &[f64]) -> f64 {
+    let total: f64 = loads.iter().sum();
+    let room: f64 = capacity.iter().sum();
+    if loads.is_empty() || total <= 0.0 || room <= 0.0 {
+        return 1.0;
+    }
+    let max = loads.iter().zip(capacity).map(|(l, c)| l / c).fold(0.0, f64::max);
+    max / (total / room)
 }
 
 /// The keys in slice-key order, and the maps between that order and key indices.
@@ -203,8 +337,9 @@ impl KeySpace {
         self.order.iter().map(|&i| by_index[i]).collect()
     }
 
-    /// The load an assigner sees: the mean of the given steps' rates (none yet: no load).
-    fn observed<'a>(&self, steps: impl Iterator<Item = &'a Vec<f64>>) -> Load {
+    /// The load an assigner sees: the mean of the given steps' rates (none yet: no load),
+    /// with the hottest key's and the total of those means.
+    fn observed<'a>(&self, steps: impl Iterator<Item = &'a Vec<f64>>) -> (Load, f64, f64) {
         let mut sum = vec![0.0; self.sorted.len()];
         let mut n = 0usize;
         for rates in steps {
@@ -214,10 +349,14 @@ impl KeySpace {
             n += 1;
         }
         if n == 0 {
-            return Load::none();
+            return (Load::none(), 0.0, 0.0);
         }
-        Load::from_points(self.sorted.iter().zip(sum).map(|(&k, s)| (SliceKey(k), s / n as f64)))
-            .expect("sampled rates are finite and non-negative")
+        let means: Vec<f64> = sum.into_iter().map(|s| s / n as f64).collect();
+        let hottest = means.iter().copied().fold(0.0, f64::max);
+        let total = means.iter().sum();
+        let load = Load::from_points(self.sorted.iter().zip(means).map(|(&k, m)| (SliceKey(k), m)))
+            .expect("sampled rates are finite and non-negative");
+        (load, hottest, total)
     }
 
     /// Each serving task's load under `assignment` (a replica carries its slice's load

@@ -1,6 +1,6 @@
 //! The metrics of a trace: imbalance, churn, reaction time, slices per task, run time.
 
-use super::simulate::{Run, Trace};
+use super::simulate::{Run, Trace, UNCONSTRAINED};
 
 /// The imbalance a reaction must fall under (Slicer, OSDI 2016, section 5.2.3).
 pub const SETTLED: f64 = 1.2;
@@ -42,6 +42,27 @@ pub struct Summary {
     pub run_ms_max: f64,
     /// Runs that published a new generation.
     pub published: usize,
+    /// Mean key churn per run forced by tasks leaving, replica limits or repairs of
+    /// constraints (which no budget limits).
+    pub forced_per_run: f64,
+    /// The runs' own imbalance ([`Trace::planned`]: on the load each saw, over
+    /// capacity), median over the runs after the warm-up.
+    pub planned_median: f64,
+    /// Its 90th percentile (nearest rank).
+    pub planned_p90: f64,
+    /// 90th percentile of run time (nearest rank), milliseconds.
+    pub run_ms_p90: f64,
+    /// In a scenario with a topology: the most slices missing a constraint in one
+    /// assignment, over the runs after the first whose task set can meet the placement
+    /// (`None` without a topology).
+    pub violations_max: Option<usize>,
+    /// The same over the runs whose task set cannot meet it (`None`: there were none).
+    pub violations_infeasible_max: Option<usize>,
+    /// For `weighted-move` in a scenario with a topology: its mean run time over the mean
+    /// run time of [`UNCONSTRAINED`] on the same traffic.
+    pub run_vs_unconstrained: Option<f64>,
+    /// The same for the 90th percentiles of run time.
+    pub run_p90_vs_unconstrained: Option<f64>,
 }
 
 impl Summary {
@@ -57,6 +78,11 @@ impl Summary {
 pub fn summarise(run: &Run) -> Vec<Summary> {
     let reference = run.trace(STATIC_MODEL);
     run.traces.iter().map(|t| summary(run, t, reference)).collect()
+}
+
+/// The run times of `trace`, milliseconds.
+fn millis(trace: &Trace) -> Vec<f64> {
+    trace.elapsed.iter().map(|d| d.as_secs_f64() * 1e3).collect()
 }
 
 /// The mean achievable floor of imbalance after the warm-up.
@@ -92,7 +118,20 @@ fn summary(run: &Run, trace: &Trace, reference: Option<&Trace>) -> Summary {
         median(&mut reductions)
     });
     let last = trace.slices_per_task.last().copied().unwrap_or_default();
-    let run_ms: Vec<f64> = trace.elapsed.iter().map(|d| d.as_secs_f64() * 1e3).collect();
+    let run_ms = millis(trace);
+    let topology = scenario.topology.is_some();
+    // Violations after the first run, apart by whether the task set could meet the placement.
+    let violations = |feasible: bool| {
+        trace
+            .violations
+            .iter()
+            .zip(&run.feasible)
+            .skip(1)
+            .filter(|&(_, &f)| f == feasible)
+            .map(|(&v, _)| v)
+            .max()
+    };
+    let unconstrained = run.trace(UNCONSTRAINED).filter(|_| topology && trace.assigner == "weighted-move");
     Summary {
         assigner: trace.assigner,
         imbalance_mean: mean(measured),
@@ -108,6 +147,15 @@ fn summary(run: &Run, trace: &Trace, reference: Option<&Trace>) -> Summary {
         run_ms_mean: mean(&run_ms),
         run_ms_max: run_ms.iter().copied().fold(0.0, f64::max),
         published: trace.published,
+        forced_per_run: mean(&trace.forced[from..]),
+        planned_median: median(&mut trace.planned[from..].to_vec()).unwrap_or(1.0),
+        planned_p90: percentile(&trace.planned[from..], 0.9),
+        run_ms_p90: percentile(&run_ms, 0.9),
+        violations_max: topology.then(|| violations(true).unwrap_or(0)),
+        violations_infeasible_max: if topology { violations(false) } else { None },
+        run_vs_unconstrained: unconstrained.map(|u| mean(&run_ms) / mean(&millis(u)).max(1e-9)),
+        run_p90_vs_unconstrained: unconstrained
+            .map(|u| percentile(&run_ms, 0.9) / percentile(&millis(u), 0.9).max(1e-9)),
     }
 }
 
