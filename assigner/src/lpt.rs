@@ -78,7 +78,7 @@ impl Assigner for Lpt {
             let chosen: Vec<usize> = if kept {
                 before[b].clone()
             } else if load <= 0.0 {
-                (0..replicas).map(|j| spread[(b + j) % n] as usize).collect()
+                layout.spread_replicas(&spread, b % n, replicas).into_iter().map(|t| t as usize).collect()
             } else if !layout.constrained {
                 let mut candidates: Vec<usize> = (0..n).collect();
                 candidates.sort_by(|&x, &y| {

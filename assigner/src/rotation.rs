@@ -13,6 +13,9 @@
 //! The previous rotation is read back from the previous assignment when it has this
 //! shape (same bins, owners of one rotation); otherwise nothing is penalised. With
 //! `min` replicas above 1, a bin's replicas are its owner and the next tasks in order.
+//! Under a [`crate::Placement`] that order is round-robin over zones (and racks), and a
+//! next task the placement forbids is passed over, so every owner's replicas meet it
+//! where the tasks allow; rotation does not search beyond that.
 //! The search is `O(c * c * n)`; no coordinator is needed when every gateway sees the
 //! same counts, which is why Rudolph runs it in-process.
 
@@ -59,32 +62,27 @@ impl Rotation {
         Ok(Self { bins_per_task, penalty })
     }
 
-    /// The pieces of rotation `r`, replicas as task indices.
-    fn pieces(&self, bins: &[Piece], serving: &[u32], r: usize, replicas: usize) -> Vec<Piece> {
-        let (n, m) = (serving.len(), bins.len());
+    /// The pieces of rotation `r`, replicas as task indices: bin `b`'s owner is the task
+    /// at position `((b - r) mod m) / c` of the order, and its replicas are `sets[owner]`.
+    fn pieces(&self, bins: &[Piece], sets: &[Vec<u32>], r: usize) -> Vec<Piece> {
+        let m = bins.len();
         bins.iter()
             .enumerate()
             .map(|(b, p)| {
                 let owner = ((b + m - r) % m) / self.bins_per_task;
-                Piece { replicas: (0..replicas).map(|j| serving[(owner + j) % n]).collect(), ..p.clone() }
+                Piece { replicas: sets[owner].clone(), ..p.clone() }
             })
             .collect()
     }
 
     /// The rotation `previous` was made with, if it has this run's shape.
-    fn previous_rotation(
-        &self,
-        previous: &Assignment,
-        bins: &[Piece],
-        serving: &[u32],
-        replicas: usize,
-    ) -> Option<usize> {
+    fn previous_rotation(&self, previous: &Assignment, bins: &[Piece], sets: &[Vec<u32>]) -> Option<usize> {
         let slices = previous.slices();
         if slices.len() != bins.len() || slices.iter().zip(bins).any(|(s, b)| s.start.get() != b.start) {
             return None;
         }
         (0..self.bins_per_task).find(|&r| {
-            self.pieces(bins, serving, r, replicas).iter().zip(slices).all(|(p, s)| {
+            self.pieces(bins, sets, r).iter().zip(slices).all(|(p, s)| {
                 let mut a = p.replicas.clone();
                 let mut b = s.replicas.clone();
                 a.sort_unstable();
@@ -104,23 +102,27 @@ impl Assigner for Rotation {
         let started = Instant::now();
         let layout = Layout::new(input.tasks, serving_of(input.tasks)?, input.placement, input.replicas);
         // Tasks in an order that puts consecutive ones in different zones (racks) where
-        // the placement asks for a spread: a bin's replicas are consecutive tasks.
-        let serving: Vec<u32> = layout.spread_order().iter().map(|&p| layout.serving[p as usize]).collect();
-        let n = serving.len();
+        // the placement asks for a spread; the replicas of the bins a task owns are it and
+        // the next tasks in that order (passing over those the placement forbids).
+        let order = layout.spread_order();
+        let n = order.len();
         let replicas = layout.min_r;
+        let positions: Vec<Vec<u32>> = (0..n).map(|k| layout.spread_replicas(&order, k, replicas)).collect();
+        let sets: Vec<Vec<u32>> =
+            positions.iter().map(|set| set.iter().map(|&p| layout.serving[p as usize]).collect()).collect();
         let c = bins_per_task(self.bins_per_task, n);
         let this = Self { bins_per_task: c, ..self.clone() };
         let bins = equal_ranges(c * n, input.load);
         debug_assert!(bins.iter().enumerate().all(|(b, p)| p.start == equal_start(b, c * n)));
-        let before = input.previous.and_then(|p| this.previous_rotation(p, &bins, &serving, replicas));
+        let before = input.previous.and_then(|p| this.previous_rotation(p, &bins, &sets));
         let total = input.load.total();
         let mut best: Option<(f64, usize, usize)> = None;
         for r in 0..c {
             let mut loads = vec![0.0; n];
             for (b, p) in bins.iter().enumerate() {
                 let owner = ((b + c * n - r) % (c * n)) / c;
-                for j in 0..replicas {
-                    loads[(owner + j) % n] += p.load / replicas as f64;
+                for &x in &positions[owner] {
+                    loads[x as usize] += p.load / replicas as f64;
                 }
             }
             let peak = loads.iter().copied().fold(0.0, f64::max);
@@ -136,7 +138,7 @@ impl Assigner for Rotation {
             }
         }
         let r = best.map_or(0, |b| b.2);
-        let pieces = this.pieces(&bins, &serving, r, replicas);
+        let pieces = this.pieces(&bins, &sets, r);
         let notes = RunNotes { count_changed_ranges: true, ..RunNotes::default() };
         finish(self.name(), input, &layout, &pieces, notes, started)
     }

@@ -62,14 +62,14 @@ fn placement_strategy() -> impl Strategy<Value = Placement> {
 }
 
 fn load_strategy() -> impl Strategy<Value = Load> {
-    (prop::collection::vec((any::<u64>(), 0.0..100.0f64), 0..100), 0.0..50.0f64).prop_map(
-        |(points, uniform)| {
-            Load::from_points(points.into_iter().map(|(k, l)| (SliceKey(k), l)))
-                .unwrap()
-                .with_uniform(uniform)
-                .unwrap()
-        },
-    )
+    // No uniform part at times: bins with no load take LPT's other path.
+    let uniform = prop_oneof![Just(0.0), 0.0..50.0f64];
+    (prop::collection::vec((any::<u64>(), 0.0..100.0f64), 0..100), uniform).prop_map(|(points, uniform)| {
+        Load::from_points(points.into_iter().map(|(k, l)| (SliceKey(k), l)))
+            .unwrap()
+            .with_uniform(uniform)
+            .unwrap()
+    })
 }
 
 fn limits_strategy() -> impl Strategy<Value = ReplicaLimits> {
@@ -397,4 +397,35 @@ fn rotation_spreads_consecutive_replicas_over_zones() {
         })
         .unwrap();
     assert!(!spread_zones().check(&tasks, limits, &unconstrained.assignment).is_met());
+}
+
+#[test]
+fn lpt_and_rotation_meet_a_spread_where_the_zone_order_wraps() {
+    // Ten tasks in three zones: an order round-robin over zones ends in zone z0 and starts
+    // in it again, so "the next task in order" would put two replicas in z0 at the wrap.
+    let tasks = zoned(10, 3);
+    let load = Load::from_points([(SliceKey(1 << 40), 5.0), (SliceKey(1 << 62), 1.0)]).unwrap();
+    let cases = [
+        (ReplicaLimits::new(2, 2).unwrap(), spread_zones()),
+        (
+            ReplicaLimits::new(3, 3).unwrap(),
+            Placement { spread: Spread::Zones, replica_per_zone: true, zones: Vec::new() },
+        ),
+    ];
+    for (limits, placement) in cases {
+        let assigners: [&dyn Assigner; 2] = [&Lpt::default(), &Rotation::default()];
+        for assigner in assigners {
+            let input = RunInput {
+                previous: None,
+                tasks: &tasks,
+                load: &load,
+                replicas: limits,
+                placement: &placement,
+            };
+            let run = assigner.assign(&input).unwrap();
+            assert!(run.report.violations.is_empty(), "{}: {}", assigner.name(), run.report);
+            let again = assigner.assign(&RunInput { previous: Some(&run.assignment), ..input }).unwrap();
+            assert!(again.report.violations.is_empty(), "{}: {}", assigner.name(), again.report);
+        }
+    }
 }

@@ -231,6 +231,38 @@ impl Layout {
     }
 }
 
+impl Layout {
+    /// `count` replicas (positions) walking `order` from `start`: each next position in
+    /// turn, passing over one that would leave the placement worse than the replicas left
+    /// to choose can mend (so a walk that wraps round an order of zones does not put two
+    /// replicas in one zone); when one walk round is not enough, the first positions not
+    /// yet chosen. Without constraints: `order[start], order[start + 1], ...`, as before.
+    pub(crate) fn spread_replicas(&self, order: &[u32], start: usize, count: usize) -> Vec<u32> {
+        let n = order.len();
+        let mut chosen: Vec<u32> = Vec::with_capacity(count.min(n));
+        for strict in [true, false] {
+            for k in 0..n {
+                if chosen.len() == count {
+                    return chosen;
+                }
+                let t = order[(start + k) % n];
+                if chosen.contains(&t) {
+                    continue;
+                }
+                if strict && self.constrained {
+                    let (now, after) = (self.score(&chosen), self.score_after(&chosen, None, Some(t)));
+                    let slots = count - chosen.len();
+                    if !(after < now || (after == now && slots > now)) {
+                        continue;
+                    }
+                }
+                chosen.push(t);
+            }
+        }
+        chosen
+    }
+}
+
 /// `positions` round-robin over their `labels` (first the first position of each label,
 /// in order of first appearance, then the second...), each label's positions first put in
 /// order by `within`.

@@ -29,9 +29,9 @@
 //!    *displacing* move (ours, see `moves.rs`) may: the same reassignment or added replica
 //!    onto one of the coldest tasks, with some of that task's other slices moved away
 //!    so that no touched task ends above the goal: the new peak of the slice's own
-//!    tasks, or the mean when that is higher; and when that cannot either, a *swap*: the
-//!    slice trades places with a lighter slice of a cold task (the move a slice bound to
-//!    its zone needs when its zone's other tasks are full). Under a placement, "the least
+//!    tasks, or the mean when that is higher; and under a placement, when that cannot
+//!    either, a *swap*: the slice trades places with a lighter slice of a cold task (the
+//!    move a slice bound to its zone needs when its zone's other tasks are full). Under a placement, "the least
 //!    loaded task" is the least loaded one the slice's placement allows, and no move
 //!    leaves a slice's placement worse than it was.
 //! 5. **Splits.** Slices carrying at least `split_factor` times the mean slice load
@@ -43,8 +43,8 @@
 //! Every load comparison is of load over capacity ([`crate::TaskProfile::capacity`]): a
 //! task with capacity 2 is as loaded as one with capacity 1 when it carries twice the
 //! load, and the imbalance is the busiest task's load over capacity against the job's
-//! total load over total capacity. With every capacity 1 (the default) this is the
-//! paper's algorithm exactly.
+//! total load over total capacity. With every capacity 1 (the default) the arithmetic is
+//! the paper's, to the last bit.
 //!
 //! # Choices the paper leaves open
 //!
@@ -246,8 +246,6 @@ struct Run<'a> {
     pieces: Vec<Piece>,
     /// Each position's utilisation: its load over its capacity.
     loads: Vec<f64>,
-    /// The job's total load over its total capacity: the utilisation of a perfect balance.
-    mean: f64,
     min_r: usize,
     max_r: usize,
     load: &'a Load,
@@ -285,14 +283,11 @@ impl<'a> Run<'a> {
                 loads[r as usize] += p.per_replica() * layout.inverse[r as usize];
             }
         }
-        let total: f64 = pieces.iter().map(|p| p.load).sum();
-        let mean = total / layout.capacity.iter().sum::<f64>();
         let mut run = Self {
             config,
             layout,
             pieces,
             loads,
-            mean,
             min_r,
             max_r,
             load,
@@ -316,13 +311,21 @@ impl<'a> Run<'a> {
         run
     }
 
+    /// The utilisation of a perfect balance: the job's total load over its total capacity.
+    /// (Computed from the task loads, in their order: with every capacity 1 it is the sum
+    /// of the loads over their number, the paper's mean, to the last bit.)
+    fn mean(&self) -> f64 {
+        let total: f64 = self.loads.iter().zip(&self.layout.capacity).map(|(u, c)| u * c).sum();
+        total / self.layout.capacity.iter().sum::<f64>()
+    }
+
     /// The busiest task's utilisation over the mean utilisation (1 without load).
     fn imbalance(&self) -> f64 {
-        if self.mean > 0.0 && self.mean.is_finite() {
-            self.loads.iter().copied().fold(0.0, f64::max) / self.mean
-        } else {
-            1.0
+        let mean = self.mean();
+        if self.loads.is_empty() || !(mean > 0.0) {
+            return 1.0;
         }
+        self.loads.iter().copied().fold(0.0, f64::max) / mean
     }
 
     /// Phase 3: merges adjacent cold slices, left to right, within the merge budget.
@@ -363,7 +366,7 @@ impl<'a> Run<'a> {
             let fits = used + cost <= self.config.merge_budget
                 && receiver.replicas.iter().all(|&r| {
                     let shed = if mover.replicas.contains(&r) { mover.per_replica() } else { 0.0 };
-                    self.loads[r as usize] + (gain - shed) * inverse[r as usize] <= max
+                    self.loads[r as usize] + gain * inverse[r as usize] - shed * inverse[r as usize] <= max
                 });
             if !fits {
                 merged.push(next);

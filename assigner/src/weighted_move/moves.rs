@@ -96,6 +96,7 @@ impl Run<'_> {
         }
         let total: f64 = self.loads.iter().sum();
         let epsilon = 1e-12 * (total / n as f64).max(f64::MIN_POSITIVE);
+        let mean = self.mean();
         let mut used = 0.0;
         for _ in 0..self.config.max_moves {
             let hot = argmax(&self.loads);
@@ -104,7 +105,6 @@ impl Run<'_> {
                 break;
             }
             let left = self.config.move_budget - used;
-            let mean = self.mean;
             // Where load may go: the coldest task, and under constraints the coldest task
             // of every group (zone and rack), so that each slice finds the coldest task
             // its placement allows.
@@ -118,8 +118,14 @@ impl Run<'_> {
                     return None;
                 }
                 let receivers = self.receivers(hot, &targets);
-                self.best_displacing_move(hot, &receivers, &on, left, mean)
-                    .or_else(|| self.best_swap(hot, &receivers, &on, left, epsilon))
+                // Swaps only under a placement, where slices bound to their zone need them:
+                // without one, a run is what it was before placements existed.
+                self.best_displacing_move(hot, &receivers, &on, left, mean).or_else(|| {
+                    self.layout
+                        .constrained
+                        .then(|| self.best_swap(hot, &receivers, &on, left, epsilon))
+                        .flatten()
+                })
             });
             let Some(best) = best else { break };
             used += best.cost;
