@@ -322,7 +322,7 @@ impl<'a> Run<'a> {
     /// The busiest task's utilisation over the mean utilisation (1 without load).
     fn imbalance(&self) -> f64 {
         let mean = self.mean();
-        if self.loads.is_empty() || !(mean > 0.0) {
+        if self.loads.is_empty() || mean.is_nan() || mean <= 0.0 {
             return 1.0;
         }
         self.loads.iter().copied().fold(0.0, f64::max) / mean
