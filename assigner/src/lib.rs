@@ -87,7 +87,7 @@ pub use error::AssignError;
 pub use handover::warming_step;
 pub use load::{Load, ReplicaLimits};
 pub use lpt::Lpt;
-pub use pieces::imbalance;
+pub use pieces::{imbalance, imbalance_over};
 pub use placement::{Constraint, Infeasible, Placement, PlacementCheck, Spread, TaskProfile, Violation};
 pub use report::{Moves, Outcome, Report, SlicesPerTask};
 pub use rotation::Rotation;

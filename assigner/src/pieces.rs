@@ -92,8 +92,9 @@ pub fn imbalance(loads: &[f64]) -> f64 {
 }
 
 /// The busiest task's load over its capacity against the total load over the total
-/// capacity (`capacity[i]` for `loads[i]`, every one above zero); 1 when there is no load.
-pub(crate) fn imbalance_over(loads: &[f64], capacity: &[f64]) -> f64 {
+/// capacity (`capacity[i]` for `loads[i]`, every one above zero); 1 when there is no load:
+/// [`imbalance`] for tasks of different capacities, as a [`crate::Report`] gives it.
+pub fn imbalance_over(loads: &[f64], capacity: &[f64]) -> f64 {
     let total: f64 = loads.iter().sum();
     let room: f64 = capacity.iter().sum();
     if loads.is_empty() || total <= 0.0 || room <= 0.0 {

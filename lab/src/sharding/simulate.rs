@@ -4,8 +4,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use steady_assigner::{
-    by_name, imbalance, AssignError, Assigner, Assignment, Load, Placement, ReplicaLimits, RunInput,
-    SliceKey, SlicesPerTask, Spread, TaskState, Tasks,
+    by_name, imbalance, imbalance_over, AssignError, Assigner, Assignment, Load, Placement, ReplicaLimits,
+    RunInput, SliceKey, SlicesPerTask, Spread, TaskState, Tasks,
 };
 
 use super::scenario::{Event, Scenario, Topology};
@@ -303,18 +303,6 @@ fn floor_over_capacity(hottest: f64, total: f64, capacity: &[f64], replicas: usi
     largest.sort_by(|a, b| b.total_cmp(a));
     let smallest_chosen = largest[replicas.min(largest.len()) - 1];
     (hottest / replicas as f64 / smallest_chosen / (total / room)).max(1.0)
-}
-
-/// The busiest task's load over its capacity against the total load over the total
-/// capacity (`capacity[i]` for `loads[i]`); 1 without load.
-fn imbalance_over(loads: &[f64], capacity: &[f64]) -> f64 {
-    let total: f64 = loads.iter().sum();
-    let room: f64 = capacity.iter().sum();
-    if loads.is_empty() || total <= 0.0 || room <= 0.0 {
-        return 1.0;
-    }
-    let max = loads.iter().zip(capacity).map(|(l, c)| l / c).fold(0.0, f64::max);
-    max / (total / room)
 }
 
 /// The keys in slice-key order, and the maps between that order and key indices.
