@@ -14,6 +14,7 @@ use steady_slicer::load::{LoadBook, LoadCollector};
 use steady_slicer::store::MemoryStore;
 use steady_slicer::Distributor;
 use steady_slicer_server::status::{MetricsRegistry, StatusServer, StatusSources};
+use steady_testing::wait::eventually;
 use tokio::sync::watch;
 
 const JOB: &str = "users";
@@ -29,16 +30,6 @@ fn view(tasks: impl IntoIterator<Item = u32>) -> JobView<String> {
         })
         .collect();
     JobView { size: 6, tasks: Arc::new(tasks) }
-}
-
-/// Polls `condition` until it holds, at most 20 s (the dev-dependency on steady-testing
-/// has no tokio waits here).
-async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while !condition() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 /// The value of the sample `name{...steady_constraint="constraint"...}` in Prometheus text.
