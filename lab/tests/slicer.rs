@@ -39,8 +39,10 @@ fn the_loop_rebalances_and_loses_nothing_through_a_killed_assigner_and_a_drained
     assert_eq!(figure(&text, "; failed "), 0.0, "{text}");
     assert!(figure(&text, "load reports accepted ") > 0.0, "{text}");
     assert!(text.contains("assigner killed") && text.contains("task 5 removed"), "{text}");
-    // Misroutes happen only while a new generation reaches servers and clients.
-    assert!(figure(&text, ", misrouted ") < 0.02 * figure(&text, "# requests "), "{text}");
+    // Misroutes happen only while a new generation reaches servers and clients: a few per
+    // generation, however many requests a loaded machine manages to send meanwhile (2% of
+    // what the nominal 400 requests a second send over the run is under 5 per generation).
+    assert!(figure(&text, "%), ") < 5.0, "misroutes per new generation: {text}");
     let last_generation = text.lines().rfind(|l| l.starts_with(' ')).unwrap();
     assert!(last_generation.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() > 3, "{text}");
 }
