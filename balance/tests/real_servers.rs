@@ -233,10 +233,14 @@ async fn changing_k_connects_and_disconnects_only_the_difference() {
     let (_job, views) = watch::channel(view(&servers, 12));
     let balance = Balance::new(BalanceConfig::new(5, 3), connector(), WatchStream::new(views)).unwrap();
     eventually("three members", || balance.stats().members.len() == 3).await;
+    // A connection is up on the client's side before the server's accept loop has counted
+    // it: wait for the servers to see it, then check that no more came.
     let accepted = || servers.iter().map(TestServer::accepted).sum::<usize>();
+    eventually("three connections accepted", || accepted() >= 3).await;
     assert_eq!(accepted(), 3);
     balance.set_subset_size(7).unwrap();
     eventually("seven members", || balance.stats().members.len() == 7).await;
+    eventually("seven connections accepted", || accepted() >= 7).await;
     assert_eq!(accepted(), 7, "growing k only opens the new members");
     balance.set_subset_size(2).unwrap();
     let keep: HashSet<usize> = subset(5, 12, 2).into_iter().collect();
