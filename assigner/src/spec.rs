@@ -25,7 +25,7 @@ use std::fmt;
 
 use crate::error::AssignError;
 use crate::load::ReplicaLimits;
-use crate::placement::{Placement, Spread, TaskProfile};
+use crate::placement::{Placement, TaskProfile};
 use crate::tasks::Tasks;
 use crate::weighted_move::WeightedMoveConfig;
 
@@ -156,11 +156,6 @@ impl JobSpec {
     /// As [`profile_tasks`].
     pub fn profile(&self, tasks: Tasks) -> Result<Tasks, AssignError> {
         profile_tasks(&self.tasks, tasks)
-    }
-
-    /// The spread level's name, for messages.
-    pub fn spread(&self) -> Spread {
-        self.placement.spread
     }
 }
 

@@ -164,56 +164,56 @@ impl Placement {
     ///
     /// The first constraint that cannot be met, as [`Infeasible`].
     pub fn feasibility(&self, tasks: &Tasks, replicas: ReplicaLimits) -> Result<(), Infeasible> {
-        let serving = tasks.serving_ids();
+        let layout = Layout::new(tasks, tasks.serving_ids(), self, replicas);
+        self.infeasibility(tasks, replicas, &layout).map_or(Ok(()), Err)
+    }
+
+    /// The first constraint the serving tasks of `layout` cannot meet, if any.
+    fn infeasibility(&self, tasks: &Tasks, replicas: ReplicaLimits, layout: &Layout) -> Option<Infeasible> {
+        let serving = &layout.serving;
         if serving.len() < replicas.min() {
-            return Err(Infeasible::MinReplicas { min: replicas.min(), serving: serving.len() });
+            return Some(Infeasible::MinReplicas { min: replicas.min(), serving: serving.len() });
         }
-        let zones = |t: &u32| tasks.profile(*t).zone.clone();
         if self.replica_per_zone {
-            if let Some(zone) =
-                self.zones.iter().find(|z| !serving.iter().any(|t| zones(t).as_ref() == Some(*z)))
-            {
-                return Err(Infeasible::ZoneWithoutTasks { zone: zone.clone() });
+            let has_tasks = |z: &str| serving.iter().any(|&t| tasks.profile(t).zone.as_deref() == Some(z));
+            if let Some(zone) = self.zones.iter().find(|z| !has_tasks(z)) {
+                return Some(Infeasible::ZoneWithoutTasks { zone: zone.clone() });
             }
         }
-        let layout = Layout::new(tasks, serving, self, replicas);
-        let covered = if self.replica_per_zone {
-            layout
-                .zone_names
-                .iter()
-                .flatten()
-                .filter(|z| self.zones.is_empty() || self.zones.contains(z))
-                .count()
-        } else {
-            0
-        };
+        // Every named zone has serving tasks (above): the zones to cover are the layout's.
+        let covered = layout.required_count;
         if covered > replicas.max() {
-            return Err(Infeasible::ReplicaPerZone { zones: covered, max: replicas.max() });
+            return Some(Infeasible::ReplicaPerZone { zones: covered, max: replicas.max() });
         }
-        if self.spread != Spread::None {
-            let domains = layout.domains();
-            let needed = replicas.min().max(covered);
-            if needed > domains {
-                let constraint = if self.spread == Spread::Racks {
-                    Constraint::SpreadRacks
-                } else {
-                    Constraint::SpreadZones
-                };
-                return Err(Infeasible::Spread { constraint, replicas: needed, domains });
-            }
+        let domains = layout.domains();
+        let needed = replicas.min().max(covered);
+        if self.spread != Spread::None && needed > domains {
+            return Some(Infeasible::Spread {
+                constraint: self.spread_constraint(),
+                replicas: needed,
+                domains,
+            });
         }
-        Ok(())
+        None
+    }
+
+    /// The constraint a spread over this placement's level is, by name.
+    fn spread_constraint(&self) -> Constraint {
+        if self.spread == Spread::Racks {
+            Constraint::SpreadRacks
+        } else {
+            Constraint::SpreadZones
+        }
     }
 
     /// Which constraints `assignment` misses for `tasks` (replicas on tasks that do not
     /// serve do not count), and whether the task set can meet them at all.
     pub fn check(&self, tasks: &Tasks, replicas: ReplicaLimits, assignment: &Assignment) -> PlacementCheck {
-        let serving = tasks.serving_ids();
-        let infeasible = self.feasibility(tasks, replicas).err();
-        if serving.is_empty() {
+        let layout = Layout::new(tasks, tasks.serving_ids(), self, replicas);
+        let infeasible = self.infeasibility(tasks, replicas, &layout);
+        if layout.serving.is_empty() {
             return PlacementCheck { violations: Vec::new(), infeasible };
         }
-        let layout = Layout::new(tasks, serving, self, replicas);
         // A named zone with no serving task: every slice misses it.
         let zone_missing = matches!(infeasible, Some(Infeasible::ZoneWithoutTasks { .. }));
         let mut found: Vec<Option<Violation>> = vec![None; Constraint::ALL.len()];

@@ -32,7 +32,8 @@ pub(crate) struct Layout {
     /// The zones every slice needs a replica in (when the placement asks for one per zone):
     /// `required[zone]`, by zone number.
     required: Vec<bool>,
-    required_count: usize,
+    /// How many zones that is.
+    pub(crate) required_count: usize,
     spread: Spread,
     /// Whether any constraint applies (otherwise every replica set scores 0).
     pub(crate) constrained: bool,
@@ -40,8 +41,6 @@ pub(crate) struct Layout {
     /// tasks, raised to the required zones, capped by the spread domains.
     pub(crate) min_r: usize,
     pub(crate) max_r: usize,
-    /// The zone labels by number (index 0: unlabelled, `None`).
-    pub(crate) zone_names: Vec<Option<String>>,
 }
 
 impl Layout {
@@ -56,7 +55,6 @@ impl Layout {
         let mut zones: HashMap<&str, u32> = HashMap::new();
         let mut racks: HashMap<&str, u32> = HashMap::new();
         let mut groups: HashMap<(u32, u32), u32> = HashMap::new();
-        let mut zone_names: Vec<Option<String>> = vec![None];
         let mut representatives = Vec::new();
         let (mut capacity, mut inverse, mut zone, mut rack, mut group) = (
             Vec::with_capacity(n),
@@ -71,10 +69,7 @@ impl Layout {
             inverse.push(1.0 / profile.capacity);
             let z = profile.zone.as_deref().map_or(0, |label| {
                 let next = zones.len() as u32 + 1;
-                *zones.entry(label).or_insert_with(|| {
-                    zone_names.push(Some(label.to_owned()));
-                    next
-                })
+                *zones.entry(label).or_insert(next)
             });
             let r = profile.rack.as_deref().map_or(0, |label| {
                 let next = racks.len() as u32 + 1;
@@ -89,7 +84,7 @@ impl Layout {
             zone.push(z);
             rack.push(r);
         }
-        let mut required = vec![false; zone_names.len()];
+        let mut required = vec![false; zones.len() + 1];
         if placement.replica_per_zone {
             if placement.zones.is_empty() {
                 for &z in &zone {
@@ -130,7 +125,6 @@ impl Layout {
             constrained,
             min_r,
             max_r,
-            zone_names,
         }
     }
 
@@ -148,12 +142,10 @@ impl Layout {
         if !self.constrained {
             return (0..n).collect();
         }
-        let by_zone =
-            round_robin(&self.zone, (0..n).collect(), |order| round_robin(&self.rack, order, |o| o));
         if self.spread == Spread::Racks && self.required_count == 0 {
             return round_robin(&self.group, (0..n).collect(), |o| o);
         }
-        by_zone
+        round_robin(&self.zone, (0..n).collect(), |order| round_robin(&self.rack, order, |o| o))
     }
 
     /// The domain replicas must not share under the spread constraint.

@@ -370,11 +370,17 @@ impl AssignerService {
         let fresh = self.book.fresh(&self.job, self.config.stale_after);
         let load = estimate(&fresh, current.assignment(), &serving);
         // Racks and capacities from the job spec (rules are validated with the config).
-        let profiled =
-            profile_tasks(&self.config.task_rules, tasks.clone()).unwrap_or_else(|_| tasks.clone());
+        let with_rules;
+        let profiled = if self.config.task_rules.is_empty() {
+            tasks
+        } else {
+            with_rules =
+                profile_tasks(&self.config.task_rules, tasks.clone()).unwrap_or_else(|_| tasks.clone());
+            &with_rules
+        };
         let input = RunInput {
             previous: current.assignment(),
-            tasks: &profiled,
+            tasks: profiled,
             load: &load,
             replicas: self.config.replicas,
             placement: &self.config.placement,
