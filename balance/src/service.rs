@@ -326,8 +326,25 @@ where
 
     #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
-        let table = self.shared.table.load();
         let key = self.keys.slice_key(&req);
+        self.call_with_key(req, key)
+    }
+}
+
+impl<S, K, C> Balance<S, K, C> {
+    /// Sends `req` as [`Service::call`] does, routed by `key` (keyed when `Some`) instead
+    /// of what the key extractor would read: for a wrapper that has read the key already
+    /// (steady-tonic's channel reads it once, for its own use and the routing's). Call
+    /// it as `call`, after `poll_ready` (which is always ready).
+    #[inline]
+    pub fn call_with_key<Req>(&mut self, req: Req, key: Option<SliceKey>) -> ResponseFuture<S, Req, C>
+    where
+        S: Service<Req> + Clone + Send + Sync + 'static,
+        S::Error: Into<BoxError>,
+        C: Classify<S::Response, S::Error>,
+        Req: Send + 'static,
+    {
+        let table = self.shared.table.load();
         if let (Some(key), Some(counts)) = (key, self.shared.key_counts.get()) {
             counts.record(key);
         }

@@ -26,7 +26,7 @@ use steady_proto::{DEFAULT_KEY_HEADER, GENERATION_HEADER, MOVED_HEADER};
 use crate::classify::GrpcClassifier;
 use crate::endpoint::TaskEndpoint;
 use crate::health::{with_health, HealthBoard, WatchGuard};
-use crate::replay::{never_sent, replayable};
+use crate::replay::{never_sent, replayable, Replay};
 use crate::template::{connect, EndpointTemplate};
 
 /// The connection to one member of the subset: a tonic `Channel`, and the member's
@@ -60,13 +60,6 @@ impl Service<http::Request<Body>> for MemberChannel {
 #[derive(Clone, Debug)]
 pub struct MetadataKey {
     header: HeaderName,
-}
-
-impl MetadataKey {
-    /// Whether `req` carries a slice key (without hashing it).
-    fn is_keyed(&self, req: &http::Request<Body>) -> bool {
-        req.extensions().get::<SliceKey>().is_some() || req.headers().contains_key(&self.header)
-    }
 }
 
 impl KeyExtractor<http::Request<Body>> for MetadataKey {
@@ -105,8 +98,23 @@ impl KeyExtractor<http::Request<Body>> for MetadataKey {
 #[derive(Clone)]
 pub struct SteadyChannel {
     balance: Balance<MemberChannel, MetadataKey, GrpcClassifier>,
-    /// The balancer's key extractor, to tell keyed requests apart without hashing.
+    /// The balancer's key extractor: the channel reads each request's key once.
     keys: MetadataKey,
+    /// A handle kept by each keyed request in flight, to route it again if its backend
+    /// refuses it: one reference count, where a clone of the channel costs several.
+    origin: Arc<Origin>,
+}
+
+/// What a refused keyed request needs to be routed again: a channel to clone.
+struct Origin {
+    balance: Balance<MemberChannel, MetadataKey, GrpcClassifier>,
+    keys: MetadataKey,
+}
+
+impl Origin {
+    fn channel(self: Arc<Self>) -> SteadyChannel {
+        SteadyChannel { balance: self.balance.clone(), keys: self.keys.clone(), origin: self }
+    }
 }
 
 /// How long a keyed request refused because its key moved (status `FAILED_PRECONDITION`
@@ -310,7 +318,8 @@ impl SteadyChannelBuilder {
         };
         let keys = MetadataKey { header: self.key_header };
         let balance = balance.with_key_extractor(keys.clone()).with_classifier(self.classifier);
-        Ok(SteadyChannel { balance, keys })
+        let origin = Arc::new(Origin { balance: balance.clone(), keys: keys.clone() });
+        Ok(SteadyChannel { balance, keys, origin })
     }
 }
 
@@ -358,10 +367,11 @@ fn to_status(error: BoxError) -> BoxError {
 /// so the request is not run twice.
 pub struct ResponseFuture {
     inner: steady_balance::ResponseFuture<MemberChannel, http::Request<Body>, GrpcClassifier>,
-    /// A copy of the request, for another member if this one proves it never got it.
-    replay: Option<http::Request<Body>>,
-    /// For a keyed request that may be routed again: the channel.
-    reroute: Option<SteadyChannel>,
+    /// What it takes to send the request again, to another member if this one proves
+    /// it never got it, or after a refusal.
+    replay: Option<Replay>,
+    /// For a keyed request that may be routed again: where to clone a channel from.
+    reroute: Option<Arc<Origin>>,
     /// The request routed again after a refusal.
     rerouted: Option<BoxFuture<'static, Result<http::Response<Body>, BoxError>>>,
 }
@@ -396,8 +406,9 @@ impl Future for ResponseFuture {
                 Ok(response) => {
                     // Refused because the key moved: route it again if it can be.
                     if let Some(generation) = moved_to(&response) {
-                        if let (Some(channel), Some(req)) = (self.reroute.take(), self.replay.take()) {
-                            let mut rerouted = Box::pin(channel.reroute(req, generation, response));
+                        if let (Some(origin), Some(replay)) = (self.reroute.take(), self.replay.take()) {
+                            let req = replay.into_request();
+                            let mut rerouted = Box::pin(origin.channel().reroute(req, generation, response));
                             let poll = rerouted.as_mut().poll(cx);
                             self.rerouted = Some(rerouted);
                             return poll;
@@ -407,16 +418,14 @@ impl Future for ResponseFuture {
                 }
                 Err(error) => error,
             };
-            let Some(mut req) = self.replay.take().filter(|_| never_sent(&*error)) else {
+            // The replay stays for a further move: its body is buffered.
+            let Some(req) = self.replay.as_ref().filter(|_| never_sent(&*error)).map(Replay::request) else {
                 return Poll::Ready(Err(to_status(error)));
             };
-            // The copy's body is buffered, so copying it again for a further move is cheap.
-            let next = replayable(&mut req);
             if Pin::new(&mut self.inner).resend(req).is_err() {
                 return Poll::Ready(Err(to_status(error)));
             }
             tracing::debug!(%error, "request never sent: moved to another member");
-            self.replay = next;
         }
     }
 }
@@ -432,16 +441,19 @@ impl Service<http::Request<Body>> for SteadyChannel {
 
     fn call(&mut self, mut req: http::Request<Body>) -> Self::Future {
         let mut reroute = None;
-        if self.keys.is_keyed(&req) {
+        // The key is read once, here: the routing below gets it, not the request (whose
+        // extensions move to its replay).
+        let key = self.keys.slice_key(&req);
+        if key.is_some() {
             if let Some(generation) = self.balance.assignment_generation() {
                 req.headers_mut().insert(GENERATION_HEADER, HeaderValue::from(generation));
             }
             if req.extensions().get::<Rerouted>().is_none() {
-                reroute = Some(self.clone());
+                reroute = Some(self.origin.clone());
             }
         }
         let replay = replayable(&mut req);
-        ResponseFuture { inner: self.balance.call(req), replay, reroute, rerouted: None }
+        ResponseFuture { inner: self.balance.call_with_key(req, key), replay, reroute, rerouted: None }
     }
 }
 

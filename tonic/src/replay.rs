@@ -11,7 +11,6 @@
 //! wait (a client stream still being written) or is large is left as it was (the frames
 //! read put back in front) and is not replayed.
 
-use std::collections::VecDeque;
 use std::error::Error;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
@@ -25,11 +24,54 @@ use tonic::Status;
 /// The largest request body kept for a replay: 64 KiB. Larger requests are sent once.
 pub const MAX_REPLAY_BYTES: usize = 64 * 1024;
 
+/// What is needed to send a request again: its head and its buffered body. Kept beside
+/// every replayable request in flight, so it is built for the price of one header map
+/// (the bytes are shared, the extensions moved); a request is made of it only when one
+/// is sent again.
+#[derive(Debug)]
+pub(crate) struct Replay {
+    method: http::Method,
+    uri: http::Uri,
+    version: http::Version,
+    headers: HeaderMap,
+    extensions: http::Extensions,
+    body: Buffered,
+}
+
+impl Replay {
+    /// A request like the original (the same head, extensions and bytes); the replay
+    /// stays, for a further move.
+    pub(crate) fn request(&self) -> http::Request<Body> {
+        let mut req = http::Request::new(Body::new(self.body.copy()));
+        *req.method_mut() = self.method.clone();
+        *req.uri_mut() = self.uri.clone();
+        *req.version_mut() = self.version;
+        *req.headers_mut() = self.headers.clone();
+        *req.extensions_mut() = self.extensions.clone();
+        req
+    }
+
+    /// The request like the original, taking the replay.
+    pub(crate) fn into_request(self) -> http::Request<Body> {
+        let mut req = http::Request::new(Body::new(self.body.into_frames()));
+        *req.method_mut() = self.method;
+        *req.uri_mut() = self.uri;
+        *req.version_mut() = self.version;
+        *req.headers_mut() = self.headers;
+        *req.extensions_mut() = self.extensions;
+        req
+    }
+}
+
 /// Makes `req` replayable if its body is complete and at most [`MAX_REPLAY_BYTES`]:
-/// its body is replaced by the buffered bytes, and a copy (same method, URI, version,
-/// headers, extensions and bytes) is returned. Otherwise `None`, and `req` sends
-/// exactly what it would have.
-pub(crate) fn replayable(req: &mut http::Request<Body>) -> Option<http::Request<Body>> {
+/// its body is replaced by the buffered bytes, and what it takes to send it again is
+/// returned. Otherwise `None`, and `req` sends exactly what it would have.
+///
+/// The request's extensions *move* to the [`Replay`] (the request keeps none): nothing
+/// below the balancer reads them (tonic's transport and hyper's HTTP/2 client send
+/// headers, not extensions), and moving them costs nothing where cloning them costs a
+/// map. So read what the routing needs from them (the slice key) before.
+pub(crate) fn replayable(req: &mut http::Request<Body>) -> Option<Replay> {
     let mut cx = Context::from_waker(Waker::noop());
     let mut read = Buffered::default();
     let body = req.body_mut();
@@ -56,18 +98,18 @@ pub(crate) fn replayable(req: &mut http::Request<Body>) -> Option<http::Request<
         return None;
     }
     *body = Body::new(read.copy());
-    let mut copy = http::Request::new(Body::new(read.copy()));
-    *copy.method_mut() = req.method().clone();
-    *copy.uri_mut() = req.uri().clone();
-    *copy.version_mut() = req.version();
-    *copy.headers_mut() = req.headers().clone();
-    *copy.extensions_mut() = req.extensions().clone();
-    Some(copy)
+    Some(Replay {
+        method: req.method().clone(),
+        uri: req.uri().clone(),
+        version: req.version(),
+        headers: req.headers().clone(),
+        extensions: std::mem::take(req.extensions_mut()),
+        body: read,
+    })
 }
 
-/// Whether `error` proves its request was never sent: somewhere in its chain, a
-/// connection that could not be made (tonic's `ConnectError`). Nothing else qualifies:
-/// a request that may have reached a server is never sent twice.
+/// Whether `error` proves that its request never left: a connection that could not be
+/// made (tonic's `ConnectError`, anywhere in the chain of sources).
 pub(crate) fn never_sent(error: &(dyn Error + 'static)) -> bool {
     let mut next = Some(error);
     while let Some(error) = next {
@@ -79,10 +121,12 @@ pub(crate) fn never_sent(error: &(dyn Error + 'static)) -> bool {
     false
 }
 
-/// The frames of a request body read so far.
+/// The frames read from a body. A unary request's body is one data frame: it is kept
+/// apart from the others, so that buffering and copying it allocate nothing.
 #[derive(Debug, Default)]
 struct Buffered {
-    data: Vec<Bytes>,
+    first: Option<Bytes>,
+    more: Vec<Bytes>,
     trailers: Option<HeaderMap>,
     bytes: usize,
     error: Option<Status>,
@@ -93,7 +137,11 @@ impl Buffered {
         match frame.into_data() {
             Ok(data) => {
                 self.bytes += data.len();
-                self.data.push(data);
+                if self.first.is_none() && self.more.is_empty() {
+                    self.first = Some(data);
+                } else {
+                    self.more.push(data);
+                }
             }
             Err(frame) => {
                 if let Ok(trailers) = frame.into_trailers() {
@@ -103,32 +151,53 @@ impl Buffered {
         }
     }
 
-    /// The frames read, data then trailers (cloning `Bytes` only bumps a count).
-    fn frames(&self) -> VecDeque<Frame<Bytes>> {
-        let data = self.data.iter().cloned().map(Frame::data);
-        data.chain(self.trailers.clone().map(Frame::trailers)).collect()
+    /// A body of the same frames (the bytes are shared, not copied).
+    fn copy(&self) -> Frames {
+        Frames {
+            first: self.first.clone(),
+            more: self.more.clone().into_iter(),
+            trailers: self.trailers.clone(),
+            error: None,
+            rest: None,
+        }
     }
 
-    /// A body of the frames read, complete.
-    fn copy(&self) -> Replay {
-        Replay { frames: self.frames(), error: None, rest: None }
+    /// A body of these frames, taking them.
+    fn into_frames(self) -> Frames {
+        Frames {
+            first: self.first,
+            more: self.more.into_iter(),
+            trailers: self.trailers,
+            error: None,
+            rest: None,
+        }
     }
 
-    /// A body of the frames read, then `rest`.
-    fn then(self, rest: Body) -> Replay {
-        Replay { frames: self.frames(), error: self.error, rest: Some(rest) }
+    /// These frames, then the error met, then the rest of the original body.
+    fn then(self, rest: Body) -> Frames {
+        let error = self.error;
+        Frames {
+            first: self.first,
+            more: self.more.into_iter(),
+            trailers: self.trailers,
+            error,
+            rest: Some(rest),
+        }
     }
 }
 
-/// A request body: buffered frames, then an error or the rest of the original body.
+/// A request body: buffered frames (data, then trailers), then an error or the rest of
+/// the original body.
 #[derive(Debug)]
-struct Replay {
-    frames: VecDeque<Frame<Bytes>>,
+struct Frames {
+    first: Option<Bytes>,
+    more: std::vec::IntoIter<Bytes>,
+    trailers: Option<HeaderMap>,
     error: Option<Status>,
     rest: Option<Body>,
 }
 
-impl HttpBody for Replay {
+impl HttpBody for Frames {
     type Data = Bytes;
     type Error = Status;
 
@@ -136,8 +205,11 @@ impl HttpBody for Replay {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
-        if let Some(frame) = self.frames.pop_front() {
-            return Poll::Ready(Some(Ok(frame)));
+        if let Some(data) = self.first.take().or_else(|| self.more.next()) {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        if let Some(trailers) = self.trailers.take() {
+            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
         }
         if let Some(error) = self.error.take() {
             return Poll::Ready(Some(Err(error)));
@@ -148,8 +220,12 @@ impl HttpBody for Replay {
         }
     }
 
+    // With nothing left after the last frame, hyper ends the stream on that frame's
+    // DATA (END_STREAM set) instead of sending an empty one after it.
     fn is_end_stream(&self) -> bool {
-        self.frames.is_empty()
+        self.first.is_none()
+            && self.more.len() == 0
+            && self.trailers.is_none()
             && self.error.is_none()
             && self.rest.as_ref().is_none_or(HttpBody::is_end_stream)
     }
@@ -177,13 +253,42 @@ mod tests {
     #[tokio::test]
     async fn a_complete_body_is_copied_with_the_request_parts() {
         let mut req = request(Body::new(http_body_util::Full::new(Bytes::from_static(b"hello"))));
-        let copy = replayable(&mut req).expect("complete");
-        assert_eq!((copy.method(), copy.uri(), copy.headers()), (req.method(), req.uri(), req.headers()));
-        assert_eq!(copy.extensions().get::<u32>(), Some(&7));
-        assert_eq!(bytes(copy.into_body()).await, "hello");
+        let replay = replayable(&mut req).expect("complete");
+        // The extensions moved to the replay: the request on the wire carries none.
+        assert!(req.extensions().is_empty());
+        for copy in [replay.request(), replay.request()] {
+            assert_eq!((copy.method(), copy.uri(), copy.headers()), (req.method(), req.uri(), req.headers()));
+            assert_eq!(copy.extensions().get::<u32>(), Some(&7));
+            assert_eq!(bytes(copy.into_body()).await, "hello");
+        }
+        let last = replay.into_request();
+        assert_eq!((last.uri(), last.extensions().get::<u32>()), (req.uri(), Some(&7)));
+        assert_eq!(bytes(last.into_body()).await, "hello");
         assert_eq!(bytes(req.into_body()).await, "hello");
         let mut empty = request(Body::empty());
-        assert_eq!(bytes(replayable(&mut empty).unwrap().into_body()).await, "");
+        assert_eq!(bytes(replayable(&mut empty).unwrap().request().into_body()).await, "");
+    }
+
+    #[tokio::test]
+    async fn frames_come_back_in_order_and_end_with_the_last() {
+        use http_body_util::StreamBody;
+        let frames: Vec<Result<Frame<Bytes>, Status>> = vec![
+            Ok(Frame::data(Bytes::from_static(b"a"))),
+            Ok(Frame::data(Bytes::from_static(b"b"))),
+            Ok(Frame::data(Bytes::from_static(b"c"))),
+        ];
+        let mut req = request(Body::new(StreamBody::new(futures_util::stream::iter(frames))));
+        let replay = replayable(&mut req).expect("complete");
+        let mut copy = replay.request().into_body();
+        let mut seen = Vec::new();
+        while let Some(frame) = copy.frame().await {
+            seen.push(frame.unwrap().into_data().unwrap());
+            // After the last data frame the body says it has ended, so hyper sends
+            // END_STREAM on that frame.
+            assert_eq!(copy.is_end_stream(), seen.len() == 3);
+        }
+        assert_eq!(seen, ["a", "b", "c"]);
+        assert_eq!(bytes(req.into_body()).await, "abc");
     }
 
     #[tokio::test]

@@ -162,8 +162,13 @@ impl Gate {
 
     /// The probe failed or was given up on: the next pick that draws the member
     /// probes again (nothing when no probe is in flight).
+    #[inline]
     pub(crate) fn free_probe(&self) {
-        self.swap_if(GateState::PROBE_SENT, GateState::PROBE_WAITING);
+        // Read first: every request that leaves a member idle comes here, and a plain
+        // load is cheaper than the compare-and-swap that almost always fails.
+        if self.0.load(Ordering::Relaxed) == GateState::PROBE_SENT.0 {
+            self.swap_if(GateState::PROBE_SENT, GateState::PROBE_WAITING);
+        }
     }
 
     /// The connection failed: no pick takes the member from now on.
