@@ -12,7 +12,9 @@ use tonic::body::Body;
 use tonic::Code;
 use tower::BoxError;
 
-use super::service::{Counters, Shared};
+use super::budget::Tokens;
+use super::policy::HedgeConfig;
+use super::stats::Counters;
 use crate::channel::{ResponseFuture as ChannelFuture, SteadyChannel};
 use crate::replay::replayable;
 
@@ -26,9 +28,11 @@ pub struct ResponseFuture {
     kind: Kind,
 }
 
+// The request sent once keeps the channel's future inline, as the channel returns it:
+// boxing it would cost every unhedged request an allocation; the race is the one boxed.
+#[allow(clippy::large_enum_variant)]
 enum Kind {
     Once(ChannelFuture),
-    // Boxed: the request sent once pays nothing for the race's size.
     Hedged(Box<Hedged>),
 }
 
@@ -66,6 +70,14 @@ impl Future for ResponseFuture {
             Kind::Hedged(hedged) => hedged.poll(cx),
         }
     }
+}
+
+/// What a hedge's clones and their requests' races share: the configuration, the
+/// budget and the counters.
+pub(crate) struct Shared {
+    pub(crate) config: HedgeConfig,
+    pub(crate) tokens: Tokens,
+    pub(crate) counters: Counters,
 }
 
 /// One attempt out: its number (0 is the first) and its future.

@@ -72,9 +72,11 @@ mod future;
 mod layer;
 mod policy;
 mod service;
+mod stats;
 
 pub use budget::RetryBudget;
 pub use future::ResponseFuture;
 pub use layer::HedgeLayer;
 pub use policy::{HedgeConfig, HedgingPolicy, MAX_ATTEMPTS, MAX_DELAY};
-pub use service::{Hedge, HedgeStats};
+pub use service::Hedge;
+pub use stats::HedgeStats;
