@@ -19,7 +19,7 @@ impl Counters {
     }
 }
 
-/// What a [`Hedge`] did so far (counters since it was built, shared by its clones).
+/// What a [`Hedge`](super::Hedge) did so far (counters since it was built, shared by its clones).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct HedgeStats {
