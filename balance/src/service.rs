@@ -308,6 +308,51 @@ impl<S, K, C> Balance<S, K, C> {
     }
 }
 
+impl<S, K, C> Balance<S, K, C> {
+    /// Sends `req` to a ready member whose task is not in `avoid`, now: a hedged
+    /// attempt, which must not go where the request's earlier attempts went. A keyed
+    /// request (once an assignment is in force) goes to another ready replica of its
+    /// slice, never to the subset; an unkeyed one to another member of the subset, or of
+    /// a zone requests spill to when the subset has none. The attempt never waits for a
+    /// member and never moves to another one (a member that cannot take it fails it).
+    ///
+    /// The slow path of hedging, apart from [`Service::call`]: it allocates the list of
+    /// candidates, records no key count and asks for no affinity connection.
+    ///
+    /// # Errors
+    ///
+    /// `req` back when no such member is ready (nothing was sent).
+    pub fn call_avoiding<Req>(&mut self, req: Req, avoid: &[usize]) -> Result<ResponseFuture<S, Req, C>, Req>
+    where
+        S: Service<Req> + Clone + Send + Sync + 'static,
+        S::Error: Into<BoxError>,
+        K: KeyExtractor<Req>,
+        C: Classify<S::Response, S::Error>,
+    {
+        let table = self.shared.table.load();
+        let others = |members: &mut dyn Iterator<Item = &Arc<crate::route::endpoint::Endpoint<S>>>| {
+            members.filter(|e| !avoid.contains(&e.task)).cloned().collect::<Vec<_>>()
+        };
+        if let (Some(key), Some(slices)) = (self.keys.slice_key(&req), table.slices.as_ref()) {
+            let replicas = others(&mut slices.ready(slices.index(key)).iter());
+            let Some(endpoint) = crate::route::pick::p2c(&replicas, &mut self.rng) else { return Err(req) };
+            let guard = InFlight::start(endpoint.clone()).keyed();
+            return Ok(ResponseFuture::ready(guard, req, self.classify.clone()).keyed(key).pinned());
+        }
+        let mut members = others(&mut table.members.iter());
+        if members.is_empty() {
+            members = others(&mut table.unkeyed());
+        }
+        match crate::route::pick::p2c(&members, &mut self.rng) {
+            Some(endpoint) => {
+                Ok(ResponseFuture::ready(InFlight::start(endpoint.clone()), req, self.classify.clone())
+                    .pinned())
+            }
+            None => Err(req),
+        }
+    }
+}
+
 impl<S, K, C, Req> Service<Req> for Balance<S, K, C>
 where
     S: Service<Req> + Clone + Send + Sync + 'static,

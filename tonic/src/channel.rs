@@ -458,6 +458,38 @@ impl Service<http::Request<Body>> for SteadyChannel {
 }
 
 impl SteadyChannel {
+    /// Sends a hedged attempt of a request to a member whose task is not in `avoid`
+    /// (see [`Balance::call_avoiding`]): keyed as [`Service::call`] keys it, but never
+    /// moved or routed again (another member might be one of `avoid`). `None` when no
+    /// such member is ready. The slow path of hedging: `call` is untouched.
+    pub(crate) fn call_avoiding(
+        &mut self,
+        mut req: http::Request<Body>,
+        avoid: &[usize],
+    ) -> Option<ResponseFuture> {
+        if self.keys.is_keyed(&req) {
+            if let Some(generation) = self.balance.assignment_generation() {
+                req.headers_mut().insert(GENERATION_HEADER, HeaderValue::from(generation));
+            }
+        }
+        let inner = self.balance.call_avoiding(req, avoid).ok()?;
+        Some(ResponseFuture { inner, replay: None, reroute: None, rerouted: None })
+    }
+}
+
+impl ResponseFuture {
+    /// The backend task the request was sent to (see
+    /// `steady_balance::ResponseFuture::task`); `None` while it waits for a member, and
+    /// once routed again after a refusal.
+    pub(crate) fn task(&self) -> Option<usize> {
+        match self.rerouted {
+            Some(_) => None,
+            None => self.inner.task(),
+        }
+    }
+}
+
+impl SteadyChannel {
     /// Routes `req` again once the channel follows `generation` (at most [`MOVED_WAIT`]);
     /// `refusal` is the answer if it does not.
     async fn reroute(

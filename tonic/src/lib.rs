@@ -18,6 +18,9 @@
 //! re-exported as part of the channel's API (a client author follows assignments and keys
 //! requests with no second dependency); the rest of the protocol is named in `steady_proto`.
 //!
+//! * [`hedge`]: hedging (gRFC A6) for the methods one names, each extra attempt to
+//!   another member, throttled by a retry budget: [`hedge::HedgeLayer`] over the channel.
+//!
 //! The server side is apart: the `Slicelet` a backend links in `steady-slicelet`, the
 //! `Distributor` and the rest of the control plane in `steady-slicer`.
 //!
@@ -40,6 +43,7 @@ mod channel;
 mod classify;
 mod endpoint;
 mod health;
+pub mod hedge;
 mod replay;
 mod template;
 

@@ -91,6 +91,27 @@ where
         self
     }
 
+    /// Never moves the request to another member: if its member cannot take it, the
+    /// future fails (a hedged attempt, which must stay off the members its siblings
+    /// went to; see [`crate::Balance::call_avoiding`]).
+    pub(crate) fn pinned(mut self) -> Self {
+        self.moves = MAX_MOVES;
+        self
+    }
+
+    /// The backend task the request is headed for or was handed to: `None` while it
+    /// waits for a ready member, and once it ended. A request moved to another member
+    /// (nothing was sent on the first) names the member it moved to. Reads the state,
+    /// nothing shared: hedging asks it, the request path never does.
+    pub fn task(&self) -> Option<usize> {
+        match &self.state {
+            State::Readying { guard, .. } | State::Calling { guard, .. } => {
+                guard.as_ref().map(|g| g.endpoint().task)
+            }
+            State::Waiting { .. } | State::Done { .. } => None,
+        }
+    }
+
     /// Sends `req` to another member after this future's call failed with an error
     /// that proves the request never reached its backend (a connection that could not be
     /// made, say): `req` must be a copy of the request that call was given. The failed

@@ -3,7 +3,7 @@
 //!
 //! `cargo run --release -p steady-benches --bin rpc-throughput -- [--threads 1] [--seconds 1]
 //! [--runs 3] [--concurrency 1,16,256] [--clients rr4,steady,balance_list,single]
-//! [--scenario equal|slow|failing|erroring|flaky|blackhole|all-flaky]`
+//! [--scenario equal|slow|failing|erroring|flaky|blackhole|all-flaky|stalls] [--hedge-delay-us N]`
 //!
 //! Four echo servers (64-byte payloads) run on a runtime of their own; the client
 //! runtime has `--threads` worker threads (1 gives steadier figures on a shared
@@ -20,13 +20,27 @@
 //! * `blackhole` — task 0 accepts calls and never answers; every call of every client
 //!   carries a 100 ms deadline (`Request::set_timeout`);
 //! * `all-flaky` — every server answers 30% of its calls (at random) `UNAVAILABLE` (a
-//!   fault they share: none of them is an outlier).
+//!   fault they share: none of them is an outlier);
+//! * `stalls` — task 0 answers 1% of its calls (at random) 50 ms late, the rest at once
+//!   (a garbage collection, a page fault, a lock: the tail hedging is for); the other
+//!   three are the plain echo servers.
 //!
 //! Clients:
 //! * `rr4` — 4 plain `Channel`s picked by an atomic round-robin counter (the floor);
 //! * `steady` — a `SteadyChannel` over the 4 servers (k = 4);
 //! * `balance_list` — tonic's `Channel::balance_list` over the same 4;
-//! * `single` — one plain `Channel` to one good server (task 0 with `equal`, else task 1).
+//! * `single` — one plain `Channel` to one good server (task 0 with `equal`, else task 1);
+//! * `steady_hedged` (not run unless named) — a `SteadyChannel` of its own (k = 4) behind
+//!   `steady_tonic::hedge::HedgeLayer`, hedging the echo method: at most 3 attempts,
+//!   `UNAVAILABLE` non-fatal (the next attempt goes at once), the default budget (10% of
+//!   requests plus 10 a second over 10 s). Its hedging delay, per concurrency, is 1.25x
+//!   the median p99 of three quarter-round warm-ups of `steady` at that concurrency
+//!   (rounded up to 100 µs; `steady` must be listed before it), or `--hedge-delay-us`
+//!   when given: a little above the
+//!   p99 without hedging, so that about 1% of requests would hedge if latencies were
+//!   independent, and a stall of 50 ms is cut to about that delay plus one round trip.
+//!   A fixed delay cannot be right for every concurrency: with one client thread the
+//!   p99 grows with the loops queued on it.
 //!
 //! Each client is `--concurrency` loops, each sending one request after another. A
 //! request that fails counts as a failed attempt and the loop goes on to the next
@@ -51,7 +65,11 @@
 //!   with no status, such as timeouts, count for task 0);
 //! * `vs rr4`, `vs bl` — the median over rounds of the client's `req/s` divided by that
 //!   of `rr4` and of `balance_list` in the same round;
-//! * `cpu µs/r` — CPU time the process spent per attempt (median over rounds).
+//! * `cpu µs/r` — CPU time the process spent per attempt (median over rounds);
+//! * `p99.9 µs` — the 99.9th percentile of the median round;
+//! * `extra %` — attempts sent beyond one per request, over the requests, summed over
+//!   the rounds (`steady_hedged`'s extra attempts; `-` for clients that send each
+//!   request once).
 //!
 //! Two more clients compare the load signals in the same rounds (not run unless named
 //! in `--clients`): `steady_inflight` (requests in flight) and `steady_ewma` (Peak EWMA
@@ -76,11 +94,12 @@ use steady_testing::echo::echo_server::{Echo, EchoServer};
 use steady_testing::echo::{EchoReply, EchoRequest};
 use steady_testing::loopback::Loopback;
 use steady_testing::{holds_within, percentile};
+use steady_tonic::hedge::{Hedge, HedgeConfig, HedgeLayer, HedgingPolicy};
 use steady_tonic::SteadyChannel;
 use tonic::body::Body;
 use tonic::transport::{Channel, Endpoint};
-use tonic::{Request, Response, Status};
-use tower::{BoxError, Service, ServiceExt};
+use tonic::{Code, Request, Response, Status};
+use tower::{BoxError, Layer, Service, ServiceExt};
 
 /// Four channels, picked in turn by a shared counter.
 #[derive(Clone)]
@@ -119,6 +138,8 @@ struct Options {
     clients: Vec<String>,
     /// How the servers behave (task 0 is the odd one out).
     scenario: Scenario,
+    /// `steady_hedged`'s hedging delay; `None`: from `steady`'s warm-up p99.
+    hedge_delay: Option<Duration>,
 }
 
 /// How the four servers behave.
@@ -138,7 +159,15 @@ enum Scenario {
     Blackhole,
     /// Every server answers 30% of its calls `UNAVAILABLE`.
     AllFlaky,
+    /// Task 0 answers [`STALL_SHARE`] of its calls [`STALL`] late.
+    Stalls,
 }
+
+/// How late the stalling server's stalled calls are answered.
+const STALL: Duration = Duration::from_millis(50);
+
+/// The share of its calls the stalling server stalls.
+const STALL_SHARE: f64 = 0.01;
 
 /// The deadline every call carries in the `blackhole` scenario.
 const DEADLINE: Duration = Duration::from_millis(100);
@@ -156,8 +185,9 @@ impl Scenario {
             "flaky" => Scenario::Flaky,
             "blackhole" => Scenario::Blackhole,
             "all-flaky" => Scenario::AllFlaky,
+            "stalls" => Scenario::Stalls,
             other => panic!(
-                "unknown scenario {other}; the scenarios are equal, slow, failing, erroring, flaky, blackhole, all-flaky"
+                "unknown scenario {other}; the scenarios are equal, slow, failing, erroring, flaky, blackhole, all-flaky, stalls"
             ),
         }
     }
@@ -192,6 +222,7 @@ fn options() -> Options {
         concurrency: vec![1, 16, 256],
         clients: CLIENTS[..4].iter().map(ToString::to_string).collect(),
         scenario: Scenario::Equal,
+        hedge_delay: None,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     for pair in args.chunks(2) {
@@ -201,6 +232,9 @@ fn options() -> Options {
             "--seconds" => o.seconds = value.parse().expect("--seconds S"),
             "--runs" => o.runs = value.parse().expect("--runs N"),
             "--scenario" => o.scenario = Scenario::parse(value),
+            "--hedge-delay-us" => {
+                o.hedge_delay = Some(Duration::from_micros(value.parse().expect("--hedge-delay-us N")))
+            }
             "--serve" => {
                 o.serve = true;
                 // A flag: re-read the next word as an option.
@@ -238,6 +272,24 @@ struct SlowEcho {
 impl Echo for SlowEcho {
     async fn echo(&self, request: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
         tokio::time::sleep(self.delay).await;
+        Ok(Response::new(EchoReply { payload: request.into_inner().payload, task: self.task }))
+    }
+}
+
+/// An echo service that answers [`STALL_SHARE`] of its calls (at random) [`STALL`] late.
+struct StallingEcho {
+    task: u32,
+    calls: AtomicUsize,
+}
+
+#[tonic::async_trait]
+impl Echo for StallingEcho {
+    async fn echo(&self, request: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
+        let call = self.calls.fetch_add(1, Ordering::Relaxed) as u64;
+        let draw = steady_subset::hash::mix64(call ^ (u64::from(self.task) << 40) ^ 0x57a1) >> 11;
+        if (draw as f64) < STALL_SHARE * (1u64 << 53) as f64 {
+            tokio::time::sleep(STALL).await;
+        }
         Ok(Response::new(EchoReply { payload: request.into_inner().payload, task: self.task }))
     }
 }
@@ -306,6 +358,10 @@ fn start_servers(scenario: Scenario) -> Vec<SocketAddr> {
             for task in 0..4 {
                 let addr = match (task, scenario) {
                     (0, Scenario::Slow) => serve_slow(task, SLOW_DELAY).await,
+                    (0, Scenario::Stalls) => {
+                        let echo = StallingEcho { task, calls: AtomicUsize::new(0) };
+                        Loopback::bind().await.serve(EchoServer::new(echo)).detach()
+                    }
                     (0, Scenario::Failing) => serve_resetting().await.expect("bind 127.0.0.1"),
                     (0, Scenario::Blackhole) => serve_faulty(task, None).await,
                     (task, scenario) if scenario.failure_share(task).is_some() => {
@@ -381,7 +437,20 @@ fn failed_task(status: &Status) -> usize {
 const GRACE: Duration = Duration::from_secs(10);
 
 /// The clients, in the order a round runs them (rotated from round to round).
-const CLIENTS: [&str; 6] = ["rr4", "steady", "balance_list", "single", "steady_inflight", "steady_ewma"];
+const CLIENTS: [&str; 7] =
+    ["rr4", "steady", "balance_list", "single", "steady_inflight", "steady_ewma", "steady_hedged"];
+
+/// The echo method's path, which `steady_hedged` hedges.
+const ECHO: &str = "/steady.echo.v1.Echo/Echo";
+
+/// `steady_hedged`'s hedge over `channel`, with `delay`.
+fn hedged(channel: SteadyChannel, delay: Duration) -> Hedge {
+    let policy = HedgingPolicy::new(3, delay)
+        .and_then(|p| p.with_non_fatal_codes([Code::Unavailable]))
+        .expect("a valid hedging policy");
+    let config = HedgeConfig::new().method(ECHO, policy).expect("the echo method's path");
+    HedgeLayer::new(config).layer(channel)
+}
 
 /// One round: `concurrency` loops for `seconds`.
 async fn round<T>(
@@ -496,12 +565,16 @@ fn main() {
         let steady = channel(None);
         let steady_inflight = channel(Some(Load::InFlight));
         let steady_ewma = channel(Some(Load::peak_ewma()));
+        // `steady_hedged`'s own channel: its members' loads are its own requests'.
+        let steady_for_hedge = channel(None);
         // Wait for the steady channel to connect to every server that accepts calls.
         let good = if scenario == Scenario::Failing { 3 } else { 4 };
         let deadline_each = (scenario == Scenario::Blackhole).then_some(DEADLINE);
         // At most 10 s: then measure with the members there are.
         let _ = holds_within(Duration::from_secs(10), || {
-            [&steady, &steady_inflight, &steady_ewma].iter().all(|c| c.stats().members.len() >= good)
+            [&steady, &steady_inflight, &steady_ewma, &steady_for_hedge]
+                .iter()
+                .all(|c| c.stats().members.len() >= good)
         })
         .await;
         let mut channels = Vec::new();
@@ -523,7 +596,7 @@ fn main() {
             o.threads, o.seconds, o.runs, scenario
         );
         println!(
-            "{:<14} {:>5} {:>11} {:>8} {:>8} {:>8} {:>6} {:>9} {:>9} {:>9} {:>9}",
+            "{:<14} {:>5} {:>11} {:>8} {:>8} {:>8} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8}",
             "client",
             "conc",
             "req/s",
@@ -534,12 +607,14 @@ fn main() {
             "min srv %",
             "vs rr4",
             "vs bl",
-            "cpu µs/r"
+            "cpu µs/r",
+            "p99.9 µs",
+            "extra %"
         );
         let clients: Vec<&str> = o.clients.iter().map(String::as_str).collect();
         let position = |name: &str| clients.iter().position(|c| *c == name);
         for &concurrency in &o.concurrency {
-            let run = |name: &str, seconds: f64| {
+            let run = |name: &str, seconds: f64, hedge: Option<Hedge>| {
                 let (steady, rr, balanced, single) =
                     (steady.clone(), rr.clone(), balanced.clone(), single.clone());
                 let (steady_inflight, steady_ewma) = (steady_inflight.clone(), steady_ewma.clone());
@@ -553,6 +628,10 @@ fn main() {
                         "steady_ewma" => {
                             round(EchoClient::new(steady_ewma), concurrency, seconds, deadline_each).await
                         }
+                        "steady_hedged" => {
+                            let hedge = hedge.expect("steady_hedged's hedge is built before it runs");
+                            round(EchoClient::new(hedge), concurrency, seconds, deadline_each).await
+                        }
                         "rr4" => round(EchoClient::new(rr), concurrency, seconds, deadline_each).await,
                         "balance_list" => {
                             round(EchoClient::new(balanced), concurrency, seconds, deadline_each).await
@@ -564,16 +643,50 @@ fn main() {
             // Warm every client up at this concurrency (h2 windows, allocator, caches).
             // What failed then is printed too: that is where a balancer learns.
             let mut warm_up_failed = Vec::new();
+            // `steady_hedged`'s delay: given, or 1.25x `steady`'s warm-up p99 (see the
+            // module doc); a default of 2 ms if `steady` has not warmed up before it.
+            let mut hedge_delay = o.hedge_delay.unwrap_or(Duration::from_millis(2));
+            let mut hedge = None;
             for name in &clients {
-                warm_up_failed.push(format!("{name} {}", run(name, o.seconds / 4.0).await.failed));
+                if *name == "steady_hedged" {
+                    hedge = Some(hedged(steady_for_hedge.clone(), hedge_delay));
+                }
+                let warm = run(name, o.seconds / 4.0, hedge.clone()).await;
+                if *name == "steady" && o.hedge_delay.is_none() && clients.contains(&"steady_hedged") {
+                    // The median p99 of three warm-ups: one alone is too short a sample
+                    // on a shared machine (a hiccup of the machine is its p99).
+                    let mut p99s = vec![f64::from(percentile(&warm.latencies, 0.99))];
+                    for _ in 0..2 {
+                        p99s.push(f64::from(percentile(&run(name, o.seconds / 4.0, None).await.latencies, 0.99)));
+                    }
+                    let p99 = median(p99s) as u64;
+                    hedge_delay = Duration::from_micros((p99 * 5 / 4).div_ceil(100).max(1) * 100);
+                }
+                warm_up_failed.push(format!("{name} {}", warm.failed));
             }
+            if let Some(hedge) = &hedge {
+                let delay = hedge.policy(ECHO).map(HedgingPolicy::delay).unwrap_or_default();
+                println!(
+                    "# steady_hedged at concurrency {concurrency}: hedging delay {} µs",
+                    delay.as_micros()
+                );
+            }
+            let mut extra: Vec<Option<(u64, u64)>> = vec![None; clients.len()];
+            let hedge_before = hedge.as_ref().map(Hedge::stats);
             // Round r runs the clients in an order rotated by r, so that drift in the
             // machine's speed hits every client alike; ratios are taken within a round.
             let mut rounds: Vec<Vec<Round>> = vec![Vec::new(); clients.len()];
             for r in 0..o.runs {
                 for i in 0..clients.len() {
                     let c = (i + r) % clients.len();
-                    rounds[c].push(run(clients[c], o.seconds).await);
+                    let before = hedge.as_ref().filter(|_| clients[c] == "steady_hedged").map(Hedge::stats);
+                    rounds[c].push(run(clients[c], o.seconds, hedge.clone()).await);
+                    if let (Some(before), Some(hedge)) = (before, &hedge) {
+                        let after = hedge.stats();
+                        let (e, n) = extra[c].get_or_insert((0, 0));
+                        *e += after.extra_attempts - before.extra_attempts;
+                        *n += after.hedged_requests - before.hedged_requests;
+                    }
                 }
             }
             for (c, name) in clients.iter().enumerate() {
@@ -591,7 +704,7 @@ fn main() {
                 let succeeded: u64 = rounds[c].iter().map(|r| r.latencies.len() as u64).sum();
                 let from_task0: u64 = rounds[c].iter().map(|r| r.from_task0).sum();
                 // Task 0's share of the successes (equal, slow), else the failed share of all attempts.
-                let bad = if matches!(scenario, Scenario::Equal | Scenario::Slow) {
+                let bad = if matches!(scenario, Scenario::Equal | Scenario::Slow | Scenario::Stalls) {
                     from_task0 as f64 / succeeded.max(1) as f64
                 } else {
                     failed as f64 / (failed + succeeded).max(1) as f64
@@ -605,7 +718,7 @@ fn main() {
                 let attempts: u64 = per_task.iter().sum();
                 let min_share = *per_task.iter().min().unwrap_or(&0) as f64 / attempts.max(1) as f64;
                 println!(
-                    "{:<14} {:>5} {:>11.0} {:>8} {:>8} {:>8} {:>6.1} {:>9.1} {:>9} {:>9} {:>9}",
+                    "{:<14} {:>5} {:>11.0} {:>8} {:>8} {:>8} {:>6.1} {:>9.1} {:>9} {:>9} {:>9} {:>9} {:>8}",
                     name,
                     concurrency,
                     rate,
@@ -616,10 +729,27 @@ fn main() {
                     min_share * 100.0,
                     ratio_to(position("rr4")),
                     ratio_to(position("balance_list")),
-                    cpu.map_or("-".to_string(), |c| format!("{c:.2}"))
+                    cpu.map_or("-".to_string(), |c| format!("{c:.2}")),
+                    percentile(latencies, 0.999),
+                    extra[c].map_or("-".to_string(), |(e, n)| format!(
+                        "{:.2}",
+                        e as f64 * 100.0 / n.max(1) as f64
+                    ))
                 );
             }
             println!("# failed in the warm-up (not in the table): {}", warm_up_failed.join(", "));
+            if let (Some(before), Some(hedge)) = (hedge_before, &hedge) {
+                let after = hedge.stats();
+                let requests = after.hedged_requests - before.hedged_requests;
+                let extra = after.extra_attempts - before.extra_attempts;
+                println!(
+                    "# steady_hedged over the rounds: {requests} requests, {extra} extra attempts ({:.2}%), {} refused by the budget, {} with no other member, {} won by an extra attempt",
+                    extra as f64 * 100.0 / requests.max(1) as f64,
+                    after.refused_by_budget - before.refused_by_budget,
+                    after.no_other_member - before.no_other_member,
+                    after.hedges_won - before.hedges_won,
+                );
+            }
         }
     });
 }
