@@ -467,7 +467,7 @@ impl SteadyChannel {
         mut req: http::Request<Body>,
         avoid: &[usize],
     ) -> Option<ResponseFuture> {
-        if self.keys.is_keyed(&req) {
+        if self.keys.slice_key(&req).is_some() {
             if let Some(generation) = self.balance.assignment_generation() {
                 req.headers_mut().insert(GENERATION_HEADER, HeaderValue::from(generation));
             }

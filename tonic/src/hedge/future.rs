@@ -16,7 +16,7 @@ use super::budget::Tokens;
 use super::policy::HedgeConfig;
 use super::stats::Counters;
 use crate::channel::{ResponseFuture as ChannelFuture, SteadyChannel};
-use crate::replay::replayable;
+use crate::replay::Replay;
 
 /// The response of a [`super::Hedge`]'s request: the channel's response future
 /// itself for a request sent once; for a hedged one, the first answer of its attempts
@@ -94,9 +94,9 @@ pub(crate) struct Hedged {
     tried: Vec<usize>,
     /// Attempts sent, the first included.
     sent: u32,
-    /// A copy of the request, the body buffered, for the next attempt; `None` once no
+    /// What the next attempt is made of (the head and the buffered body); `None` once no
     /// attempt will follow (the most sent, the budget refused, no other member).
-    spare: Option<http::Request<Body>>,
+    spare: Option<Replay>,
     /// When the next attempt goes if none has answered.
     next_at: Pin<Box<Sleep>>,
     /// The last non-fatal outcome: the answer if no attempt does better.
@@ -108,10 +108,10 @@ pub(crate) struct Hedged {
 }
 
 impl Hedged {
-    /// The race of a request whose first attempt is `first`; `spare` is a copy of it.
+    /// The race of a request whose first attempt is `first`; `spare` makes the others.
     pub(crate) fn new(
         first: ChannelFuture,
-        spare: http::Request<Body>,
+        spare: Replay,
         policy: usize,
         channel: SteadyChannel,
         shared: Arc<Shared>,
@@ -184,7 +184,7 @@ impl Hedged {
     fn send_next(&mut self) {
         let policy = &self.shared.config.methods[self.policy].1;
         let counters = &self.shared.counters;
-        let Some(spare) = self.spare.as_mut() else { return };
+        let Some(spare) = self.spare.as_ref() else { return };
         if self.sent >= policy.max_attempts() {
             self.spare = None;
             return;
@@ -194,11 +194,8 @@ impl Hedged {
             self.spare = None;
             return;
         }
-        // The spare's body is buffered: copying it again costs a few reference counts.
-        let Some(req) = replayable(spare) else {
-            self.spare = None;
-            return;
-        };
+        // The spare's body is buffered: a request of it costs its header map.
+        let req = spare.request();
         let Some(future) = self.channel.call_avoiding(req, &self.tried) else {
             // Nothing was sent: the withdrawal is not given back (tower's budget has no
             // refund), so a request with no other member spends at most one.

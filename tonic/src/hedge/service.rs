@@ -121,7 +121,9 @@ impl Service<http::Request<Body>> for Hedge {
         };
         Counters::add(&self.shared.counters.hedged);
         self.shared.tokens.deposit();
-        let first = self.channel.call(req);
+        // Every attempt is made from the replay, the first too: the request's extensions
+        // (a slice key set by code, say) moved there.
+        let first = self.channel.call(spare.request());
         ResponseFuture::hedged(Hedged::new(first, spare, policy, self.channel.clone(), self.shared.clone()))
     }
 }
