@@ -293,9 +293,7 @@ impl Opening {
 #[derive(Debug)]
 pub(crate) struct InFlight<S> {
     endpoint: Arc<Endpoint<S>>,
-    /// For a timed request (Peak EWMA): when it was sent, and the requests in flight on
-    /// the endpoint then (itself included).
-    start: Option<(Instant, u32)>,
+    start: Option<Instant>,
     /// Routed by its slice key to one of its slice's replicas.
     keyed: bool,
 }
@@ -323,8 +321,7 @@ impl<S> InFlight<S> {
     pub(crate) fn sent(mut self) -> Self {
         let n = self.endpoint.calls.requests.fetch_add(1, Ordering::Relaxed);
         if self.endpoint.load.times(n) {
-            let in_flight = self.endpoint.calls.in_flight.load(Ordering::Relaxed);
-            self.start = Some((Instant::now(), in_flight as u32));
+            self.start = Some(Instant::now());
         }
         if self.keyed {
             self.endpoint.calls.keyed.fetch_add(1, Ordering::Relaxed);
@@ -339,8 +336,8 @@ impl<S> InFlight<S> {
     /// The response's head arrived: feed the latency estimate (timed requests only).
     #[inline]
     pub(crate) fn answered(&self) {
-        if let (Some(ewma), Some((start, in_flight))) = (self.endpoint.load.latency(), self.start) {
-            ewma.observe(start, in_flight as usize, Instant::now());
+        if let (Some(ewma), Some(start)) = (self.endpoint.load.latency(), self.start) {
+            ewma.observe(start, Instant::now());
         }
     }
 }

@@ -88,34 +88,16 @@ const LATENCY_SAMPLE: u64 = 16;
 const MAX_PENALTY: Duration = Duration::from_secs(10);
 
 /// Peak-EWMA latency (tower's `PeakEwma`), updated without locks (last writer wins
-/// under contention, which only blurs an estimate), scaled by the concurrency it was
-/// measured at.
-///
-/// Its load is the estimate per request in flight times (requests in flight + 1): the
-/// latency a new request may expect. tower's (and Finagle's) signal multiplies the
-/// latency by the requests in flight as they are, as if a server answered one request
-/// at a time; but a server answers many at once, and the latency it shows under load
-/// already holds its queueing. So a busy fast server (5 ms with 85 requests in flight)
-/// looked 21 times worse than an idle server that always takes 20 ms, and the slow one
-/// drew every pick until it held a fifth of the requests. Here each timed response
-/// also records how many requests were in flight on the member when it was sent, and
-/// the estimate is divided by the EWMA of those counts: the fast server's load is then
-/// about 5 ms, the slow one's 20 ms, and the slow one gets nearly nothing. With one
-/// request at a time (a count of 1) the load is tower's.
+/// under contention, which only blurs an estimate). Its load is the estimate times
+/// (requests in flight + 1).
 ///
 /// `repr(C)`: the estimate first, as near as can be to the other fields the pick reads
 /// (see `Endpoint`).
 #[derive(Debug)]
 #[repr(C)]
 pub(crate) struct PeakEwma {
-    /// The estimate divided by the concurrency estimate, in nanoseconds, as f64 bits:
-    /// what the pick reads.
-    per_request_ns: AtomicU64,
     /// The estimate in nanoseconds, as f64 bits.
     rtt_ns: AtomicU64,
-    /// The EWMA of the requests in flight (the timed one included, so at least 1) when
-    /// timed requests were sent, as f64 bits.
-    concurrency: AtomicU64,
     /// When it was last updated, in nanoseconds since `base`.
     stamp_ns: AtomicU64,
     base: Instant,
@@ -127,7 +109,7 @@ pub(crate) struct PeakEwma {
 impl Load for PeakEwma {
     #[inline]
     fn load(&self, in_flight: usize) -> f64 {
-        f64::from_bits(self.per_request_ns.load(Ordering::Relaxed)) * (in_flight as f64 + 1.0)
+        self.rtt_ns() * (in_flight as f64 + 1.0)
     }
 }
 
@@ -135,9 +117,7 @@ impl PeakEwma {
     fn new(decay: Duration, default_rtt: Duration) -> Self {
         Self {
             // Untimed: as good as idle (see `Load::PeakEwma`).
-            per_request_ns: AtomicU64::new(0f64.to_bits()),
             rtt_ns: AtomicU64::new(0f64.to_bits()),
-            concurrency: AtomicU64::new(1f64.to_bits()),
             stamp_ns: AtomicU64::new(0),
             base: Instant::now(),
             decay_ns: decay.as_nanos().max(1) as f64,
@@ -150,28 +130,17 @@ impl PeakEwma {
         f64::from_bits(self.rtt_ns.load(Ordering::Relaxed))
     }
 
-    fn concurrency(&self) -> f64 {
-        f64::from_bits(self.concurrency.load(Ordering::Relaxed))
-    }
-
-    /// Stores a new estimate, and with it the load per request in flight.
-    fn set_rtt(&self, rtt_ns: f64, concurrency: f64) {
-        self.rtt_ns.store(rtt_ns.to_bits(), Ordering::Relaxed);
-        self.per_request_ns.store((rtt_ns / concurrency).to_bits(), Ordering::Relaxed);
-    }
-
-    /// A call failed: doubles the estimate (from at least the default), up to
-    /// [`MAX_PENALTY`], so that a failing member loses picks before outlier detection
-    /// ejects it.
+    /// A call failed: the estimate doubles (from at least the default), up to
+    /// [`MAX_PENALTY`]. A backend that fails at once would otherwise look like the fastest
+    /// (its failures are never timed) and draw more requests, the more it fails; doubled
+    /// per failure, it is avoided after a few, and its estimate decays back as any does.
     pub(crate) fn penalize(&self) {
         let estimate = (self.rtt_ns().max(self.default_ns) * 2.0).min(MAX_PENALTY.as_nanos() as f64);
-        self.set_rtt(estimate, self.concurrency());
+        self.rtt_ns.store(estimate.to_bits(), Ordering::Relaxed);
     }
 
-    /// Decays an estimate that no response updated for `idle` toward zero, as if the
-    /// time since had been spent idle: without it a member whose latency spiked once
-    /// would keep its estimate (and lose every pick) until a response came, and none
-    /// would come. The control task calls it on a timer.
+    /// Decays the estimate toward zero for the time since its last update, if that is
+    /// at least `idle` (see `Endpoint::age_latency`).
     pub(crate) fn age(&self, now: Instant, idle: Duration) {
         let now = now.saturating_duration_since(self.base).as_nanos() as u64;
         let stamp = self.stamp_ns.load(Ordering::Relaxed);
@@ -179,28 +148,26 @@ impl PeakEwma {
         if elapsed < idle.as_nanos() as u64 {
             return;
         }
+        // Last writer wins against a response arriving now: either keeps the estimate sane.
         self.stamp_ns.store(now, Ordering::Relaxed);
         let decayed = self.rtt_ns() * (-(elapsed as f64) / self.decay_ns).exp();
-        self.set_rtt(decayed, self.concurrency());
+        self.rtt_ns.store(decayed.to_bits(), Ordering::Relaxed);
     }
 
-    /// A response to a request sent at `sent` with `in_flight` requests in flight on the
-    /// member (itself included) came at `now`: a higher latency replaces the estimate at
-    /// once (the peak), a lower one is blended in by the time since the last update;
-    /// the concurrency estimate is blended in the same way.
-    pub(crate) fn observe(&self, sent: Instant, in_flight: usize, now: Instant) {
+    /// A response to a request sent at `sent` arrived at `now`.
+    pub(crate) fn observe(&self, sent: Instant, now: Instant) {
         let rtt = now.saturating_duration_since(sent).as_nanos() as f64;
         let now = now.saturating_duration_since(self.base).as_nanos() as u64;
         let elapsed = now.saturating_sub(self.stamp_ns.swap(now, Ordering::Relaxed)) as f64;
-        let decay = (-elapsed / self.decay_ns).exp();
         let old = self.rtt_ns();
-        let estimate = if rtt > old { rtt } else { old * decay + rtt * (1.0 - decay) };
-        let sampled = in_flight.max(1) as f64;
-        // The first response sets the concurrency estimate (as it sets the latency's).
-        let concurrency =
-            if old == 0.0 { sampled } else { self.concurrency() * decay + sampled * (1.0 - decay) };
-        self.concurrency.store(concurrency.to_bits(), Ordering::Relaxed);
-        self.set_rtt(estimate, concurrency);
+        let estimate = if rtt > old {
+            // Peak: a slow response counts in full at once.
+            rtt
+        } else {
+            let decay = (-elapsed / self.decay_ns).exp();
+            old * decay + rtt * (1.0 - decay)
+        };
+        self.rtt_ns.store(estimate.to_bits(), Ordering::Relaxed);
     }
 }
 
@@ -226,7 +193,7 @@ mod tests {
     fn an_idle_estimate_is_aged_toward_zero_and_a_fresh_one_is_left() {
         let e = PeakEwma::new(Duration::from_secs(1), Duration::from_millis(1));
         let t = Instant::now();
-        e.observe(t, 1, t + Duration::from_millis(20));
+        e.observe(t, t + Duration::from_millis(20));
         let idle = Duration::from_secs(1);
         e.age(t + Duration::from_millis(500), idle);
         assert_eq!(e.rtt_ns(), 20e6, "updated half a second ago: left as it is");
@@ -237,36 +204,13 @@ mod tests {
     }
 
     #[test]
-    fn a_busy_fast_member_looks_better_than_an_idle_slow_one() {
-        let (fast, slow) = (
-            PeakEwma::new(Duration::from_secs(1), Duration::from_millis(1)),
-            PeakEwma::new(Duration::from_secs(1), Duration::from_millis(1)),
-        );
-        let t = Instant::now();
-        // The fast one answers in 5 ms with 86 requests in flight (the timed one
-        // included); the slow one takes 20 ms with one.
-        fast.observe(t, 86, t + Duration::from_millis(5));
-        slow.observe(t, 1, t + Duration::from_millis(20));
-        assert!((fast.load(85) - 5e6).abs() < 1e3, "{}", fast.load(85));
-        assert_eq!(slow.load(0), 20e6);
-        assert!(fast.load(85) < slow.load(0) * 0.75, "beyond the tie band: the fast one wins");
-        // Load still grows with the requests in flight: twice as many, twice the load.
-        assert!((fast.load(171) - 10e6).abs() < 1e3, "{}", fast.load(171));
-        // One request at a time: tower's signal, the latency times (in flight + 1).
-        assert_eq!(slow.load(3), 80e6);
-        // A failure doubles the latency at the same concurrency.
-        slow.penalize();
-        assert_eq!(slow.load(0), 40e6);
-    }
-
-    #[test]
     fn peak_ewma_jumps_up_and_decays_down() {
         let e = PeakEwma::new(Duration::from_millis(10), Duration::from_millis(1));
         let t = Instant::now();
-        e.observe(t, 1, t + Duration::from_millis(50));
+        e.observe(t, t + Duration::from_millis(50));
         assert_eq!(e.rtt_ns(), 50e6);
         let later = t + Duration::from_millis(80);
-        e.observe(later - Duration::from_millis(1), 1, later);
+        e.observe(later - Duration::from_millis(1), later);
         let after = e.rtt_ns();
         assert!(after < 10e6 && after > 1e6, "{after}");
     }
