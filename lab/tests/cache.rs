@@ -13,8 +13,13 @@ use std::process::Command;
 use serde_json::Value;
 use support::{run_quick, run_quick_with};
 
+/// Held by the tests that run fleets, so that they run one at a time: two fleets at once
+/// on a small machine measure each other.
+static FLEETS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn keyed_routing_hits_more_than_p2c_and_no_request_fails_even_through_restarts() {
+    let _one_at_a_time = FLEETS.lock().unwrap_or_else(|e| e.into_inner());
     let (text, outcomes, dir) = run_quick("cache");
     for phase in ["reshuffled", "restart"] {
         let rows: Vec<&Value> = outcomes.iter().filter(|o| o["phase"] == phase).collect();
@@ -54,6 +59,7 @@ fn keyed_routing_hits_more_than_p2c_and_no_request_fails_even_through_restarts()
 
 #[test]
 fn the_load_bound_spills_next_to_nothing_and_keeps_the_hit_rate_when_nothing_is_hot() {
+    let _one_at_a_time = FLEETS.lock().unwrap_or_else(|e| e.into_inner());
     let args = |bound: &'static str| {
         ["--phases", "steady", "--strategies", "p2c,slicer,slicer-replicated", "--keyed-bound", bound]
     };

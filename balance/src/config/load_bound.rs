@@ -12,8 +12,10 @@ use steady_core::ConfigError;
 /// this order: the slice's other replicas; then ([`KeyedSpill::Neighbour`]) the replicas
 /// of the following slices of the assignment, up to [`MAX_NEIGHBOUR_STEPS`] slices on, so
 /// that a slice's spilled keys land on one warm backend rather than everywhere; then
-/// power of two choices over every connection. The mean is over every connection the
-/// balancer routes on (subset and affinity), counting this frontend's requests only.
+/// power of two choices over every connected replica. The mean is over the connected
+/// replicas of the assignment in force (each once), counting this frontend's requests
+/// only; a task the assignment does not name (one draining out of it, say) never gets a
+/// spilled request.
 ///
 /// What it trades: a spilled request reaches a backend the assignment does not name (a
 /// miss there the first time, counted as misrouted by a Slicelet, and served: the
@@ -49,7 +51,7 @@ pub struct KeyedLoadBound {
 }
 
 /// The most slices past its own a spilled keyed request looks at for a replica under
-/// the bound ([`KeyedSpill::Neighbour`]) before it falls back to every connection.
+/// the bound ([`KeyedSpill::Neighbour`]) before it falls back to every connected replica.
 pub const MAX_NEIGHBOUR_STEPS: usize = 8;
 
 /// Where a keyed request goes when every replica of its slice is over the bound.
@@ -60,7 +62,7 @@ pub enum KeyedSpill {
     /// spilled keys land on one backend, which caches them (the default).
     #[default]
     Neighbour,
-    /// Power of two choices over every connection: the spilled keys go everywhere.
+    /// Power of two choices over every connected replica: the spilled keys go everywhere.
     Subset,
 }
 

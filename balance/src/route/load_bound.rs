@@ -11,16 +11,16 @@ use super::endpoint::Endpoint;
 use super::pick::p2c;
 use crate::config::{KeyedLoadBound, KeyedSpill, MAX_NEIGHBOUR_STEPS};
 
-/// A slice table's bound: the configuration, the connections the mean is taken over,
-/// and the count of requests spilled off their slice's replicas.
+/// A slice table's bound: the configuration, the replicas the mean is taken over, and
+/// the count of requests spilled off their slice's replicas.
 #[derive(Debug)]
 pub(crate) struct LoadBound<S> {
     factor: f64,
     /// The configured floor, as a count of requests in flight.
     floor: usize,
     spill: KeyedSpill,
-    /// Every connection the balancer routes on, by task: what the mean is taken over,
-    /// and the last resort.
+    /// Every connected replica of the assignment in force, once, by task: what the mean
+    /// is taken over, and the last resort.
     pool: Vec<Arc<Endpoint<S>>>,
     spilled: Arc<AtomicU64>,
 }
@@ -32,7 +32,7 @@ fn in_flight<S>(e: &Endpoint<S>) -> usize {
 }
 
 impl<S> LoadBound<S> {
-    /// The bound `config` over `pool` (every connection), counting spills in `spilled`.
+    /// The bound `config` over `pool` (the connected replicas), counting spills in `spilled`.
     pub(crate) fn new(
         config: KeyedLoadBound,
         mut pool: Vec<Arc<Endpoint<S>>>,
@@ -53,7 +53,7 @@ impl<S> LoadBound<S> {
     /// flight: `picked` while under the bound; else the least loaded of the slice's
     /// other replicas under it; else (spilling to neighbours) the first replica under it
     /// of the next slices (`ready(j)` for slice `j` of `slices`) on another task; else
-    /// power of two choices over every connection, if that finds one less loaded than
+    /// power of two choices over every connected replica, if that finds one less loaded than
     /// `picked`; else `picked`.
     #[inline(never)]
     pub(crate) fn place<'a>(

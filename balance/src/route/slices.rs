@@ -171,7 +171,7 @@ impl<S> SliceTable<S> {
     /// Builds the table for `assignment` from the endpoints connected now; `reachable`
     /// says whether a task not connected may become so (see [`SliceTable::servable`]);
     /// `preference`, for a zone-aware frontend, how its keyed requests prefer its zone
-    /// (see [`choose`]); `bound`, bounded-load routing over every connected endpoint.
+    /// (see [`choose`]); `bound`, bounded-load routing over the connected replicas.
     pub(crate) fn build(
         assignment: &Assignment,
         frontend: usize,
@@ -196,9 +196,7 @@ impl<S> SliceTable<S> {
             servable: Vec::with_capacity(n),
             zones: preference
                 .map(|_| ZonedSlices { first_len: Vec::with_capacity(n), keep: Vec::with_capacity(n) }),
-            bound: bound.map(|(config, spilled)| {
-                Box::new(LoadBound::new(config, connected.values().cloned().collect(), spilled))
-            }),
+            bound: None,
         };
         table.chosen_at.push(0);
         table.ready_at.push(0);
@@ -222,6 +220,14 @@ impl<S> SliceTable<S> {
             table.ready_at.push(table.ready.len() as u32);
         }
         table.build_index();
+        if let Some((config, spilled)) = bound {
+            // The connected replicas, each once: what the mean is over and where spills
+            // may go (never a task the assignment does not name, such as one draining
+            // out of it).
+            let mut seen = std::collections::HashSet::new();
+            let pool = table.ready.iter().filter(|e| seen.insert(e.id)).cloned().collect();
+            table.bound = Some(Box::new(LoadBound::new(config, pool, spilled)));
+        }
         table
     }
 

@@ -203,7 +203,10 @@ impl Fleet {
         for m in 0..config.frontends {
             let mut balance =
                 BalanceConfig::new(m, config.backends as usize).with_keyed_to_draining(strategy.handover());
-            if let (Some(bound), Some(_)) = (config.keyed_bound, replicas) {
+            // Not with handover: its backends refuse misroutes, and a spilled request that
+            // reaches a backend already on a newer generation is refused, then fails if its
+            // one reroute is refused too (the rolling restart failed requests so).
+            if let (Some(bound), Some(_), false) = (config.keyed_bound, replicas, strategy.handover()) {
                 balance = balance.with_keyed_load_bound(bound);
             }
             let channel = SteadyChannel::builder(balance).from_job(views.clone())?;

@@ -100,7 +100,7 @@ pub struct CacheArgs {
     /// Milliseconds between assignment runs (the Assigner's cadence, Rudolph's period).
     #[arg(long, default_value_t = 1_000)]
     assign_ms: u64,
-    /// Bounded-load keyed routing for the Slicer strategies' frontends
+    /// Bounded-load keyed routing for the Slicer strategies' frontends (not with handover)
     /// (`BalanceConfig::keyed_load_bound`): `FACTOR:FLOOR` (a replica with more than
     /// FACTOR times the mean requests in flight, plus FLOOR, hands keyed requests to the
     /// next slices' replicas), `FACTOR:FLOOR:subset` (to the least loaded of the subset),
