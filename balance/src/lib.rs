@@ -88,8 +88,8 @@ const _: () = assert!(steady_slice::MAX_TASK as usize == steady_subset::MAX_BACK
 
 pub use classify::{Classify, Outcome, Report, TransportErrors};
 pub use config::{
-    BalanceConfig, FailureRate, Load, NoReplicaPolicy, OutlierDetection, SlowStart, ZoneRouting, MAX_IDLE,
-    MAX_SUBSET_SIZE, MAX_WAIT,
+    BalanceConfig, FailureRate, KeyedLoadBound, KeyedSpill, Load, NoReplicaPolicy, OutlierDetection,
+    SlowStart, ZoneRouting, MAX_IDLE, MAX_NEIGHBOUR_STEPS, MAX_SUBSET_SIZE, MAX_WAIT,
 };
 pub use connector::{Address, Connector};
 pub use error::{BalanceError, BoxError};

@@ -125,6 +125,9 @@ pub struct BalanceStats {
     pub keyed_fallbacks: u64,
     /// Keyed requests failed with `NoReplica`.
     pub no_replica: u64,
+    /// Keyed requests a load bound ([`crate::KeyedLoadBound`]) sent off their slice's
+    /// replicas, to a neighbour's or the subset's, because every replica was over it.
+    pub keyed_spilled: u64,
     /// Affinity connections (to replicas outside the subset) open now, by task.
     pub affinity: Vec<usize>,
     /// Affinity connections opened so far.
@@ -194,6 +197,7 @@ impl BalanceStats {
             assignment_source_restarts: c.assignment_source_restarts.load(Ordering::Relaxed),
             keyed_fallbacks: c.keyed_fallbacks.load(Ordering::Relaxed),
             no_replica: c.no_replica.load(Ordering::Relaxed),
+            keyed_spilled: shared.keyed_spilled.load(Ordering::Relaxed),
             keyed_requests: c.closed_keyed.load(Ordering::Relaxed)
                 + table
                     .unkeyed()

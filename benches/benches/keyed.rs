@@ -2,7 +2,8 @@
 //!
 //! * `keyed_pick` (15,000 slices, 3 replicas each, all connected): `steady_keyed` is
 //!   `Balance::route(Some(key))` (table read, slice lookup, power of two choices);
-//!   baselines: `steady_unkeyed` (`route(None)`) and `linear_scan` (finding the slice by
+//!   `steady_keyed_bounded` the same with a load bound (`KeyedLoadBound::default()`,
+//!   nothing in flight: its fast path, one more load); baselines: `steady_unkeyed` (`route(None)`) and `linear_scan` (finding the slice by
 //!   scanning the assignment). Target: a keyed pick under 50 ns (the figures and their
 //!   command: `docs/benchmarks.md#keyed-routing`).
 //! * `keyed_call` (same assignment): a keyed call through the balancer with its keys
@@ -21,7 +22,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use steady_balance::{Balance, BalanceConfig};
+use steady_balance::{Balance, BalanceConfig, KeyedLoadBound};
 use steady_benches::{hold_assignment, spread_assignment};
 use steady_slice::{Assignment, AssignmentError, SliceKey};
 use steady_subset::prng::SplitMix64;
@@ -44,17 +45,21 @@ fn assignment(generation: u64) -> Assignment {
 
 fn keyed_pick(c: &mut Criterion) {
     let rt = runtime();
-    let (balance, tx) = rt.block_on(async {
-        let connect = service_fn(|task: usize| async move {
-            Ok::<_, Infallible>(service_fn(move |_: ()| async move { Ok::<_, Infallible>(task) }))
-        });
-        // k = N: every replica is a connected subset member.
-        let balance =
-            Balance::from_addresses(BalanceConfig::new(0, TASKS), connect, (0..TASKS).collect()).unwrap();
-        assert!(balance.wait_for_members(TASKS, Duration::from_secs(10)).await);
-        let tx = hold_assignment(&balance, assignment(1)).await;
-        (balance, tx)
-    });
+    let start = |config: BalanceConfig| {
+        rt.block_on(async {
+            let connect = service_fn(|task: usize| async move {
+                Ok::<_, Infallible>(service_fn(move |_: ()| async move { Ok::<_, Infallible>(task) }))
+            });
+            // k = N: every replica is a connected subset member.
+            let balance = Balance::from_addresses(config, connect, (0..TASKS).collect()).unwrap();
+            assert!(balance.wait_for_members(TASKS, Duration::from_secs(10)).await);
+            let tx = hold_assignment(&balance, assignment(1)).await;
+            (balance, tx)
+        })
+    };
+    let (balance, tx) = start(BalanceConfig::new(0, TASKS));
+    let (bounded, bounded_tx) =
+        start(BalanceConfig::new(0, TASKS).with_keyed_load_bound(KeyedLoadBound::default()));
     let reference = assignment(1);
     let mut rng = SplitMix64::new(7);
     let keys: Vec<SliceKey> = (0..4096).map(|_| SliceKey(rng.next())).collect();
@@ -68,6 +73,13 @@ fn keyed_pick(c: &mut Criterion) {
             black_box(b1.route(Some(keys[i])))
         })
     });
+    let mut b2 = bounded.clone();
+    group.bench_with_input(BenchmarkId::new("steady_keyed_bounded", SLICES), &(), |b, _| {
+        b.iter(|| {
+            i = (i + 1) & 4095;
+            black_box(b2.route(Some(keys[i])))
+        })
+    });
     group.bench_with_input(BenchmarkId::new("steady_unkeyed", SLICES), &(), |b, _| {
         b.iter(|| black_box(b1.route(None)))
     });
@@ -79,7 +91,7 @@ fn keyed_pick(c: &mut Criterion) {
         })
     });
     group.finish();
-    drop(tx);
+    drop((tx, bounded_tx));
 }
 
 /// A keyed call through the balancer (`ready().call(key)` with an answer at once), with

@@ -8,9 +8,11 @@ use steady_subset::Algorithm;
 use steady_core::{Backoff, ConfigError};
 
 mod health;
+mod load_bound;
 mod zones;
 
 pub use health::{FailureRate, OutlierDetection, SlowStart};
+pub use load_bound::{KeyedLoadBound, KeyedSpill, MAX_NEIGHBOUR_STEPS};
 pub use zones::ZoneRouting;
 
 /// The largest subset size `k` (the most backends subsetting handles). A `k` above the
@@ -145,6 +147,11 @@ pub struct BalanceConfig {
     /// then wait until it is released (`Slicelet::wait_until_released`) before it stops.
     /// Unkeyed requests never go to a draining task.
     pub keyed_to_draining: bool,
+    /// Bounded-load routing for keyed requests (default: none, a keyed request always
+    /// goes to its slice's replicas): a replica with many more requests in flight than
+    /// the others hands them to a neighbour until the Assigner moves the hot keys. See
+    /// [`KeyedLoadBound`] for what it trades.
+    pub keyed_load_bound: Option<KeyedLoadBound>,
     /// Ejection of members that fail markedly more calls than the rest (on by default).
     pub outliers: OutlierDetection,
     /// How members that join or come back take up load (on by default).
@@ -183,6 +190,7 @@ impl BalanceConfig {
             no_replica: NoReplicaPolicy::FallBackToSubset,
             max_affinity: 16,
             keyed_to_draining: false,
+            keyed_load_bound: None,
             affinity_idle: Duration::from_secs(60),
             affinity_wait: Duration::from_millis(250),
             outliers: OutlierDetection::default(),
@@ -218,6 +226,7 @@ impl BalanceConfig {
     /// | `outliers.max_ejected_share` | `0.0..=1.0` |
     /// | `slow_start.window` | `0..=MAX_WAIT`; `slow_start.min_share` in `(0, 1]` |
     /// | `zones.min_healthy_share` | `0.0..=1.0` |
+    /// | `keyed_load_bound.factor` | a number in `1.0..=100.0`; `keyed_load_bound.floor`: `0..=1000000` |
     ///
     /// # Errors
     ///
@@ -241,6 +250,9 @@ impl BalanceConfig {
         self.slow_start.validate()?;
         if let Some(zones) = &self.zones {
             zones.validate()?;
+        }
+        if let Some(bound) = &self.keyed_load_bound {
+            bound.validate()?;
         }
         Ok(())
     }
@@ -268,6 +280,12 @@ impl BalanceConfig {
     /// [`BalanceConfig::keyed_to_draining`]).
     pub fn with_keyed_to_draining(mut self, on: bool) -> Self {
         self.keyed_to_draining = on;
+        self
+    }
+
+    /// With bounded-load routing for keyed requests (see [`KeyedLoadBound`]).
+    pub fn with_keyed_load_bound(mut self, bound: KeyedLoadBound) -> Self {
+        self.keyed_load_bound = Some(bound);
         self
     }
 

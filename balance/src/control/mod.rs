@@ -457,6 +457,7 @@ where
             fan_out: self.config.fan_out,
             reachable: &reachable,
             reachability,
+            load_bound: self.config.keyed_load_bound,
         });
         // The published table no longer names them: retire them (each closes once its
         // requests have finished).

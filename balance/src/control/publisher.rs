@@ -47,6 +47,8 @@ pub(super) struct TableInputs<'a, S> {
     /// connectable), and a digest of that for every replica task of the assignment.
     pub(super) reachable: &'a dyn Fn(u32) -> bool,
     pub(super) reachability: u64,
+    /// Bounded-load routing for keyed requests, when configured.
+    pub(super) load_bound: Option<crate::config::KeyedLoadBound>,
 }
 
 impl<S> Publisher<S> {
@@ -81,6 +83,7 @@ impl<S> Publisher<S> {
             fan_out,
             reachable,
             reachability,
+            load_bound,
         } = inputs;
         // The subset proper: the wanted tasks that no spill zone holds. (Sets: a spilling
         // frontend wants thousands of tasks in a large job, and a table is built per
@@ -119,8 +122,10 @@ impl<S> Publisher<S> {
             return;
         }
         self.published = signature;
-        let slices = assignment
-            .map(|a| SliceTable::build(a, frontend, fan_out, &connected, reachable, preference.as_ref()));
+        let bound = load_bound.map(|b| (b, self.shared.keyed_spilled.clone()));
+        let slices = assignment.map(|a| {
+            SliceTable::build(a, frontend, fan_out, &connected, reachable, preference.as_ref(), bound)
+        });
         let spill = Spill::new(
             local_share,
             spill.iter().map(|g| (g.zone.clone(), g.share, ready_of(&g.group.tasks))).collect(),

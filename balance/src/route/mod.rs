@@ -11,6 +11,8 @@
 //! * [`endpoint`]: one connection (its gate, load signal and counters), what it tells
 //!   the control task, and the in-flight guard a request holds.
 //! * [`pick`]: power of two choices with its tie band, and the per-thread generator.
+//! * [`load_bound`]: bounded-load keyed routing: where a keyed request goes when its
+//!   replica has far more in flight than the mean.
 //! * [`slices`]: the keyed half of the table: per slice of the assignment in force, the
 //!   replicas this frontend uses and which are ready.
 //! * [`spill`]: for a zone-aware frontend whose zone cannot take all its requests, the
@@ -28,6 +30,7 @@ pub(crate) mod future;
 pub(crate) mod gate;
 pub(crate) mod key_counts;
 pub(crate) mod load;
+pub(crate) mod load_bound;
 pub(crate) mod pick;
 pub(crate) mod slices;
 pub(crate) mod spill;

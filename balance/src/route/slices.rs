@@ -10,6 +10,7 @@ use steady_subset::prng::SplitMix64;
 use steady_subset::{Ringsteady, Subsetting};
 
 use super::endpoint::Endpoint;
+use super::load_bound::LoadBound;
 use super::pick::p2c;
 
 /// The replicas of slice `i` this frontend uses: all of them when there are at most
@@ -122,6 +123,9 @@ pub(crate) struct SliceTable<S> {
     /// For a zone-aware frontend: how each slice's ready replicas divide between its
     /// zone's and the others'. `None` without zones: every ready replica alike.
     zones: Option<ZonedSlices>,
+    /// Bounded-load routing, when configured: where a request goes whose pick has far
+    /// more in flight than the mean (see [`LoadBound`]).
+    bound: Option<Box<LoadBound<S>>>,
 }
 
 /// How a zone-aware frontend's keyed requests divide between the ready replicas in its
@@ -167,7 +171,7 @@ impl<S> SliceTable<S> {
     /// Builds the table for `assignment` from the endpoints connected now; `reachable`
     /// says whether a task not connected may become so (see [`SliceTable::servable`]);
     /// `preference`, for a zone-aware frontend, how its keyed requests prefer its zone
-    /// (see [`choose`]).
+    /// (see [`choose`]); `bound`, bounded-load routing over the connected replicas.
     pub(crate) fn build(
         assignment: &Assignment,
         frontend: usize,
@@ -175,6 +179,7 @@ impl<S> SliceTable<S> {
         connected: &HashMap<usize, Arc<Endpoint<S>>>,
         reachable: &dyn Fn(u32) -> bool,
         preference: Option<&ZonePreference<'_>>,
+        bound: Option<(crate::config::KeyedLoadBound, Arc<std::sync::atomic::AtomicU64>)>,
     ) -> Self {
         let n = assignment.slices().len();
         let mut table = Self {
@@ -191,6 +196,7 @@ impl<S> SliceTable<S> {
             servable: Vec::with_capacity(n),
             zones: preference
                 .map(|_| ZonedSlices { first_len: Vec::with_capacity(n), keep: Vec::with_capacity(n) }),
+            bound: None,
         };
         table.chosen_at.push(0);
         table.ready_at.push(0);
@@ -214,6 +220,14 @@ impl<S> SliceTable<S> {
             table.ready_at.push(table.ready.len() as u32);
         }
         table.build_index();
+        if let Some((config, spilled)) = bound {
+            // The connected replicas, each once: what the mean is over and where spills
+            // may go (never a task the assignment does not name, such as one draining
+            // out of it).
+            let mut seen = std::collections::HashSet::new();
+            let pool = table.ready.iter().filter(|e| seen.insert(e.id)).cloned().collect();
+            table.bound = Some(Box::new(LoadBound::new(config, pool, spilled)));
+        }
         table
     }
 
@@ -273,13 +287,20 @@ impl<S> SliceTable<S> {
     }
 
     /// Power of two choices among slice `i`'s ready replicas (for a zone-aware
-    /// frontend, among its zone's or the others', as [`ZonedSlices`] divides them).
+    /// frontend, among its zone's or the others', as [`ZonedSlices`] divides them);
+    /// with a load bound, a pick over it moves to the next candidate (see [`LoadBound`]).
     #[inline]
     pub(crate) fn pick(&self, i: usize, rng: &mut SplitMix64) -> Option<&Arc<Endpoint<S>>> {
         let ready = self.ready(i);
-        match &self.zones {
+        let picked = match &self.zones {
             None => p2c(ready, rng),
             Some(zones) => zones.pick(i, ready, rng),
+        };
+        match (&self.bound, picked) {
+            (Some(bound), Some(e)) if bound.may_be_over(e) => {
+                Some(bound.place(e, i, self.starts.len(), |j| self.ready(j), rng))
+            }
+            _ => picked,
         }
     }
 }
@@ -321,7 +342,7 @@ mod tests {
                 let a =
                     Assignment::new(1, starts.iter().map(|&s| Slice::new(SliceKey(s), vec![0])).collect())
                         .unwrap();
-                let t = SliceTable::<()>::build(&a, 0, 3, &HashMap::new(), &|_| true, None);
+                let t = SliceTable::<()>::build(&a, 0, 3, &HashMap::new(), &|_| true, None, None);
                 // Every start and its neighbours, every bucket edge, random keys.
                 let edges: Vec<u64> = (0..t.first.len() as u64 - 1)
                     .flat_map(|b| {
@@ -372,7 +393,7 @@ mod tests {
         // One replica per zone of four, demand a half: the zone keeps half its requests.
         let preference = ZonePreference { is_local: &is_local, demand_share: 0.5, job_index: 0 };
         let a = Assignment::new(1, vec![steady_slice::Slice::new(SliceKey(0), vec![0, 1, 2, 3])]).unwrap();
-        let t = SliceTable::build(&a, 0, 4, &endpoints, &|_| true, Some(&preference));
+        let t = SliceTable::build(&a, 0, 4, &endpoints, &|_| true, Some(&preference), None);
         let mut rng = SplitMix64::new(9);
         let local = (0..20_000).filter(|_| t.pick(0, &mut rng).unwrap().task == 0).count();
         assert!((local as f64 / 20_000.0 - 0.5).abs() < 0.02, "{local}");

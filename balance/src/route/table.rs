@@ -130,6 +130,9 @@ pub(crate) struct Shared<S> {
     pub(crate) waits: Waits,
     /// Keyed requests per bin, once someone asked for them (`Balance::count_keys`).
     pub(crate) key_counts: std::sync::OnceLock<super::key_counts::KeyCounts>,
+    /// Keyed requests a load bound sent off their slice's replicas (shared with every
+    /// slice table built, so the count outlives them).
+    pub(crate) keyed_spilled: Arc<AtomicU64>,
 }
 
 impl<S> Shared<S> {
@@ -141,6 +144,7 @@ impl<S> Shared<S> {
             counters: Counters::default(),
             open: AtomicU64::new(0),
             key_counts: std::sync::OnceLock::new(),
+            keyed_spilled: Arc::default(),
         }
     }
 

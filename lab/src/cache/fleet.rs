@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use clap::ValueEnum;
 use steady_assigner::ReplicaLimits;
-use steady_balance::{BalanceConfig, JobView, TaskState};
+use steady_balance::{BalanceConfig, JobView, KeyedLoadBound, TaskState};
 use steady_local::{LocalAssignments, LocalHandle};
 use steady_slicelet::{LoadReporter, MeterConfig, Slicelet};
 use steady_slicer::assigner_service::{follow_job, AssignerConfig, AssignerHandle};
@@ -99,6 +99,8 @@ pub(crate) struct FleetConfig {
     pub(crate) database: DatabaseConfig,
     /// How often assignments are remade (the Assigner's cadence, Rudolph's period).
     pub(crate) assign_every: Duration,
+    /// The Slicer strategies' frontends' load bound (`--keyed-bound`).
+    pub(crate) keyed_bound: Option<KeyedLoadBound>,
 }
 
 /// A running fleet for one strategy.
@@ -199,8 +201,14 @@ impl Fleet {
         let mut channels = Vec::new();
         let mut local = Vec::new();
         for m in 0..config.frontends {
-            let balance =
+            let mut balance =
                 BalanceConfig::new(m, config.backends as usize).with_keyed_to_draining(strategy.handover());
+            // Not with handover: its backends refuse misroutes, and a spilled request that
+            // reaches a backend already on a newer generation is refused, then fails if its
+            // one reroute is refused too (the rolling restart failed requests so).
+            if let (Some(bound), Some(_), false) = (config.keyed_bound, replicas, strategy.handover()) {
+                balance = balance.with_keyed_load_bound(bound);
+            }
             let channel = SteadyChannel::builder(balance).from_job(views.clone())?;
             match strategy {
                 Strategy::P2c => {}
@@ -274,6 +282,11 @@ impl Fleet {
         }
         let what = if member { "took back" } else { "let go of" };
         Err(format!("{}: not every frontend {what} task {task} in 10 s", self.strategy.name()))
+    }
+
+    /// Keyed requests the frontends' load bound spilled so far.
+    pub(crate) fn spilled(&self) -> u64 {
+        self.channels.iter().map(|c| c.stats().keyed_spilled).sum()
     }
 
     /// Misrouted keyed requests the backends counted so far.

@@ -27,6 +27,8 @@ use std::time::Duration;
 use clap::Args;
 use serde::{Deserialize, Deserializer, Serialize};
 
+use steady_balance::{KeyedLoadBound, KeyedSpill};
+
 use crate::slicer_demo::workload::Popularity;
 use crate::LabResult;
 
@@ -98,6 +100,13 @@ pub struct CacheArgs {
     /// Milliseconds between assignment runs (the Assigner's cadence, Rudolph's period).
     #[arg(long, default_value_t = 1_000)]
     assign_ms: u64,
+    /// Bounded-load keyed routing for the Slicer strategies' frontends (not with handover)
+    /// (`BalanceConfig::keyed_load_bound`): `FACTOR:FLOOR` (a replica with more than
+    /// FACTOR times the mean requests in flight, plus FLOOR, hands keyed requests to the
+    /// next slices' replicas), `FACTOR:FLOOR:subset` (to the least loaded of the subset),
+    /// or `off`.
+    #[arg(long, default_value = "1.5:2")]
+    keyed_bound: String,
     /// Milliseconds a backend drains before it restarts, and again after it rejoins.
     #[arg(long, default_value_t = 750)]
     restart_ms: u64,
@@ -142,6 +151,7 @@ impl CacheArgs {
                     concurrency: self.db_concurrency,
                 },
                 assign_every: Duration::from_millis(self.assign_ms.max(10)),
+                keyed_bound: None,
             },
             keys: self.keys,
             zipf: self.zipf,
@@ -170,6 +180,29 @@ impl CacheArgs {
         }
         s
     }
+}
+
+/// Reads `--keyed-bound`: `off`, `FACTOR:FLOOR` or `FACTOR:FLOOR:subset`, the values
+/// checked as the balancer checks them.
+fn parse_keyed_bound(text: &str) -> Result<Option<KeyedLoadBound>, String> {
+    if text == "off" {
+        return Ok(None);
+    }
+    let usage = || format!("--keyed-bound {text:?}: expected off, FACTOR:FLOOR or FACTOR:FLOOR:subset");
+    let parts: Vec<&str> = text.split(':').collect();
+    let (factor, floor, spill) = match parts[..] {
+        [factor, floor] => (factor, floor, KeyedSpill::Neighbour),
+        [factor, floor, "subset"] => (factor, floor, KeyedSpill::Subset),
+        _ => return Err(usage()),
+    };
+    let bound =
+        KeyedLoadBound::new(factor.parse().map_err(|_| usage())?, floor.parse().map_err(|_| usage())?)
+            .with_spill(spill);
+    steady_balance::BalanceConfig::new(0, 1)
+        .with_keyed_load_bound(bound)
+        .validate()
+        .map_err(|e| format!("--keyed-bound: {e}"))?;
+    Ok(Some(bound))
 }
 
 /// The settings of a run.
@@ -287,6 +320,10 @@ pub(crate) struct Outcome {
     /// Cache entries backends loaded from each other while warming (handover).
     #[serde(default)]
     warmed: u64,
+    /// Keyed requests the frontends' load bound sent off their slice's replicas
+    /// (`--keyed-bound`; 0 in runs saved before it).
+    #[serde(default)]
+    spilled: u64,
 }
 
 /// JSON writes NaN as `null`: read it back as NaN.
@@ -307,8 +344,9 @@ pub fn run(out: &mut impl Write, args: &CacheArgs) -> LabResult {
         }
         return Ok(());
     }
-    let settings = args.settings();
+    let mut settings = args.settings();
     settings.validate()?;
+    settings.fleet.keyed_bound = parse_keyed_bound(&args.keyed_bound)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let outcomes = runtime.block_on(async {
         let mut outcomes = Vec::new();
@@ -358,6 +396,7 @@ async fn measure(
     let counters = fleet.counters();
     let start_reads = fleet.database.reads();
     let start_misrouted = fleet.misrouted();
+    let start_spilled = fleet.spilled();
     recorder.lock().expect("not poisoned").start_measuring();
     let started = tokio::time::Instant::now();
     // The restart phase lasts as long as the restarts take (at least `measure`), and two
@@ -401,6 +440,7 @@ async fn measure(
     let window = samples.len() - 1;
     let reads = fleet.database.reads() - start_reads;
     let misrouted = fleet.misrouted() - start_misrouted;
+    let spilled = fleet.spilled() - start_spilled;
     traffic.stop().await;
 
     let mut recorder = std::mem::replace(&mut *recorder.lock().expect("not poisoned"), Recorder::new(0, 0));
@@ -437,6 +477,7 @@ async fn measure(
         failed_per_second: std::mem::take(&mut recorder.failed_per_second),
         misrouted_per_second: misrouted_samples.windows(2).map(|w| w[1] - w[0]).collect(),
         warmed: fleet.warmed() - start_warmed,
+        spilled,
     })
 }
 

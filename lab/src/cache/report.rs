@@ -44,6 +44,11 @@ pub(super) fn print(out: &mut impl Write, s: &Settings, outcomes: &[Outcome]) ->
         f.database.concurrency,
         f.frontends
     )?;
+    let bound = match f.keyed_bound {
+        None => "off".to_owned(),
+        Some(b) => format!("{} x mean in flight + {}, spilling to {:?}", b.factor, b.floor, b.spill),
+    };
+    writeln!(out, "# Slicer strategies' keyed load bound: {bound}")?;
     for phase in [Phase::Reshuffled, Phase::Steady, Phase::Closed, Phase::Restart] {
         let rows: Vec<&Outcome> = outcomes.iter().filter(|o| o.phase == phase).collect();
         if rows.is_empty() {
@@ -60,14 +65,14 @@ pub(super) fn print(out: &mut impl Write, s: &Settings, outcomes: &[Outcome]) ->
         )?;
         writeln!(
             out,
-            "| strategy | req/s | p50 ms | p90 ms | p99 ms | hit % | db reads/s | misrouted | failed | key affinity % | p95 per backend, ms |"
+            "| strategy | req/s | p50 ms | p90 ms | p99 ms | hit % | db reads/s | misrouted | spilled | failed | key affinity % | p95 per backend, ms |"
         )?;
-        writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")?;
+        writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")?;
         for o in &rows {
             let p95: Vec<String> = o.backend_p95_ms.iter().map(|p| format!("{p:.1}")).collect();
             writeln!(
                 out,
-                "| {} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {:.0} | {} | {} | {} | {} |",
+                "| {} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {:.0} | {} | {} | {} | {} | {} |",
                 o.strategy,
                 o.requests_per_second,
                 o.p50_ms,
@@ -76,6 +81,7 @@ pub(super) fn print(out: &mut impl Write, s: &Settings, outcomes: &[Outcome]) ->
                 percent(o.hit_rate),
                 o.db_reads_per_second,
                 o.misrouted.map_or("-".to_owned(), |m| m.to_string()),
+                o.spilled,
                 o.failed,
                 percent(o.key_affinity),
                 p95.join(" ")
