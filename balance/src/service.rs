@@ -21,7 +21,7 @@ use crate::key::{KeyExtractor, NoKey};
 use crate::route::endpoint::InFlight;
 use crate::route::future::ResponseFuture;
 use crate::route::key_counts::KeyCounts;
-use crate::route::pick::fresh_rng;
+use crate::route::pick::{fresh_rng, p2c_where};
 use crate::route::table::Shared;
 use crate::route::wait::{no_replica, wait_for_endpoint, wait_for_replica, Wait, WaitBudget};
 use crate::stats::BalanceStats;
@@ -330,23 +330,22 @@ impl<S, K, C> Balance<S, K, C> {
         C: Classify<S::Response, S::Error>,
     {
         let table = self.shared.table.load();
-        let others = |members: &mut dyn Iterator<Item = &Arc<crate::route::endpoint::Endpoint<S>>>| {
-            members.filter(|e| !avoid.contains(&e.task)).cloned().collect::<Vec<_>>()
-        };
+        let elsewhere = |e: &crate::route::endpoint::Endpoint<S>| !avoid.contains(&e.task);
         if let (Some(key), Some(slices)) = (self.keys.slice_key(&req), table.slices.as_ref()) {
-            let replicas = others(&mut slices.ready(slices.index(key)).iter());
-            let Some(endpoint) = crate::route::pick::p2c(&replicas, &mut self.rng) else { return Err(req) };
-            let guard = InFlight::start(endpoint.clone()).keyed();
+            let replicas = slices.ready(slices.index(key));
+            let Some(endpoint) = p2c_where(replicas, elsewhere, &mut self.rng) else { return Err(req) };
+            let guard = InFlight::start(endpoint).keyed();
             return Ok(ResponseFuture::ready(guard, req, self.classify.clone()).keyed(key).pinned());
         }
-        let mut members = others(&mut table.members.iter());
-        if members.is_empty() {
-            members = others(&mut table.unkeyed());
-        }
-        match crate::route::pick::p2c(&members, &mut self.rng) {
+        // The subset's other members; only when it has none, the zones requests spill to.
+        let endpoint = if table.members.iter().any(|e| elsewhere(e)) {
+            p2c_where(&table.members, elsewhere, &mut self.rng)
+        } else {
+            p2c_where(table.unkeyed(), elsewhere, &mut self.rng)
+        };
+        match endpoint {
             Some(endpoint) => {
-                Ok(ResponseFuture::ready(InFlight::start(endpoint.clone()), req, self.classify.clone())
-                    .pinned())
+                Ok(ResponseFuture::ready(InFlight::start(endpoint), req, self.classify.clone()).pinned())
             }
             None => Err(req),
         }

@@ -445,9 +445,7 @@ impl Service<http::Request<Body>> for SteadyChannel {
         // extensions move to its replay).
         let key = self.keys.slice_key(&req);
         if key.is_some() {
-            if let Some(generation) = self.balance.assignment_generation() {
-                req.headers_mut().insert(GENERATION_HEADER, HeaderValue::from(generation));
-            }
+            self.stamp_generation(&mut req);
             if req.extensions().get::<Rerouted>().is_none() {
                 reroute = Some(self.origin.clone());
             }
@@ -458,6 +456,14 @@ impl Service<http::Request<Body>> for SteadyChannel {
 }
 
 impl SteadyChannel {
+    /// Tells the backend which generation a keyed request was routed by, so that a
+    /// Slicelet can tell a client behind from a misroute.
+    fn stamp_generation(&self, req: &mut http::Request<Body>) {
+        if let Some(generation) = self.balance.assignment_generation() {
+            req.headers_mut().insert(GENERATION_HEADER, HeaderValue::from(generation));
+        }
+    }
+
     /// Sends a hedged attempt of a request to a member whose task is not in `avoid`
     /// (see [`Balance::call_avoiding`]): keyed as [`Service::call`] keys it, but never
     /// moved or routed again (another member might be one of `avoid`). `None` when no
@@ -468,9 +474,7 @@ impl SteadyChannel {
         avoid: &[usize],
     ) -> Option<ResponseFuture> {
         if self.keys.slice_key(&req).is_some() {
-            if let Some(generation) = self.balance.assignment_generation() {
-                req.headers_mut().insert(GENERATION_HEADER, HeaderValue::from(generation));
-            }
+            self.stamp_generation(&mut req);
         }
         let inner = self.balance.call_avoiding(req, avoid).ok()?;
         Some(ResponseFuture { inner, replay: None, reroute: None, rerouted: None })

@@ -100,15 +100,25 @@ fn gated<'a, S>(
     [best, other].into_iter().find(|e| !e.is_broken() && e.gate().serves()).or_else(|| any_healthy(members))
 }
 
+/// Power of two choices over the `members` that `keep` accepts. Allocates: the slow
+/// paths only (a request moving off a member, a hedged attempt).
+pub(crate) fn p2c_where<'a, S: 'a>(
+    members: impl IntoIterator<Item = &'a Arc<Endpoint<S>>>,
+    keep: impl Fn(&Endpoint<S>) -> bool,
+    rng: &mut SplitMix64,
+) -> Option<Arc<Endpoint<S>>> {
+    let kept: Vec<Arc<Endpoint<S>>> = members.into_iter().filter(|e| keep(e)).cloned().collect();
+    p2c(&kept, rng).cloned()
+}
+
 /// Power of two choices over `members` other than connection `avoid`, for a request
-/// that could not be sent on `avoid`. Allocates: the slow path only.
+/// that could not be sent on `avoid`.
 pub(crate) fn p2c_other<S>(
     members: &[Arc<Endpoint<S>>],
     avoid: u64,
     rng: &mut SplitMix64,
 ) -> Option<Arc<Endpoint<S>>> {
-    let others: Vec<Arc<Endpoint<S>>> = members.iter().filter(|e| e.id != avoid).cloned().collect();
-    p2c(&others, rng).cloned()
+    p2c_where(members, |e| e.id != avoid, rng)
 }
 
 /// A generator for one request-side handle, seeded without touching shared state:
