@@ -19,6 +19,9 @@
 //!   ([`Assignment::slices_of`]), and [`AssignmentDiff`]: which key ranges change owners
 //!   between two assignments, and the fraction of the key space they cover (the *key
 //!   churn* assigners are measured by).
+//! * [`guard`]: exclusive ownership's records (a job's [`guard::Consistency`], the
+//!   Assigner's [`guard::Guard`] and each Slicelet's [`guard::Hold`]), frozen like the
+//!   wire format.
 //!
 //! # Dependencies
 //!
@@ -54,6 +57,7 @@
 mod assignment;
 mod codec;
 mod diff;
+pub mod guard;
 mod key;
 mod range;
 
