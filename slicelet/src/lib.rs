@@ -60,6 +60,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
 
+mod exclusive;
 mod layer;
 mod meter;
 #[cfg(feature = "metrics")]
@@ -83,6 +84,9 @@ use steady_proto::DEFAULT_KEY_HEADER;
 use steady_slice::{Assignment, SliceKey};
 use tonic::transport::Endpoint;
 
+pub use exclusive::KeyHandle;
+#[cfg(feature = "exclusive")]
+pub use exclusive::{ExclusiveConfig, LeaseHolder};
 pub use layer::{SliceletFuture, SliceletLayer, SliceletService};
 pub use meter::{MeterConfig, MeterConfigError};
 pub use misroute::{ForwardService, OnMisroute};
@@ -90,7 +94,9 @@ pub use ownership::{Ownership, SliceChange, SliceChanges, Warming, MAX_RECENT_RE
 pub use report::LoadReport;
 pub use reporter::{LoadReporter, MIN_REPORT_INTERVAL};
 pub use serve::{AssignmentService, SliceletWatchStream, MAX_SLICELET_WATCHERS};
+pub use steady_slice::guard::Consistency;
 
+use exclusive::{Exclusive, Tenure};
 use meter::{LoadMeter, MeteredAssignment};
 use misroute::{Misroute, MisrouteCounters, MisroutePolicy, Verdict};
 
@@ -107,6 +113,8 @@ struct State {
     misrouted: AtomicU64,
     misroutes: MisrouteCounters,
     meter: LoadMeter,
+    /// In an exclusive job, what the lease protocol lets this task believe.
+    exclusive: Option<Exclusive>,
 }
 
 /// What one backend task knows of the assignment, its misroute counter, and its load
@@ -153,6 +161,28 @@ impl Slicelet {
     ///
     /// [`MeterConfigError`] naming the value that cannot be used.
     pub fn with_meter(task: u32, config: MeterConfig) -> Result<Self, MeterConfigError> {
+        Self::build(task, config, Consistency::Eventual)
+    }
+
+    /// The slicelet of backend task `task` in an exclusive job (see `docs/exclusive.md`):
+    /// it believes it owns a key only while the lease protocol says so, which takes
+    /// [`Slicelet::hold_leases`] (feature `exclusive`) on the job's etcd. Until then, and
+    /// whenever its lease cannot be renewed in time, it owns nothing: every keyed request
+    /// is refused with the misroute status (or forwarded, with [`OnMisroute::Forward`]),
+    /// and no [`KeyHandle`] is given. Assignments it is fed ([`Slicelet::follow`],
+    /// [`Slicelet::set_assignment`]) count load and name generations in refusals; they
+    /// grant nothing.
+    pub fn exclusive(task: u32) -> Self {
+        Self::build(task, MeterConfig::default(), Consistency::Exclusive)
+            .expect("the default meter config is valid")
+    }
+
+    /// [`Slicelet::exclusive`] or [`Slicelet::with_meter`], as `consistency` says.
+    ///
+    /// # Errors
+    ///
+    /// [`MeterConfigError`] naming the value that cannot be used.
+    pub fn build(task: u32, config: MeterConfig, consistency: Consistency) -> Result<Self, MeterConfigError> {
         let state = State {
             assignment: ArcSwapOption::empty(),
             installs: Mutex::new(()),
@@ -161,6 +191,7 @@ impl Slicelet {
             misrouted: AtomicU64::new(0),
             misroutes: MisrouteCounters::default(),
             meter: LoadMeter::new(config)?,
+            exclusive: (consistency == Consistency::Exclusive).then(Exclusive::new),
         };
         Ok(Self { task, state: Arc::new(state) })
     }
@@ -168,6 +199,40 @@ impl Slicelet {
     /// The backend task this slicelet speaks for.
     pub fn task(&self) -> u32 {
         self.task
+    }
+
+    /// In an exclusive job, the hold its ownership rests on now, as written in etcd
+    /// (`None`: it owns nothing, or the job is eventual).
+    pub fn hold(&self) -> Option<steady_slice::guard::Hold> {
+        self.state.exclusive.as_ref().and_then(|e| e.belief().hold)
+    }
+
+    /// The consistency mode it was built for.
+    pub fn consistency(&self) -> Consistency {
+        if self.state.exclusive.is_some() {
+            Consistency::Exclusive
+        } else {
+            Consistency::Eventual
+        }
+    }
+
+    /// A handle on `key` if this task owns it now (Slicer's slice key handle): check
+    /// [`KeyHandle::is_valid`] before making the effects of work on the key visible.
+    /// `None` when it does not own the key (or, in an exclusive job, while its ownership
+    /// is in doubt: no lease renewed in time).
+    pub fn key_handle(&self, key: SliceKey) -> Option<KeyHandle> {
+        let state = self.state.clone();
+        match &self.state.exclusive {
+            Some(exclusive) => {
+                let belief = exclusive.belief();
+                let since = belief.held_since(key, tokio::time::Instant::now())?;
+                Some(KeyHandle { key, since, tenure: Tenure::Exclusive { state, epoch: belief.epoch } })
+            }
+            None => {
+                let since = self.held_since(key)?;
+                Some(KeyHandle { key, since, tenure: Tenure::Eventual { state } })
+            }
+        }
     }
 
     /// How it measures load.
@@ -191,6 +256,14 @@ impl Slicelet {
         if !newer(&self.state) {
             return false;
         }
+        if self.state.exclusive.is_some() {
+            // Exclusive: an assignment grants nothing; the belief publishes ownership.
+            return install_if_newer(
+                &self.state.assignment,
+                MeteredAssignment::new(assignment, self.task),
+                || {},
+            );
+        }
         let ownership = Ownership::next(self.state.ownership.borrow().as_deref(), &assignment, self.task);
         if !install_if_newer(&self.state.assignment, MeteredAssignment::new(assignment, self.task), || {}) {
             return false;
@@ -201,6 +274,10 @@ impl Slicelet {
 
     /// What this task holds in the generation in force, and since when (`None` before
     /// the first assignment). Made when the assignment is installed, off the request path.
+    ///
+    /// In an exclusive job: what it believes it owns, as last changed by the lease
+    /// protocol (the lease's deadline is not applied here: use [`Slicelet::key_handle`]
+    /// or [`Slicelet::holds`] to act on a key).
     pub fn ownership(&self) -> Option<Arc<Ownership>> {
         self.state.ownership.borrow().clone()
     }
@@ -208,7 +285,13 @@ impl Slicelet {
     /// The generation since which this task has held `key` in every generation it
     /// installed; `None` if it does not hold `key` now (or has no assignment). A skipped
     /// generation breaks continuity (see [`Slicelet::is_assigned_continuously`]).
+    ///
+    /// In an exclusive job: since when the lease protocol has let it believe it owns `key`
+    /// without a break, and `None` while its ownership is in doubt.
     pub fn held_since(&self, key: SliceKey) -> Option<u64> {
+        if let Some(exclusive) = &self.state.exclusive {
+            return exclusive.belief().held_since(key, tokio::time::Instant::now());
+        }
         self.state.ownership.borrow().as_ref().and_then(|o| o.held_since(key))
     }
 
@@ -276,14 +359,24 @@ impl Slicelet {
         self.state.assignment.load().as_ref().map(|a| a.assignment.generation())
     }
 
-    /// Whether this task holds `key` (`None` before the first assignment).
+    /// Whether this task holds `key` (`None` before the first assignment). In an
+    /// exclusive job: whether it owns `key` now, by the lease protocol.
     pub fn holds(&self, key: SliceKey) -> Option<bool> {
+        if let Some(exclusive) = &self.state.exclusive {
+            return Some(exclusive.belief().held_since(key, tokio::time::Instant::now()).is_some());
+        }
         let a = self.state.assignment.load();
         a.as_ref().map(|a| a.assignment.slice_for(key).replicas.contains(&self.task))
     }
 
-    /// The start keys of the slices this task holds.
+    /// The start keys of the slices this task holds (in an exclusive job, of the key
+    /// ranges it owns now).
     pub fn held_slices(&self) -> Vec<SliceKey> {
+        if let Some(exclusive) = &self.state.exclusive {
+            let belief = exclusive.belief();
+            let trusted = belief.clock.as_ref().is_some_and(|c| c.trusted(tokio::time::Instant::now()));
+            return if trusted { belief.ownership.held().map(|r| r.start()).collect() } else { Vec::new() };
+        }
         let a = self.state.assignment.load();
         a.as_ref()
             .map(|a| {
@@ -316,6 +409,9 @@ impl Slicelet {
         policy: &'p MisroutePolicy,
         request: impl FnOnce() -> Misroute,
     ) -> Verdict<'p> {
+        if let Some(exclusive) = &self.state.exclusive {
+            return self.exclusive_verdict(exclusive, key, policy, request);
+        }
         if !self.record(key) || !policy.acts() {
             return Verdict::Serve;
         }
@@ -342,6 +438,58 @@ impl Slicelet {
             }
             // Forwarded once already: one hop at most, serve it here.
             OnMisroute::Forward(_) | OnMisroute::Serve => Verdict::Serve,
+        }
+    }
+
+    /// The verdict of an exclusive job: served only while this task owns the key by the
+    /// lease protocol; else refused naming the newest generation it knows (or forwarded
+    /// once, with [`OnMisroute::Forward`]). Neither the grace period nor the client's
+    /// generation can make it serve a key it does not own.
+    fn exclusive_verdict<'p>(
+        &self,
+        exclusive: &Exclusive,
+        key: SliceKey,
+        policy: &'p MisroutePolicy,
+        request: impl FnOnce() -> Misroute,
+    ) -> Verdict<'p> {
+        self.record(key);
+        if exclusive.belief().held_since(key, tokio::time::Instant::now()).is_some() {
+            return Verdict::Serve;
+        }
+        match &policy.on_misroute {
+            OnMisroute::Forward(service) if !request().forwarded => {
+                self.state.misroutes.forwarded.fetch_add(1, Ordering::Relaxed);
+                Verdict::Forward(service)
+            }
+            _ => {
+                self.state.misroutes.rejected.fetch_add(1, Ordering::Relaxed);
+                Verdict::Reject { generation: self.generation().unwrap_or(0) }
+            }
+        }
+    }
+
+    /// Believes exactly `ranges` on `hold` (see the `exclusive` module): the driver's
+    /// one way to change what this task owns, published to [`Slicelet::slice_changes`].
+    #[cfg(feature = "exclusive")]
+    pub(crate) fn believe(
+        &self,
+        epoch: u64,
+        clock: Arc<exclusive::LeaseClock>,
+        hold: Option<steady_slice::guard::Hold>,
+        generation: u64,
+        ranges: &[steady_slice::KeyRange],
+    ) {
+        let exclusive = self.state.exclusive.as_ref().expect("the driver runs on exclusive slicelets");
+        let ownership = exclusive.set(epoch, clock, hold, generation, ranges);
+        self.state.ownership.send_replace(Some(ownership));
+    }
+
+    /// Believes nothing any more.
+    #[cfg(feature = "exclusive")]
+    pub(crate) fn forget(&self) {
+        if let Some(exclusive) = &self.state.exclusive {
+            let ownership = exclusive.forget();
+            self.state.ownership.send_replace(Some(ownership));
         }
     }
 

@@ -97,9 +97,45 @@ impl Ownership {
             .filter(|&i| assignment.slices()[i].replicas.contains(&task))
             .map(|i| Span::of(&assignment.range(i)))
             .collect();
+        let mut warming: Vec<Warming> = Vec::new();
+        for (range, owners) in assignment.warming_of(task) {
+            match warming.last_mut() {
+                Some(last) if last.owners == owners && last.range.end() == Some(range.start()) => {
+                    last.range = KeyRange::new(last.range.start(), range.end());
+                }
+                _ => warming.push(Warming { range, owners: owners.to_vec() }),
+            }
+        }
+        Self::following(previous, carried, generation, &held, warming, now)
+    }
+
+    /// What an exclusive-mode Slicelet believes: exactly the ranges `held` (ascending,
+    /// disjoint), labelled `generation`, each piece held since `previous` said where the
+    /// Slicelet believed it without a break until now (the caller vouches for that:
+    /// belief only narrows and widens through holds), else since `generation`.
+    pub(crate) fn believed(
+        previous: Option<&Ownership>,
+        generation: u64,
+        held: &[KeyRange],
+        now: Instant,
+    ) -> Self {
+        let carried: &[Piece] = previous.map_or(&[], |p| &p.pieces);
+        let held: Vec<Span> = held.iter().map(Span::of).collect();
+        Self::following(previous, carried, generation, &held, Vec::new(), now)
+    }
+
+    /// The ownership of `held` after `previous`, carrying the `since` of `carried` pieces.
+    fn following(
+        previous: Option<&Ownership>,
+        carried: &[Piece],
+        generation: u64,
+        held: &[Span],
+        warming: Vec<Warming>,
+        now: Instant,
+    ) -> Self {
         let mut pieces = Vec::with_capacity(held.len());
         let mut at = 0; // the first carried piece that may overlap what comes next
-        for span in &held {
+        for span in held {
             let mut cursor = span.start;
             while at < carried.len() && carried[at].span.end <= span.start {
                 at += 1;
@@ -123,16 +159,7 @@ impl Ownership {
         // the held slices, each held slice becomes one piece with its latest `since`
         // (later is the safe side).
         if pieces.len() > 2 * held.len() + 16 {
-            pieces = coarsen(&pieces, &held);
-        }
-        let mut warming: Vec<Warming> = Vec::new();
-        for (range, owners) in assignment.warming_of(task) {
-            match warming.last_mut() {
-                Some(last) if last.owners == owners && last.range.end() == Some(range.start()) => {
-                    last.range = KeyRange::new(last.range.start(), range.end());
-                }
-                _ => warming.push(Warming { range, owners: owners.to_vec() }),
-            }
+            pieces = coarsen(&pieces, held);
         }
         let mut released = previous.map(|p| p.released.clone()).unwrap_or_default();
         if let Some(p) = previous {

@@ -122,8 +122,16 @@ fn normal_tree(package: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// Without features: a backend of an exclusive job turns on `exclusive`, which brings an
+/// etcd client (its Slicelet talks to etcd itself, as Slicer's talk to their lock
+/// service); every other backend compiles none.
 #[test]
 fn a_backend_that_adds_the_slicelet_compiles_no_etcd_client_cli_assigner_or_client_balancer() {
+    let manifest = std::fs::read_to_string(workspace().join("slicelet/Cargo.toml")).unwrap();
+    assert!(
+        manifest.contains("exclusive = [\"dep:etcd-client\"]"),
+        "the etcd client is the `exclusive` feature's"
+    );
     let tree = normal_tree("steady-slicelet");
     assert!(tree.contains("tonic") && tree.contains("steady-proto"), "{tree:?}");
     for unwanted in [
@@ -698,6 +706,8 @@ fn a_crate_re_exports_another_s_type_only_where_its_own_api_takes_or_returns_it(
                 "steady_assigner::Tasks",
             ],
         ),
+        // A Slicelet is built for a job's consistency mode, and says which.
+        ("slicelet", vec!["steady_slice::guard::Consistency"]),
         // The etcd store is configured with steady-etcd's access.
         ("slicer", vec!["steady_etcd::ConnectError", "steady_etcd::EtcdAccess", "steady_etcd::EtcdTls"]),
         // The channel follows the Watch client's stream and reads the key header by default.
