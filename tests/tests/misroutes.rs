@@ -157,3 +157,27 @@ async fn a_misrouted_request_is_forwarded_to_the_owner_once_and_never_back() {
     assert_eq!(slicelets[1].misrouted(), 1, "task 1 saw it as misrouted too");
     assert_eq!(slicelets[1].misroutes_forwarded(), 0, "and did not send it back");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exclusive_backend_that_has_not_taken_a_key_over_refuses_it_and_the_channel_waits_before_routing_again(
+) {
+    // Task 0 of an exclusive job knows generation 2 (every key its own) but holds no
+    // lease yet: it owns nothing, so it refuses, whatever the policy or the grace say.
+    let slicelet = Slicelet::exclusive(0);
+    slicelet.set_assignment(all_on(2, 0));
+    let layer = slicelet.layer().grace(Duration::from_secs(60));
+    let addr = serve(0, layer).await;
+    let (channel, _assignments) = channel(&[addr], all_on(2, 0));
+    eventually("the frontend's assignment", || channel.stats().assignment_generation == Some(2)).await;
+    assert!(channel.balance().wait_for_members(1, Duration::from_secs(10)).await);
+    let started = tokio::time::Instant::now();
+    let status =
+        EchoClient::new(channel.clone()).echo(keyed("user:7")).await.expect_err("nobody owns the key");
+    let waited = started.elapsed();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(status.metadata().get(MOVED_HEADER).unwrap(), "2");
+    // Routed by generation 2 already, the channel waited for the owner to take over, then
+    // tried once more.
+    assert_eq!(slicelet.misroutes_rejected(), 2, "the first try and one more, no third");
+    assert!(waited >= steady_tonic::TAKEOVER_WAIT, "routed again after {waited:?}");
+}

@@ -122,6 +122,13 @@ impl Origin {
 /// the backend named, before it is routed again; past it, the refusal is the answer.
 pub const MOVED_WAIT: Duration = Duration::from_secs(1);
 
+/// How long a keyed request waits before it is routed again when its backend refused it
+/// naming a generation the request was already routed by: in an exclusive job the key's
+/// new owner refuses it until it has taken the key over (a few etcd round trips after
+/// the assignment is published; see `docs/exclusive.md`). Eventual-mode backends never
+/// refuse such a request.
+pub const TAKEOVER_WAIT: Duration = Duration::from_millis(20);
+
 /// Marks a request already routed again after a refusal: it is not routed a third time.
 #[derive(Debug, Clone, Copy)]
 struct Rerouted;
@@ -502,7 +509,12 @@ impl SteadyChannel {
         generation: u64,
         refusal: http::Response<Body>,
     ) -> Result<http::Response<Body>, BoxError> {
-        if !self.balance.wait_for_generation(generation, MOVED_WAIT).await {
+        let routed_by: Option<u64> =
+            req.headers().get(GENERATION_HEADER).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
+        if routed_by.is_some_and(|g| g >= generation) {
+            // Routed by that generation already: the owner it names is taking over.
+            tokio::time::sleep(TAKEOVER_WAIT).await;
+        } else if !self.balance.wait_for_generation(generation, MOVED_WAIT).await {
             return Ok(refusal);
         }
         tracing::debug!(generation, "keyed request refused by a former owner: routed again");

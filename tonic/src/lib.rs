@@ -51,6 +51,7 @@ mod template;
 pub use call_metrics::{CallMetrics, CallMetricsLayer};
 pub use channel::{
     MemberChannel, MetadataKey, ResponseFuture, SteadyChannel, SteadyChannelBuilder, MOVED_WAIT,
+    TAKEOVER_WAIT,
 };
 pub use classify::{GrpcClassifier, DEFAULT_FAULTS};
 pub use endpoint::TaskEndpoint;
