@@ -41,6 +41,14 @@
 //!   their guard is dropped, and the echo service (`proto/echo.proto`, package
 //!   `steady.echo.v1`) with backends that answer with their task index, for the tests,
 //!   the benchmarks, the lab and the examples.
+//! * `proxy::FaultProxy` (feature `proxy`): a TCP forwarder on 127.0.0.1 in front of one
+//!   server (etcd's client port), for injecting faults into one process's link to it: cut
+//!   every connection and refuse new ones until restored, or hold the server's answers
+//!   back a delay while requests still go through at once; bounded in connections and
+//!   buffered bytes, stopped when dropped.
+//! * `clock::monotonic_nanos` (feature `clock`): `CLOCK_MONOTONIC` in nanoseconds, the
+//!   one clock every process on the machine shares, so that intervals measured in
+//!   different processes can be compared.
 //!
 //! # Dependencies
 //!
@@ -50,7 +58,8 @@
 //! crate's tests can use it. Every dependency is optional: the `tls` feature adds
 //! `rcgen` (on ring) to make certificates; `tokio` adds tokio for the async waits;
 //! `grpc` adds tonic and prost, and generates the echo service's code at build time with
-//! a protoc that cargo installs (`protoc-bin-vendored`), as steady-proto does.
+//! a protoc that cargo installs (`protoc-bin-vendored`), as steady-proto does; `proxy`
+//! adds tokio's networking; `clock` adds `rustix` (its safe `clock_gettime`).
 //!
 //! A dev-dependency of the published crates only (it is never published); the
 //! unpublished ones (the lab, the benchmarks, the examples, the workspace's tests)
@@ -60,12 +69,16 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
 
 mod browser;
+#[cfg(feature = "clock")]
+pub mod clock;
 #[cfg(feature = "grpc")]
 pub mod echo;
 mod golden;
 #[cfg(feature = "grpc")]
 pub mod loopback;
 mod percentile;
+#[cfg(feature = "proxy")]
+pub mod proxy;
 #[cfg(feature = "tls")]
 pub mod tls;
 pub mod wait;

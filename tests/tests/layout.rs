@@ -55,8 +55,8 @@ fn the_model_and_assigner_crates_depend_on_std_and_the_model_only() {
 fn the_test_support_crate_is_std_only_by_default_and_the_etcd_client_is_an_optional_feature_of_the_slicer() {
     // steady-testing starts etcd as a process and asks it over plain HTTP: any crate's
     // tests can use it without compiling an etcd client. Every dependency it has (the
-    // certificate maker, tokio, tonic and the protobuf code generator) is optional,
-    // behind its `tls`, `tokio` and `grpc` features.
+    // certificate maker, tokio, tonic and the protobuf code generator, rustix's clock) is
+    // optional, behind its `tls`, `tokio`, `grpc`, `proxy` and `clock` features.
     for kind in ["[dependencies]", "[build-dependencies]"] {
         for (name, line) in table("testing", kind) {
             assert!(line.contains("optional = true"), "steady-testing: {name} must stay optional: {line}");
