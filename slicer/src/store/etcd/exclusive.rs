@@ -129,7 +129,7 @@ async fn settle_term(
 }
 
 /// The job's guard (`None`: absent, the job is not exclusive).
-async fn read_guard(store: &EtcdStore, job: &str) -> Result<Option<Guard>, StoreError> {
+pub(super) async fn read_guard(store: &EtcdStore, job: &str) -> Result<Option<Guard>, StoreError> {
     let mut kv = store.client.kv_client();
     let response = bounded(store.timeout(), "get guard", kv.get(store.guard_key(job), None)).await?;
     response

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, KeyValue, Txn, TxnOp, TxnOpResponse, TxnResponse};
 use steady_etcd::{ConnectError, EtcdAccess};
-use steady_slice::guard::{self, Consistency};
+use steady_slice::guard::{self, Consistency, Guard};
 use steady_slice::Assignment;
 
 use super::{
@@ -227,6 +227,18 @@ impl EtcdStore {
     /// The key of `job`'s guard in exclusive mode (see "Keys and values").
     pub fn guard_key(&self, job: &str) -> String {
         guard::guard_key(&self.config.key_prefix, job)
+    }
+
+    /// `job`'s guard in exclusive mode (`None`: the job has none, it is eventual), for a
+    /// status page or a test; the store itself reads it in every exclusive write.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::InvalidName`]; [`StoreError::InvalidGuard`] for a value that is not
+    /// a guard; [`StoreError::Unavailable`].
+    pub async fn guard(&self, job: &str) -> Result<Option<Guard>, StoreError> {
+        check_name("job", job)?;
+        exclusive::read_guard(self, job).await
     }
 
     /// The prefix of `job`'s Slicelets' holds in exclusive mode (see "Keys and values").
