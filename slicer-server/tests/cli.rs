@@ -71,6 +71,54 @@ async fn the_binary_follows_the_backend_job_in_the_registry() {
     assert!(until("task 3 has joined", &|o| o.contains(&3)).await.contains(&3));
 }
 
+/// `--consistency exclusive` runs the job in exclusive mode on etcd: the generation it
+/// publishes has one replica per slice and is granted (the job's guard in etcd says so).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_consistency_exclusive_the_binary_grants_what_it_publishes() {
+    use steady_slice::guard::Guard;
+    use steady_slicer::store::{EtcdConfig, EtcdStore};
+    let Some(etcd) = steady_testing::Etcd::start() else { return };
+    let endpoint = etcd.endpoint();
+    let args = ["--job", "users", "--tasks", "3", "--store", "etcd", "--endpoints", &endpoint];
+    let (_running, address, _stderr) = start(&[&args[..], &["--consistency", "exclusive"]].concat());
+    let watcher = Endpoint::from_shared(format!("http://{address}")).unwrap();
+    let mut watch = Box::pin(steady_tonic::watch_assignments(watcher, "users", Default::default()).unwrap());
+    let assignment =
+        tokio::time::timeout(Duration::from_secs(10), watch.next()).await.unwrap().unwrap().unwrap();
+    assert!(assignment.slices().iter().all(|s| s.replicas.len() == 1), "{assignment:?}");
+    let store = EtcdStore::connect(EtcdConfig::new([endpoint.clone()])).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match store.guard("users").await.unwrap() {
+            Some(Guard::Granted(g)) if g >= assignment.generation() => break,
+            other => assert!(tokio::time::Instant::now() < deadline, "the guard is {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// What exclusive mode cannot run on is one line naming the flags, before anything starts.
+#[test]
+fn exclusive_mode_without_etcd_or_with_replicas_is_refused_naming_the_flag() {
+    let job = ["--job", "users", "--tasks", "3", "--consistency", "exclusive"];
+    let (status, stderr) = refused(&job);
+    assert!(!status.success());
+    assert_eq!(
+        stderr.trim(),
+        "steady-slicer: --consistency exclusive needs --store etcd (exclusive mode runs on etcd's leases)"
+    );
+    // Refused before connecting: nothing answers at this endpoint.
+    let etcd = ["--store", "etcd", "--endpoints", "http://127.0.0.1:1", "--max-replicas", "2"];
+    let (status, stderr) = refused(&[&job[..], &etcd[..]].concat());
+    assert!(!status.success());
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("steady-slicer: --max-replicas with --consistency exclusive: ")
+            && stderr.contains("at most 1 per slice in exclusive mode"),
+        "{stderr}"
+    );
+}
+
 /// Runs the binary on `args` (on loopback, port 0), killed after 60 s at most: it must
 /// have exited by itself by then.
 fn refused(args: &[&str]) -> (std::process::ExitStatus, String) {
@@ -147,6 +195,7 @@ fn arguments_clap_refuses_are_one_line_naming_the_argument() {
         (vec!["--job", "users", "--tasks", "abc"], "--tasks"),
         (vec!["--job", "users", "--tasks", "3", "--cadence-ms", "-5"], "--cadence-ms"),
         (vec!["--job", "users", "--tasks", "3", "--store", "mongo"], "--store"),
+        (vec!["--job", "users", "--tasks", "3", "--consistency", "strong"], "--consistency"),
         (vec!["--job", "users", "--tasks", "3", "--listen", "nowhere"], "--listen"),
         (vec!["--tasks", "3"], "--job"),
         (vec!["--job", "users"], "--tasks"),
@@ -365,7 +414,7 @@ fn start(args: &[&str]) -> (Running, String, std::process::ChildStderr) {
     );
     let mut stdout = BufReader::new(child.0.stdout.take().unwrap()).lines();
     let first = stdout.next().unwrap().unwrap();
-    // "steady-slicer: job users on 127.0.0.1:PORT (Memory store), candidate assigner"
+    // "steady-slicer: job users on 127.0.0.1:PORT (Memory store), candidate assigner, eventual"
     let address = first.split_whitespace().nth(4).unwrap().to_owned();
     let stderr = child.0.stderr.take().unwrap();
     (Running { _child: child, _stdout: stdout }, address, stderr)

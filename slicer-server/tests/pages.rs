@@ -56,7 +56,7 @@ fn start_with(extra: &[&str]) -> Running {
         .spawn()
         .unwrap();
     let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
-    // "steady-slicer: job users on 127.0.0.1:PORT (Memory store), candidate assigner"
+    // "steady-slicer: job users on 127.0.0.1:PORT (Memory store), candidate assigner, eventual"
     let first = stdout.next().unwrap().unwrap();
     let grpc = first.split_whitespace().nth(4).unwrap().to_owned();
     // "steady-slicer: status page http://127.0.0.1:PORT/ and metrics http://..."
@@ -198,6 +198,8 @@ fn metrics_parse_as_prometheus_text_and_carry_the_control_plane_s_instruments() 
         "steady_distributor_watchers",
         "steady_collector_streams",
         "steady_assigner_run_time_seconds",
+        "steady_assigner_recalls_total",
+        "steady_assigner_recall_pending",
     ] {
         assert!(samples.iter().any(|(n, _, _)| n == name), "no {name}");
     }

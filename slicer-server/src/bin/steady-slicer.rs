@@ -31,6 +31,14 @@
 //! once, one that registers gets some), or `--dns NAME`, a name re-resolved on a period with
 //! indices from StatefulSet-style ordinals (`users-3`). Exactly one of the three.
 //!
+//! With `--consistency exclusive` the job is in exclusive mode (`docs/exclusive.md`): no
+//! Slicelet believes it owns a key the stored assignment does not give it. Each new
+//! generation is published, recalled from the job's Slicelets (which hold the one in
+//! force on etcd leases of their own) and then granted, so it needs `--store etcd`, at
+//! most one replica per slice (`--max-replicas 1`, or a spec that asks for no more), and
+//! the Slicelets of the job running in exclusive mode too. A job that is exclusive in the
+//! store refuses an Assigner run without the flag (its writes fail, naming the mode).
+//!
 //! With `--tls-cert` and `--tls-key` it serves over TLS. With `--tls-client-ca` it also
 //! verifies client certificates (required of every peer with `--require-client-cert`,
 //! else of load reporters only: frontends may watch without one), and accepts a load
@@ -76,6 +84,7 @@ use steady_assigner::{
     WeightedMoveConfig, NAMES,
 };
 use steady_discovery::{dns, registry, Discovery};
+use steady_slice::guard::Consistency;
 use steady_slice::MAX_TASK;
 use steady_slicer::assigner_service::{estimate, follow_job, AssignerConfig, AssignerService};
 use steady_slicer::load::{LoadBook, LoadCollector, ReporterNames};
@@ -95,6 +104,24 @@ enum StoreKind {
     Memory,
     /// In etcd (`--endpoints`): Assigners on several machines elect one writer.
     Etcd,
+}
+
+/// What a job's Slicelets may believe about the keys they hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    /// Affinity: after a move two tasks may serve a key for a moment.
+    Eventual,
+    /// Exclusive ownership, on etcd's leases (with `--store etcd`, one replica per slice).
+    Exclusive,
+}
+
+impl From<Mode> for Consistency {
+    fn from(mode: Mode) -> Self {
+        match mode {
+            Mode::Eventual => Consistency::Eventual,
+            Mode::Exclusive => Consistency::Exclusive,
+        }
+    }
 }
 
 /// Run one job's Assigner and Distributor against an assignment store.
@@ -139,6 +166,10 @@ struct Cli {
     /// (`steady_assigner::JobSpec`; docs/placement.md).
     #[arg(long, value_name = "FILE")]
     spec: Option<PathBuf>,
+    /// The job's consistency mode (`exclusive` needs `--store etcd` and one replica per
+    /// slice; docs/exclusive.md).
+    #[arg(long, value_enum, default_value = "eventual")]
+    consistency: Mode,
     /// The etcd lease of the election, seconds (with `--store etcd`; default 5).
     #[arg(long)]
     lease_ttl_secs: Option<u64>,
@@ -303,6 +334,11 @@ fn check(cli: &Cli) -> Result<Checked, Failure> {
             return Err("--lease-ttl-secs is for --store etcd".into())
         }
         StoreKind::Etcd if cli.endpoints.is_empty() => return Err("--store etcd needs --endpoints".into()),
+        StoreKind::Memory if cli.consistency == Mode::Exclusive => {
+            return Err(
+                "--consistency exclusive needs --store etcd (exclusive mode runs on etcd's leases)".into()
+            )
+        }
         _ => {}
     }
     let replicas =
@@ -310,6 +346,7 @@ fn check(cli: &Cli) -> Result<Checked, Failure> {
     let mut config = AssignerConfig {
         cadence: Duration::from_millis(cli.cadence_ms),
         replicas,
+        consistency: cli.consistency.into(),
         ..AssignerConfig::default()
     };
     if let Some(spec) = &spec {
@@ -317,6 +354,7 @@ fn check(cli: &Cli) -> Result<Checked, Failure> {
     }
     config.validate().map_err(|e| match e.field {
         "cadence" => format!("--cadence-ms: {e}"),
+        "replicas" if spec.is_none() => format!("--max-replicas with --consistency exclusive: {e}"),
         _ => format!("--spec: {e}"),
     })?;
     // The first run's assignment (every task serving, no load reported yet) must fit in the
@@ -528,11 +566,12 @@ async fn run(cli: Cli, checked: Checked) -> Result<(), Failure> {
     .config(config.clone())?
     .spawn(tasks_rx);
     println!(
-        "steady-slicer: job {} on {} ({:?} store), candidate {}",
+        "steady-slicer: job {} on {} ({:?} store), candidate {}, {}",
         cli.job,
         listener.local_addr()?,
         cli.store,
-        cli.candidate
+        cli.candidate,
+        config.consistency,
     );
     let mut collector = LoadCollector::new(book.clone());
     if let Some(names) = tls.reporters {
@@ -604,8 +643,14 @@ async fn run(cli: Cli, checked: Checked) -> Result<(), Failure> {
                 .iter()
                 .map(|v| format!(" violated {} {}", v.constraint, v.slices))
                 .collect();
+            let recalls = match config.consistency {
+                Consistency::Exclusive => {
+                    format!(" recalls {} pending {}", s.recalls(), u8::from(s.recall_pending()))
+                }
+                Consistency::Eventual => String::new(),
+            };
             println!(
-                "generation {} published {} runs {} leading-terms {} conflicts {} errors {} reports accepted {} dropped {}{missed}",
+                "generation {} published {} runs {} leading-terms {} conflicts {} errors {} reports accepted {} dropped {}{recalls}{missed}",
                 distributor.current(&cli.job).map_or(0, |a| a.generation()),
                 s.published(),
                 s.runs(),
