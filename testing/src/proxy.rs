@@ -105,6 +105,8 @@ struct Shared {
     link: watch::Sender<Link>,
     /// [`FaultProxy::delay_responses`]'s delay, in nanoseconds.
     delay: AtomicU64,
+    /// [`FaultProxy::hold_requests`]: `true` while requests are held.
+    held: watch::Sender<bool>,
     slots: Arc<Semaphore>,
     accepted: AtomicU64,
     refused: AtomicU64,
@@ -139,6 +141,7 @@ impl FaultProxy {
             upstream,
             link: watch::Sender::new(Link::default()),
             delay: AtomicU64::new(0),
+            held: watch::Sender::new(false),
             slots: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
             accepted: AtomicU64::new(0),
             refused: AtomicU64::new(0),
@@ -179,6 +182,14 @@ impl FaultProxy {
     /// Connections reset by the cut stay closed.
     pub fn restore(&self) {
         self.shared.link.send_modify(|link| link.cut = false);
+    }
+
+    /// Holds every byte clients send (`true`) or lets them through again (`false`): a
+    /// one-way partition. While held, the proxy reads nothing from clients, so no new
+    /// request reaches the upstream, while answers to requests it already got still
+    /// come back (after [`FaultProxy::delay_responses`]'s delay). Connections stay open.
+    pub fn hold_requests(&self, held: bool) {
+        self.shared.held.send_replace(held);
     }
 
     /// From now on, holds every chunk of bytes read from the upstream back `delay` from
@@ -274,8 +285,9 @@ async fn relay(
     let failed = {
         let (from_client, to_client) = client.split();
         let (from_upstream, to_upstream) = upstream.split();
-        let requests = forward(from_client, to_upstream, || Duration::ZERO, &shared.to_upstream);
-        let responses = forward(from_upstream, to_client, || shared.delay(), &shared.to_client);
+        let held = Some(shared.held.subscribe());
+        let requests = forward(from_client, to_upstream, || Duration::ZERO, held, &shared.to_upstream);
+        let responses = forward(from_upstream, to_client, || shared.delay(), None, &shared.to_client);
         tokio::select! {
             relayed = async { tokio::try_join!(requests, responses) } => relayed.is_err(),
             () = &mut cut => true,
@@ -309,6 +321,7 @@ async fn forward(
     mut from: impl AsyncRead + Unpin,
     mut to: impl AsyncWrite + Unpin,
     delay: impl Fn() -> Duration,
+    mut held: Option<watch::Receiver<bool>>,
     forwarded: &AtomicU64,
 ) -> io::Result<()> {
     let (chunks, mut waiting) = mpsc::channel::<(Instant, Vec<u8>)>(QUEUED);
@@ -316,6 +329,11 @@ async fn forward(
         let mut buffer = vec![0; CHUNK];
         loop {
             let n = from.read(&mut buffer).await?;
+            if let Some(held) = held.as_mut() {
+                // Held after it was read: a read already waiting when the hold began must
+                // not slip through. The sender lives in the proxy's shared state.
+                let _ = held.wait_for(|held| !*held).await;
+            }
             let due = Instant::now() + delay();
             // An empty chunk is the end of the stream. The writer gone (it failed) ends
             // the reading too.
@@ -350,7 +368,7 @@ mod tests {
         static FORWARDED: AtomicU64 = AtomicU64::new(0);
         let (mut sender, from) = tokio::io::duplex(PIPE);
         let (to, _receiver) = tokio::io::duplex(PIPE);
-        let forwarding = tokio::spawn(forward(from, to, || Duration::from_secs(3600), &FORWARDED));
+        let forwarding = tokio::spawn(forward(from, to, || Duration::from_secs(3600), None, &FORWARDED));
         // Write until a write has been blocked for a second: on the paused clock, time
         // moves only when every task waits, so a second means nothing will read more.
         let mut written = 0;

@@ -228,3 +228,35 @@ async fn a_live_grpc_connection_survives_a_delay_and_reconnects_after_a_cut() {
     .await;
     assert!(proxy.counts().accepted >= 2);
 }
+
+#[tokio::test]
+async fn held_requests_never_reach_the_upstream_while_answers_already_due_still_arrive() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    // The upstream answers every byte it gets with the same byte.
+    tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut buffer = [0u8; 1024];
+        loop {
+            let n = socket.read(&mut buffer).await.unwrap();
+            if n == 0 {
+                return;
+            }
+            socket.write_all(&buffer[..n]).await.unwrap();
+        }
+    });
+    let proxy = FaultProxy::start(upstream).await;
+    proxy.delay_responses(Duration::from_millis(200));
+    let mut client = tokio::net::TcpStream::connect(proxy.addr()).await.unwrap();
+    client.write_all(b"a").await.unwrap();
+    eventually("the request reached the upstream", || proxy.counts().bytes_to_upstream == 1).await;
+    proxy.hold_requests(true);
+    client.write_all(b"b").await.unwrap();
+    let mut answer = [0u8; 1];
+    client.read_exact(&mut answer).await.unwrap();
+    assert_eq!(&answer, b"a", "the answer to a request sent before the hold still arrives");
+    assert_eq!(proxy.counts().bytes_to_upstream, 1, "the held request never left");
+    proxy.hold_requests(false);
+    client.read_exact(&mut answer).await.unwrap();
+    assert_eq!(&answer, b"b", "released, it goes through");
+}

@@ -24,6 +24,8 @@ const MAX_ASSIGNMENT_BYTES: usize = 1 << 20;
 /// Assignments remembered, newest first kept: enough for a bridge across one change
 /// seen late.
 const KNOWN_ASSIGNMENTS: usize = 4;
+/// Renewals sent and not yet answered, at most.
+const MAX_IN_FLIGHT: usize = 8;
 /// The first wait after a failed etcd call; it doubles up to a quarter of the TTL.
 const FIRST_RETRY: Duration = Duration::from_millis(20);
 
@@ -309,18 +311,32 @@ impl Driver {
     /// Follows the guard and renews the lease until the tenure ends.
     async fn serve(&mut self, tenure: &mut Tenure, stop: &mut watch::Receiver<bool>) -> Ended {
         let period = self.config.lease_ttl / 4;
-        let mut renewals = None;
+        // Renewals run on a task of their own, so that a slow read or write here never
+        // holds one back; they go on only while this loop shows progress.
+        let progress = Arc::new(Progress::new());
+        let (gone_tx, mut gone) = tokio::sync::oneshot::channel();
+        let renewer = Renewer {
+            client: self.client.clone(),
+            lease: tenure.lease,
+            clock: tenure.clock.clone(),
+            config: self.config.clone(),
+            progress: progress.clone(),
+        };
+        let _renewer = AbortOnDrop(tokio::spawn(renewer.run(gone_tx)));
         let mut events = None;
         let mut watched_from = 0;
-        let mut next_renewal = Instant::now() + period;
+        let mut next_read = Instant::now() + period;
         // A read of the guard and the assignment is due (at the start, after a failed
         // watch, at every renewal, after a write the guard refused).
         let mut read_due = true;
         let mut retry = Instant::now();
         let mut failures = 0u32;
         loop {
+            progress.mark();
             if read_due && Instant::now() >= retry {
-                match self.read().await {
+                let read = self.read().await;
+                progress.mark();
+                match read {
                     Ok(revision) => {
                         read_due = false;
                         if events.is_none() {
@@ -335,7 +351,9 @@ impl Driver {
                 }
             }
             if !read_due {
-                match self.reconcile(tenure).await {
+                let reconciled = self.reconcile(tenure).await;
+                progress.mark();
+                match reconciled {
                     Ok(true) => failures = 0,
                     Ok(false) => read_due = true,
                     Err(Some(lost)) => return Ended::Lost(lost),
@@ -372,17 +390,13 @@ impl Driver {
                 () = tokio::time::sleep_until(deadline) => {
                     return Ended::Lost("no renewal answered before the lease's deadline".to_owned());
                 }
-                () = tokio::time::sleep_until(next_renewal) => {
-                    match self.renew(tenure, &mut renewals).await {
-                        Ok(()) => next_renewal = Instant::now() + period,
-                        Err(Some(lost)) => return Ended::Lost(lost),
-                        Err(None) => {
-                            renewals = None;
-                            next_renewal = Instant::now() + self.retry_after(1);
-                        }
-                    }
+                lost = &mut gone => {
+                    return Ended::Lost(lost.unwrap_or_else(|_| "the renewals stopped".to_owned()));
+                }
+                () = tokio::time::sleep_until(next_read) => {
                     // The backstop for a watch that stalls without failing.
                     read_due = true;
+                    next_read = Instant::now() + period;
                 }
                 () = tokio::time::sleep_until(retry), if read_due => {}
                 message = next_event(&mut events), if events.is_some() => match message {
@@ -403,44 +417,6 @@ impl Driver {
                     }
                 },
             }
-        }
-    }
-
-    /// One renewal on the keep-alive stream (opened first if needed): the deadline moves
-    /// to when it was *sent* plus the TTL granted. `Err(Some)`: the lease is gone;
-    /// `Err(None)`: no answer, try again soon.
-    async fn renew(
-        &mut self,
-        tenure: &Tenure,
-        renewals: &mut Option<(etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream)>,
-    ) -> Result<(), Option<String>> {
-        let give_up = (Instant::now() + self.config.request_timeout).min(tenure.clock.until());
-        if renewals.is_none() {
-            // Opening the stream renews once, but its answer is not handed out: that
-            // renewal earns no credit, the next one does.
-            let mut leases = self.client.lease_client();
-            match tokio::time::timeout_at(give_up, leases.keep_alive(tenure.lease)).await {
-                Ok(Ok(opened)) => *renewals = Some(opened),
-                Ok(Err(etcd_client::Error::LeaseKeepAliveError(m))) if m == "lease not found" => {
-                    return Err(Some("etcd no longer knows the lease".to_owned()))
-                }
-                _ => return Err(None),
-            }
-        }
-        let (keeper, stream) = renewals.as_mut().expect("opened above");
-        let asked = Instant::now();
-        let answer = tokio::time::timeout_at(give_up, async {
-            keeper.keep_alive().await?;
-            stream.message().await
-        })
-        .await;
-        match answer {
-            Ok(Ok(Some(response))) if response.ttl() > 0 => {
-                tenure.clock.extend(self.config.deadline(asked, response.ttl()));
-                Ok(())
-            }
-            Ok(Ok(Some(_))) => Err(Some("etcd no longer knows the lease".to_owned())),
-            _ => Err(None),
         }
     }
 
@@ -600,6 +576,128 @@ impl Driver {
 /// Resolves once the holder is told to stop (or dropped).
 async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
+}
+
+/// When the driver's loop last went round, for the renewer: a driver stuck for a whole
+/// TTL (a bug, a wedged call) must not keep its hold alive through renewals and block
+/// every recall; its lease then lapses.
+struct Progress {
+    origin: Instant,
+    last: std::sync::atomic::AtomicU64,
+}
+
+impl Progress {
+    fn new() -> Self {
+        Self { origin: Instant::now(), last: std::sync::atomic::AtomicU64::new(0) }
+    }
+
+    fn mark(&self) {
+        let nanos = self.origin.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
+        self.last.store(nanos, std::sync::atomic::Ordering::Release);
+    }
+
+    fn since(&self) -> Duration {
+        let last = self.origin + Duration::from_nanos(self.last.load(std::sync::atomic::Ordering::Acquire));
+        last.elapsed()
+    }
+}
+
+/// Aborts its task when dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The task that renews one tenure's lease every quarter TTL, moving its clock.
+struct Renewer {
+    client: Client,
+    lease: i64,
+    clock: Arc<LeaseClock>,
+    config: ExclusiveConfig,
+    progress: Arc<Progress>,
+}
+
+impl Renewer {
+    /// Renews until the lease is gone (said on `gone`) or the driver stops showing
+    /// progress (then it stops, and the lease lapses).
+    ///
+    /// Pipelined: a renewal is sent every quarter TTL whether or not the ones before
+    /// were answered (at most [`MAX_IN_FLIGHT`]), and each answer, in order, moves the
+    /// deadline to when *its* renewal was sent plus the TTL granted. So a link whose
+    /// round trip is long (up to about three quarters of the TTL) keeps the lease as well
+    /// as a fast one. Answers that stop coming for the request timeout reopen the stream.
+    async fn run(self, gone: tokio::sync::oneshot::Sender<String>) {
+        let period = self.config.lease_ttl / 4;
+        let mut stream: Option<(etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream)> = None;
+        // When each unanswered renewal was sent, oldest first.
+        let mut sent: std::collections::VecDeque<Instant> = std::collections::VecDeque::new();
+        let mut next = Instant::now() + period;
+        loop {
+            let stalled = sent.front().is_some_and(|&at| at.elapsed() > self.config.request_timeout);
+            if stalled {
+                (stream, next) = (None, Instant::now());
+                sent.clear();
+            }
+            let answer = async {
+                match stream.as_mut() {
+                    Some((_, answers)) if !sent.is_empty() => answers.message().await,
+                    _ => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                answer = answer => match answer {
+                    Ok(Some(response)) if response.ttl() > 0 => {
+                        let asked = sent.pop_front().expect("an answer to a renewal sent");
+                        self.clock.extend(self.config.deadline(asked, response.ttl()));
+                    }
+                    Ok(Some(_)) => {
+                        let _ = gone.send("etcd no longer knows the lease".to_owned());
+                        return;
+                    }
+                    _ => {
+                        (stream, next) = (None, Instant::now() + FIRST_RETRY);
+                        sent.clear();
+                    }
+                },
+                () = tokio::time::sleep_until(next) => {
+                    next = Instant::now() + period;
+                    if self.progress.since() > self.config.lease_ttl + self.config.request_timeout {
+                        tracing::warn!(lease = self.lease, "exclusive: the lease driver is stuck; no more renewals");
+                        return;
+                    }
+                    if stream.is_none() {
+                        // Opening the stream renews once, but its answer is not handed
+                        // out: that renewal earns no credit, the next one does.
+                        let mut leases = self.client.lease_client();
+                        match tokio::time::timeout(self.config.request_timeout, leases.keep_alive(self.lease)).await {
+                            Ok(Ok(opened)) => stream = Some(opened),
+                            Ok(Err(etcd_client::Error::LeaseKeepAliveError(m))) if m == "lease not found" => {
+                                let _ = gone.send("etcd no longer knows the lease".to_owned());
+                                return;
+                            }
+                            _ => {
+                                next = Instant::now() + FIRST_RETRY;
+                                continue;
+                            }
+                        }
+                    }
+                    if sent.len() < MAX_IN_FLIGHT {
+                        let (keeper, _) = stream.as_mut().expect("opened above");
+                        let asked = Instant::now();
+                        if keeper.keep_alive().await.is_ok() {
+                            sent.push_back(asked);
+                        } else {
+                            (stream, next) = (None, Instant::now() + FIRST_RETRY);
+                            sent.clear();
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// The next message of the watch (pending forever without one).
