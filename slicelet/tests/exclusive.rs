@@ -162,5 +162,11 @@ async fn only_an_exclusive_slicelet_holds_leases_and_bad_settings_are_refused_by
         "lease_ttl"
     );
     let bad = ExclusiveConfig::default().request_timeout(Duration::from_secs(3));
-    assert_eq!(Slicelet::exclusive(0).hold_leases(client, JOB, bad).unwrap_err().field(), "request_timeout");
+    assert_eq!(
+        Slicelet::exclusive(0).hold_leases(client.clone(), JOB, bad).unwrap_err().field(),
+        "request_timeout"
+    );
+    let nested =
+        Slicelet::exclusive(0).hold_leases(client, "a/exclusive/holds/1", ExclusiveConfig::default());
+    assert_eq!(nested.unwrap_err().field(), "job", "a job named into another job's holds");
 }

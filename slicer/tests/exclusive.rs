@@ -371,6 +371,12 @@ async fn what_exclusive_mode_cannot_hold_is_refused_by_name() {
     let warming = Assignment::new(1, vec![warming]).unwrap();
     let refused = store.write_exclusive(&leader, &empty, &warming).await;
     assert!(matches!(refused, Err(StoreError::NotExclusive { slice: 0, tasks: 2 })), "{refused:?}");
+    // A job named into another job's holds (job `other`'s, here).
+    let nested = within(WAIT, "campaign", store.campaign("other/exclusive/holds/1", "a")).await.unwrap();
+    let empty_nested = store.read(nested.job()).await.unwrap();
+    let refused = store.write_exclusive(&nested, &empty_nested, &one(1, 0)).await;
+    assert!(matches!(refused, Err(StoreError::InvalidConfig { field: "job", .. })), "{refused:?}");
+    drop(nested);
     let prefix = format!("{DEFAULT_KEY_PREFIX}{JOB}/");
     let everything = client.kv_client().get(prefix, Some(GetOptions::new().with_prefix())).await.unwrap();
     let keys: Vec<&str> = everything.kvs().iter().map(|kv| kv.key_str().unwrap()).collect();

@@ -200,6 +200,10 @@ impl Slicelet {
         }
         config.validate()?;
         let job = job.into();
+        if job.is_empty() || job.contains('/') {
+            // `a/exclusive/holds/1` would keep its keys among job `a`'s holds.
+            return Err(ConfigError::new("job", job, "a name of an exclusive job: not empty, no `/`"));
+        }
         let (stop, stopped) = watch::channel(false);
         let driver = Driver {
             guard_key: guard_key(&config.key_prefix, &job),

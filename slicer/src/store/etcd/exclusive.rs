@@ -46,6 +46,10 @@ pub(super) async fn write(
 ) -> Result<ExclusiveWrite, StoreError> {
     let bytes = check_write(leadership, previous, next)?;
     check_exclusive(next)?;
+    if leadership.job().contains('/') {
+        // `a/exclusive/holds/1` would keep its keys among job `a`'s holds.
+        return Err(StoreError::InvalidConfig { field: "job", reason: "an exclusive job's name has no `/`" });
+    }
     let term = store.term_of(leadership)?;
     let job = leadership.job();
     // 1. A recall left pending first: the guard must grant something before it recalls it.
