@@ -179,7 +179,8 @@ impl Slicelet {
     /// a lease, follows the job's guard and assignments, and believes it owns a key only
     /// while its hold allows it (see `docs/exclusive.md`). Must be called within a tokio
     /// runtime, on a Slicelet made by [`Slicelet::exclusive`]. Feeding it assignments
-    /// otherwise is not needed: it reads them from etcd.
+    /// otherwise is not needed: it reads them from etcd. One [`LeaseHolder`] per Slicelet:
+    /// two would each take the other's belief for their own.
     ///
     /// # Errors
     ///
