@@ -84,8 +84,9 @@ impl crate::assigner_service::AssignerHandle {
     /// a leader and its standby, are told apart):
     /// runs, publications, conflicts, errors, terms, whether it leads, the generation,
     /// run time, the last run's imbalance before and after and key churn, moves by kind,
-    /// and the placement constraints the last run misses (slices per constraint, and which
-    /// one the task set cannot meet).
+    /// the placement constraints the last run misses (slices per constraint, and which
+    /// one the task set cannot meet), and exclusive mode's recalls (completed, pending
+    /// now, the last and the longest recall's time).
     pub fn observe_metrics(&self, meter: &Meter, job: &str, candidate: &str) {
         let stats = Arc::downgrade(&self.shared_stats());
         let source = move || stats.upgrade();
@@ -170,6 +171,31 @@ impl crate::assigner_service::AssignerHandle {
                 .map(|(kind, n)| (vec![KeyValue::new("steady.kind", kind)], n as u64))
                 .collect()
             })
+            .counter(
+                "steady.assigner.recalls",
+                "{recall}",
+                "Recalls completed in exclusive mode (the guard granted the new generation)",
+                |s| s.recalls(),
+            )
+            .gauge(
+                "steady.assigner.recall_pending",
+                "1",
+                "1 while a recall is pending (exclusive mode: a Slicelet still holds the generation replaced)",
+                |s| f64::from(u8::from(s.recall_pending())),
+            )
+            .gauges(
+                "steady.assigner.recall_time",
+                "s",
+                "Exclusive mode: the last and the longest recall's time, from publishing the generation to granting it",
+                |s| {
+                    [("last", s.last_recall()), ("longest", s.longest_recall())]
+                        .into_iter()
+                        .filter_map(|(which, took)| {
+                            Some((vec![KeyValue::new("steady.which", which)], took?.as_secs_f64()))
+                        })
+                        .collect()
+                },
+            )
             .gauges(
                 "steady.assigner.placement.violations",
                 "{slice}",

@@ -4,6 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use steady_assigner::{JobSpec, Placement, ReplicaLimits, TaskRule};
+use steady_slice::guard::Consistency;
 
 /// How an Assigner service runs ([`AssignerConfig::validate`] gives the ranges).
 #[derive(Debug, Clone)]
@@ -32,8 +33,16 @@ pub struct AssignerConfig {
     /// owners keep serving it, the new ones are named warming and get no client traffic;
     /// see `steady_assigner::handover`), then, `warm_up` later, the run's assignment
     /// itself. Runs wait while a handover is under way, so a switch is at most `warm_up`
-    /// late. At most an hour.
+    /// late. At most an hour. Not in exclusive mode (a handover has two tasks serve one
+    /// range).
     pub handover: Option<Duration>,
+    /// The job's consistency mode (default [`Consistency::Eventual`]). With
+    /// [`Consistency::Exclusive`] (`docs/exclusive.md`) every write goes through
+    /// `AssignmentStore::write_exclusive` (the generation replaced is recalled from the
+    /// job's Slicelets before the new one is granted), a recall left pending is settled
+    /// at the start of every term and before every run, `replicas` allows at most one per
+    /// slice, there is no `handover`, and the store must have leases (`EtcdStore`).
+    pub consistency: Consistency,
 }
 
 /// The shortest [`AssignerConfig::cadence`] [`AssignerConfig::validate`] accepts: runs
@@ -58,6 +67,7 @@ impl Default for AssignerConfig {
             task_rules: Vec::new(),
             backoff: Duration::from_millis(100),
             handover: None,
+            consistency: Consistency::Eventual,
         }
     }
 }
@@ -107,6 +117,14 @@ impl AssignerConfig {
         }
         if self.handover.is_some_and(|w| w > Duration::from_secs(3600)) {
             return bad("handover", "at most an hour");
+        }
+        if self.consistency == Consistency::Exclusive {
+            if self.replicas.max() > 1 {
+                return bad("replicas", "at most 1 per slice in exclusive mode");
+            }
+            if self.handover.is_some() {
+                return bad("handover", "none in exclusive mode (a handover has two tasks serve one range)");
+            }
         }
         if self.placement.validate().is_err() {
             return bad("placement.zones", "distinct labels of 1 to 63 bytes of [A-Za-z0-9._-]");

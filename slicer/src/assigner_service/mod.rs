@@ -17,6 +17,12 @@
 //!           not leader► back to campaigning
 //! ```
 //!
+//! In exclusive mode ([`AssignerConfig::consistency`], `docs/exclusive.md`) each loop
+//! first settles a recall left pending (`store.settle`: at the start of every term and
+//! before every run; a recall that cannot complete yet is backed off and retried, the term
+//! checked all the while), and the write is `store.write_exclusive`: stored, recalled from
+//! the Slicelets, granted. A recall it leaves pending is the next settle's.
+//!
 //! # Contracts
 //!
 //! * **Never an invalid or unchanged assignment**: assigners only build valid ones, an
@@ -43,6 +49,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use steady_assigner::{profile_tasks, warming_step, Assigner, Assignment, RunInput, Tasks};
+use steady_slice::guard::Consistency;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -180,9 +187,17 @@ impl AssignerService {
     ///
     /// # Errors
     ///
-    /// As [`AssignerConfig::validate`].
+    /// As [`AssignerConfig::validate`]; also, naming `consistency`, exclusive mode with a
+    /// store that does not have it (`AssignmentStore::supports_exclusive`: a
+    /// [`crate::MemoryStore`] has no leases).
     pub fn config(mut self, config: AssignerConfig) -> Result<Self, AssignerConfigError> {
         config.validate()?;
+        if config.consistency == Consistency::Exclusive && !self.store.supports_exclusive() {
+            return Err(AssignerConfigError {
+                field: "consistency",
+                expected: "eventual with this store (exclusive mode needs a store with leases: etcd)",
+            });
+        }
         self.config = config;
         Ok(self)
     }
@@ -231,6 +246,7 @@ impl AssignerService {
                 () = self.lead(&leadership, &mut tasks, &stats, &mut failures, &mut last_publication) => Signal::Run,
             };
             stats.leading.store(false, Ordering::Relaxed);
+            stats.recall_handed_over();
             match signal {
                 Signal::Run => {
                     tracing::info!(job = %self.job, candidate = %self.candidate, "assigner: term over")
@@ -269,6 +285,22 @@ impl AssignerService {
             if !leadership.is_held() {
                 return;
             }
+            // Exclusive mode: a recall left pending (by this term's last write, or by a
+            // leader deposed mid-change) is completed before anything else is written.
+            if self.config.consistency == Consistency::Exclusive {
+                match self.store.settle(leadership).await {
+                    Ok(recall) => stats.recall_settled(recall),
+                    Err(StoreError::NotLeader) => return,
+                    Err(error) => {
+                        if matches!(error, StoreError::RecallPending { .. }) {
+                            stats.recall_stuck();
+                        }
+                        tracing::warn!(%error, job = %self.job, "assigner: settling the recall failed");
+                        self.back_off(stats, failures).await;
+                        continue;
+                    }
+                }
+            }
             let current = match snapshot.take() {
                 Some(s) => s,
                 None => match self.store.read(&self.job).await {
@@ -292,7 +324,7 @@ impl AssignerService {
             let step = match switch.take() {
                 Some(Switch { target, seen, .. }) => {
                     rerun = seen != view;
-                    self.switch_to(leadership, &current, target).await
+                    self.switch_to(leadership, &current, target, stats).await
                 }
                 None => {
                     stats.runs.fetch_add(1, Ordering::Relaxed);
@@ -436,12 +468,12 @@ impl AssignerService {
         };
         let written = match warming {
             Some((step, then, warm_up)) => {
-                let written = self.store.write(leadership, current, &step).await?;
+                let written = self.write(leadership, current, &step, stats).await?;
                 stats.handovers.fetch_add(1, Ordering::Relaxed);
                 *switch = Some(Switch { target: then, at: Instant::now() + warm_up, seen: tasks.clone() });
                 written
             }
-            None => self.store.write(leadership, current, target).await?,
+            None => self.write(leadership, current, target, stats).await?,
         };
         stats.record(RunRecord {
             generation: written.generation(),
@@ -462,12 +494,32 @@ impl AssignerService {
         leadership: &Leadership,
         current: &Snapshot,
         target: Assignment,
+        stats: &AssignerStats,
     ) -> Result<Option<Snapshot>, StoreError> {
         // Another writer may have moved the store on: number the switch after it.
         let generation = current.assignment().map_or(1, |a| a.generation().saturating_add(1));
         let Ok(target) = target.renumbered(generation) else { return Ok(None) };
         tracing::debug!(job = %self.job, generation, "assigner: handover switch");
-        self.store.write(leadership, current, &target).await.map(Some)
+        self.write(leadership, current, &target, stats).await.map(Some)
+    }
+
+    /// Writes `next` over `current` as the job's mode says (both fenced by the term and
+    /// conditioned on `current`; exclusive mode also recalls the generation replaced).
+    async fn write(
+        &self,
+        leadership: &Leadership,
+        current: &Snapshot,
+        next: &Assignment,
+        stats: &AssignerStats,
+    ) -> Result<Snapshot, StoreError> {
+        match self.config.consistency {
+            Consistency::Eventual => self.store.write(leadership, current, next).await,
+            Consistency::Exclusive => {
+                let written = self.store.write_exclusive(leadership, current, next).await?;
+                stats.recall_published(written.published_at, written.recall);
+                Ok(written.snapshot)
+            }
+        }
     }
 
     /// Gives the assignment of `snapshot` to the Distributor and tells the LoadBook.

@@ -6,6 +6,9 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use steady_assigner::{Infeasible, Moves, Violation};
+use tokio::time::Instant;
+
+use crate::store::Recall;
 
 /// How many published runs [`AssignerStats::history`] keeps.
 const RUN_HISTORY: usize = 64;
@@ -48,6 +51,19 @@ pub struct AssignerStats {
     pub(super) moves: Mutex<Moves>,
     /// The placement as the last run left it.
     pub(super) placement: Mutex<PlacementState>,
+    /// Exclusive mode's recalls.
+    pub(super) recalls: Mutex<Recalls>,
+}
+
+/// Exclusive mode's recalls, as this service saw them.
+#[derive(Debug, Default)]
+pub(super) struct Recalls {
+    completed: u64,
+    /// When the pending recall's publish transaction was answered (`Some(None)`: pending,
+    /// begun by another term; `None`: none pending).
+    pending: Option<Option<Instant>>,
+    last: Option<Duration>,
+    longest: Option<Duration>,
 }
 
 /// The placement constraints the assignment of the last run misses, and why, if the task
@@ -107,6 +123,68 @@ impl AssignerStats {
         *self.moves.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Recalls completed by this service in exclusive mode (the guard then granted the
+    /// new generation), its own and those it settled for an earlier term.
+    pub fn recalls(&self) -> u64 {
+        self.recall_state().completed
+    }
+
+    /// Whether a recall this service leads is pending now (exclusive mode: a Slicelet
+    /// still holds the generation being replaced, so the keys that move pause).
+    pub fn recall_pending(&self) -> bool {
+        self.recall_state().pending.is_some()
+    }
+
+    /// The last recall's time, from the transaction that published the generation to the
+    /// grant (`None`: none timed yet; a recall begun in another term is counted, not
+    /// timed).
+    pub fn last_recall(&self) -> Option<Duration> {
+        self.recall_state().last
+    }
+
+    /// The longest recall's time so far (as [`AssignerStats::last_recall`]).
+    pub fn longest_recall(&self) -> Option<Duration> {
+        self.recall_state().longest
+    }
+
+    fn recall_state(&self) -> std::sync::MutexGuard<'_, Recalls> {
+        self.recalls.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records what a write in exclusive mode did with its recall.
+    pub(super) fn recall_published(&self, published_at: Instant, recall: Recall) {
+        let mut recalls = self.recall_state();
+        match recall {
+            Recall::Granted { at, .. } => recalls.complete(Some(published_at), at),
+            Recall::Pending { .. } => recalls.pending = Some(Some(published_at)),
+            Recall::Clear => recalls.pending = None,
+        }
+    }
+
+    /// Records what a settle did: completed the pending recall, or found none.
+    pub(super) fn recall_settled(&self, recall: Recall) {
+        let mut recalls = self.recall_state();
+        match recall {
+            Recall::Granted { at, .. } => {
+                let since = recalls.pending.flatten();
+                recalls.complete(since, at);
+            }
+            Recall::Clear => recalls.pending = None,
+            Recall::Pending { .. } => recalls.pending = Some(recalls.pending.flatten()),
+        }
+    }
+
+    /// A settle failed on a recall pending (perhaps begun by an earlier term).
+    pub(super) fn recall_stuck(&self) {
+        let mut recalls = self.recall_state();
+        recalls.pending = Some(recalls.pending.flatten());
+    }
+
+    /// The term ended: whatever is pending is the next leader's.
+    pub(super) fn recall_handed_over(&self) {
+        self.recall_state().pending = None;
+    }
+
     /// The placement constraints the last run's assignment misses, and why (every run,
     /// published or not).
     pub fn placement(&self) -> PlacementState {
@@ -138,5 +216,18 @@ impl AssignerStats {
             history.pop_front();
         }
         history.push_back(run);
+    }
+}
+
+impl Recalls {
+    /// A recall completed at `at`, timed from `since` when known.
+    fn complete(&mut self, since: Option<Instant>, at: Instant) {
+        self.completed += 1;
+        self.pending = None;
+        if let Some(since) = since {
+            let took = at.saturating_duration_since(since);
+            self.last = Some(took);
+            self.longest = Some(self.longest.map_or(took, |l| l.max(took)));
+        }
     }
 }

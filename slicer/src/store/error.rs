@@ -3,6 +3,7 @@
 
 use std::fmt;
 
+use steady_slice::guard::{Consistency, RecordError};
 use steady_slice::DecodeError;
 
 use super::MAX_ASSIGNMENT_BYTES;
@@ -60,6 +61,49 @@ pub enum StoreError {
         /// What it accepts.
         reason: &'static str,
     },
+    /// The job's stored consistency mode is not the writer's: an eventual write
+    /// ([`super::AssignmentStore::write`]) to a job whose guard exists (an exclusive job).
+    /// Nothing was written. Fix the writer's configuration: a job leaves exclusive mode
+    /// only by an operator's deleting its guard once its Slicelets are stopped.
+    ConsistencyMismatch {
+        /// The job.
+        job: String,
+        /// The mode stored for it.
+        stored: Consistency,
+    },
+    /// The store has no exclusive mode (it names what is missing): a
+    /// [`super::MemoryStore`] has no leases. Use an `EtcdStore`.
+    Unsupported(&'static str),
+    /// An assignment offered to an exclusive job gives a slice to more than one task (a
+    /// replica and another replica, or a warming task): exclusive mode allows one. Checked
+    /// before anything is sent.
+    NotExclusive {
+        /// The slice's index in the assignment.
+        slice: usize,
+        /// The tasks it names, replicas and warming ones.
+        tasks: usize,
+    },
+    /// A recall of an exclusive job is under way and did not complete in time: some
+    /// Slicelet still holds the assignment recalled (a live one converts its hold within a
+    /// round trip; a dead, paused or cut-off one's hold goes when its lease expires).
+    /// Nothing was written; settle again later ([`super::AssignmentStore::settle`]).
+    RecallPending {
+        /// The job.
+        job: String,
+        /// The generation recalled (0: none).
+        from: u64,
+        /// The generation it is replaced by (already stored).
+        to: u64,
+    },
+    /// The job's guard holds a value that is not a guard (written around the store, or by
+    /// a newer version): nothing can be known about what its Slicelets hold, so nothing is
+    /// written until an operator repairs it.
+    InvalidGuard {
+        /// The job.
+        job: String,
+        /// What is wrong with the value.
+        error: RecordError,
+    },
     /// The store could not be reached or did not answer in time. A write may or may not
     /// have happened: re-read before writing again.
     Unavailable(Box<dyn std::error::Error + Send + Sync>),
@@ -89,6 +133,20 @@ impl fmt::Display for StoreError {
             Self::NotLeader => write!(f, "not the job's leader: this term is over"),
             Self::TooManyJobs { limit } => write!(f, "the store holds {limit} jobs (its limit)"),
             Self::InvalidConfig { field, reason } => write!(f, "invalid {field}: {reason}"),
+            Self::ConsistencyMismatch { job, stored } => {
+                write!(f, "job {job:?} is {stored} in the store: refused a write of another mode")
+            }
+            Self::Unsupported(what) => write!(f, "not supported by this store: {what}"),
+            Self::NotExclusive { slice, tasks } => {
+                write!(f, "slice {slice} names {tasks} tasks: exclusive mode allows one per slice")
+            }
+            Self::RecallPending { job, from, to } => write!(
+                f,
+                "job {job:?}: the recall of generation {from} for {to} is still pending (a Slicelet holds it)"
+            ),
+            Self::InvalidGuard { job, error } => {
+                write!(f, "job {job:?}: the stored guard is invalid: {error}")
+            }
             Self::Unavailable(e) => write!(f, "store unavailable: {e}"),
             #[cfg(feature = "etcd")]
             Self::Connect(e) => write!(f, "store: {e}"),
@@ -100,6 +158,7 @@ impl std::error::Error for StoreError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Self::Unavailable(e) => Some(&**e),
+            Self::InvalidGuard { error, .. } => Some(error),
             #[cfg(feature = "etcd")]
             Self::Connect(e) => Some(e),
             _ => None,

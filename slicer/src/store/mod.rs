@@ -9,6 +9,10 @@
 //!   *fenced* by a [`Leadership`]; [`AssignmentStore::watch`] follows the job as an
 //!   [`AssignmentWatch`] stream; [`AssignmentStore::campaign`] waits to become the job's
 //!   writer.
+//! * Exclusive mode (`docs/exclusive.md`): [`AssignmentStore::write_exclusive`] stores
+//!   a generation *and* recalls the one before it from the job's Slicelets, and
+//!   [`AssignmentStore::settle`] completes a recall a previous call (or term) left
+//!   pending. Only a store with leases has it ([`AssignmentStore::supports_exclusive`]).
 //! * [`MemoryStore`]: the embedded default, in one process (tokio watch channels).
 //! * `EtcdStore` (feature `etcd`, on by default): the same on an etcd cluster, so that
 //!   Assigners on several machines elect one writer and a standby takes over when the
@@ -50,6 +54,7 @@ use steady_core::MAX_JOB_NAME_LEN;
 mod error;
 #[cfg(feature = "etcd")]
 mod etcd;
+mod exclusive;
 mod leadership;
 mod memory;
 mod watch;
@@ -57,10 +62,13 @@ mod watch;
 pub use error::{StoreError, ValueError};
 #[cfg(feature = "etcd")]
 pub use etcd::{EtcdConfig, EtcdStore, DEFAULT_KEY_PREFIX};
+pub(crate) use exclusive::check_exclusive;
+pub use exclusive::{ExclusiveWrite, Recall};
 pub use leadership::Leadership;
 pub use memory::MemoryStore;
 #[cfg(feature = "etcd")]
 pub use steady_etcd::{ConnectError, EtcdAccess, EtcdTls};
+pub use steady_slice::guard::Consistency;
 pub use watch::{AssignmentWatch, RejectedValue};
 
 /// The largest encoded assignment (steady-slice's binary codec) a store writes or reads:
@@ -210,8 +218,10 @@ pub trait AssignmentStore: fmt::Debug + Send + Sync + 'static {
     /// `previous`'s; [`StoreError::TooLarge`] above [`MAX_ASSIGNMENT_BYTES`]. Then, from
     /// the store, nothing written: [`StoreError::NotLeader`] when the term is over (a
     /// deposed writer, whatever the revision), [`StoreError::Conflict`] when the job
-    /// changed since `previous` (re-read and retry), [`StoreError::Unavailable`] when it
-    /// cannot answer in time (the write may or may not have happened: re-read).
+    /// changed since `previous` (re-read and retry), [`StoreError::ConsistencyMismatch`]
+    /// when the job is exclusive (its guard exists: write with
+    /// [`AssignmentStore::write_exclusive`]), [`StoreError::Unavailable`] when it cannot
+    /// answer in time (the write may or may not have happened: re-read).
     fn write<'a>(
         &'a self,
         leadership: &'a Leadership,
@@ -247,6 +257,71 @@ pub trait AssignmentStore: fmt::Debug + Send + Sync + 'static {
     /// [`StoreError::Unavailable`] when the store cannot be reached (after bounded
     /// retries); [`StoreError::TooManyJobs`] from a full [`MemoryStore`].
     fn campaign<'a>(&'a self, job: &'a str, candidate: &'a str) -> StoreFuture<'a, Leadership>;
+
+    /// Whether the store has exclusive mode ([`AssignmentStore::write_exclusive`]): it
+    /// needs leases (`EtcdStore` has it; [`MemoryStore`] does not).
+    fn supports_exclusive(&self) -> bool {
+        false
+    }
+
+    /// Writes `next` as the job's assignment in exclusive mode (`docs/exclusive.md`, "The
+    /// Assigner's steps"), replacing generation `G1` (the one the job's guard grants; 0
+    /// when the job has no guard yet, which makes it exclusive) by `G2 = next`:
+    ///
+    /// 1. settles a recall left pending first, as [`AssignmentStore::settle`];
+    /// 2. in one transaction, fenced by the term and conditioned on `previous`'s revision
+    ///    and on the guard it read: stores `next` and puts the guard `recalling G1 G2`;
+    /// 3. waits until every Slicelet's hold is `bridge G1 G2` or gone (a hold that does
+    ///    not decode blocks, and is logged);
+    /// 4. fenced by the term and conditioned on the guard still `recalling G1 G2`: puts
+    ///    `granted G2`.
+    ///
+    /// Steps 1 and 3 are each bounded by the store's recall bound (`EtcdConfig::recall_timeout`).
+    /// Once step 2 succeeded the assignment *is* stored, so the call returns `Ok`
+    /// whatever happens after it: [`Recall::Pending`] when the recall did not complete
+    /// (in time, or because the term ended or etcd stopped answering), which the next
+    /// [`AssignmentStore::settle`] (this term's or the next leader's) completes. Until
+    /// then, keys that move pause; no two tasks hold one.
+    ///
+    /// # Errors
+    ///
+    /// Nothing written in every case. Before anything is sent: as
+    /// [`AssignmentStore::write`] ([`StoreError::WrongJob`], [`StoreError::NotNewer`],
+    /// [`StoreError::TooLarge`]), [`StoreError::NotExclusive`] for a slice of more than
+    /// one task (replicas or warming), [`StoreError::Unsupported`] from a store without
+    /// leases. Then: [`StoreError::RecallPending`] when a recall left pending does not
+    /// complete in time, [`StoreError::InvalidGuard`] when the guard does not decode,
+    /// [`StoreError::NotLeader`], [`StoreError::Conflict`] (the assignment or the guard
+    /// changed since read) and [`StoreError::Unavailable`] as for
+    /// [`AssignmentStore::write`].
+    fn write_exclusive<'a>(
+        &'a self,
+        leadership: &'a Leadership,
+        previous: &'a Snapshot,
+        next: &'a Assignment,
+    ) -> StoreFuture<'a, ExclusiveWrite> {
+        let _ = (leadership, previous, next);
+        Box::pin(async { Err(StoreError::Unsupported("exclusive mode needs etcd's leases")) })
+    }
+
+    /// Completes a recall of `leadership`'s job left pending (by a
+    /// [`AssignmentStore::write_exclusive`] that returned [`Recall::Pending`], or by a
+    /// leader deposed mid-change): when the guard is `recalling G1 G2`, waits for the
+    /// holds and grants `G2` (steps 3 and 4 of `write_exclusive`, bounded the same way).
+    /// With no guard, or a granted one, it returns [`Recall::Clear`] after one read. An
+    /// Assigner in exclusive mode calls it at the start of every term and before every
+    /// run. A store without leases has no guards: [`Recall::Clear`].
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::RecallPending`] when the recall does not complete in time;
+    /// [`StoreError::NotLeader`] when the term is over; [`StoreError::Conflict`] when
+    /// the guard moved meanwhile; [`StoreError::InvalidGuard`];
+    /// [`StoreError::Unavailable`].
+    fn settle<'a>(&'a self, leadership: &'a Leadership) -> StoreFuture<'a, Recall> {
+        let _ = leadership;
+        Box::pin(async { Ok(Recall::Clear) })
+    }
 }
 
 /// Refuses names no store may hold: a job or candidate name must have 1 to

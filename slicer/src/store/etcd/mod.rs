@@ -4,16 +4,18 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Client, Compare, CompareOp, KeyValue, Txn, TxnOp, TxnOpResponse, TxnResponse};
 use steady_etcd::{ConnectError, EtcdAccess};
+use steady_slice::guard::{self, Consistency};
 use steady_slice::Assignment;
 
 use super::{
-    check_name, check_write, AssignmentStore, AssignmentWatch, Leadership, Revision, Snapshot, StoreError,
-    StoreFuture,
+    check_name, check_write, AssignmentStore, AssignmentWatch, ExclusiveWrite, Leadership, Recall, Revision,
+    Snapshot, StoreError, StoreFuture,
 };
 
 mod election;
+mod exclusive;
 mod watch;
 
 pub(crate) use election::EtcdTerm;
@@ -31,20 +33,22 @@ pub struct EtcdConfig {
     key_prefix: String,
     lease_ttl: Duration,
     request_timeout: Duration,
+    recall_timeout: Duration,
     access: EtcdAccess,
 }
 
 impl EtcdConfig {
     /// The cluster at `endpoints` (`http://host:port`, or `https://` with
     /// [`EtcdConfig::access`] giving TLS), with the defaults: keys under
-    /// [`DEFAULT_KEY_PREFIX`], a 5 s lease for leaderships, 5 s per request, plaintext
-    /// and no user.
+    /// [`DEFAULT_KEY_PREFIX`], a 5 s lease for leaderships, 5 s per request, 10 s for a
+    /// recall, plaintext and no user.
     pub fn new<E: Into<String>>(endpoints: impl IntoIterator<Item = E>) -> Self {
         Self {
             endpoints: endpoints.into_iter().map(Into::into).collect(),
             key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
             lease_ttl: Duration::from_secs(5),
             request_timeout: Duration::from_secs(5),
+            recall_timeout: Duration::from_secs(10),
             access: EtcdAccess::new(),
         }
     }
@@ -80,6 +84,17 @@ impl EtcdConfig {
         self
     }
 
+    /// How long an exclusive job's Assigner waits for a recall, 1 ms to 1 hour (default
+    /// 10 s): for the job's Slicelets to give up the assignment being replaced
+    /// ([`AssignmentStore::write_exclusive`], [`AssignmentStore::settle`]). Live Slicelets
+    /// take a round trip; a dead one's hold goes when its lease expires, so a bound above
+    /// the Slicelets' lease TTL lets one call see a dead Slicelet out. Past it the recall
+    /// is left pending, for the next `settle`.
+    pub fn recall_timeout(mut self, timeout: Duration) -> Self {
+        self.recall_timeout = timeout;
+        self
+    }
+
     fn validate(&self) -> Result<(), StoreError> {
         let invalid = |field, reason| Err(StoreError::InvalidConfig { field, reason });
         if self.endpoints.is_empty() {
@@ -95,6 +110,10 @@ impl EtcdConfig {
         let timeout = self.request_timeout;
         if timeout < Duration::from_millis(1) || timeout > Duration::from_secs(3600) {
             return invalid("request_timeout", "1 ms to 1 hour");
+        }
+        let recall = self.recall_timeout;
+        if recall < Duration::from_millis(1) || recall > Duration::from_secs(3600) {
+            return invalid("recall_timeout", "1 ms to 1 hour");
         }
         Ok(())
     }
@@ -117,13 +136,31 @@ impl EtcdConfig {
 /// * `P J /leader`: the current leader's candidate name (UTF-8), attached to its lease
 ///   (so it disappears when the lease lapses or is revoked). Its `create_revision`
 ///   identifies the term.
+/// * `P J /exclusive/guard` (exclusive mode, `docs/exclusive.md`): the job's guard,
+///   steady-slice's frozen ASCII record (`v1 granted G`, `v1 recalling G1 G2`;
+///   `steady_slice::guard::Guard`), on no lease, written only by this store. **The job is
+///   exclusive exactly when this key exists**: every party reads the mode from it.
+/// * `P J /exclusive/holds/T/L` (exclusive mode): the hold of Slicelet task `T` on its
+///   etcd lease `L` (decimal), `v1 full G` or `v1 bridge G1 G2`
+///   (`steady_slice::guard::Hold`), attached to `L`; written only by that Slicelet,
+///   read and watched by this store.
 ///
 /// # Operations
 ///
 /// * A write is one transaction: `If(mod_revision(assignment) == read revision AND
-///   create_revision(leader) == term AND lease(leader) == term's lease) Then(put)`. When
-///   it fails, the leader key, read in the same transaction, tells
-///   [`StoreError::NotLeader`] (the term is over) from [`StoreError::Conflict`].
+///   create_revision(leader) == term AND lease(leader) == term's lease AND
+///   create_revision(guard) == 0) Then(put)`. When it fails, the leader key and the
+///   guard, read in the same transaction, tell [`StoreError::NotLeader`] (the term is
+///   over) from [`StoreError::ConsistencyMismatch`] (the job is exclusive) from
+///   [`StoreError::Conflict`].
+/// * An exclusive write (`write_exclusive`) first settles a pending recall, then is one
+///   transaction `If(the same fence AND mod_revision(assignment) == read revision AND
+///   guard == granted G1 (or absent, G1 = 0: the job becomes exclusive))
+///   Then(put assignment, put guard recalling G1 G2)`; then it reads the holds prefix
+///   and watches it from the revision after the read until every hold is `bridge G1 G2`
+///   or gone (bounded by [`EtcdConfig::recall_timeout`]); then
+///   `If(the fence AND guard == recalling G1 G2) Then(put guard granted G2)`. `settle`
+///   is the wait and the grant for a guard found `recalling`.
 /// * A campaign grants a lease of [`EtcdConfig::lease_ttl`], keeps it alive (every third
 ///   of the TTL, a failed renewal retried within half a second), and creates the leader
 ///   key if absent (`If(create_revision(leader) == 0)`), else waits for its deletion and
@@ -187,9 +224,53 @@ impl EtcdStore {
         format!("{}{job}/leader", self.config.key_prefix)
     }
 
+    /// The key of `job`'s guard in exclusive mode (see "Keys and values").
+    pub fn guard_key(&self, job: &str) -> String {
+        guard::guard_key(&self.config.key_prefix, job)
+    }
+
+    /// The prefix of `job`'s Slicelets' holds in exclusive mode (see "Keys and values").
+    pub fn holds_prefix(&self, job: &str) -> String {
+        guard::holds_prefix(&self.config.key_prefix, job)
+    }
+
     fn timeout(&self) -> Duration {
         self.config.request_timeout
     }
+
+    /// `leadership`'s term, if it is a term of this store's job (else the writer is not
+    /// the leader here).
+    fn term_of<'l>(&self, leadership: &'l Leadership) -> Result<&'l EtcdTerm, StoreError> {
+        let term = leadership.term::<EtcdTerm>().ok_or(StoreError::NotLeader)?;
+        if term.leader_key() != self.leader_key(leadership.job()).as_bytes() {
+            return Err(StoreError::NotLeader);
+        }
+        Ok(term)
+    }
+}
+
+/// The conditions that fence a write by `term`: its leader key is still the one it
+/// created, on its lease.
+fn fence(term: &EtcdTerm) -> [Compare; 2] {
+    let key = term.leader_key().to_vec();
+    [
+        Compare::create_revision(key.clone(), CompareOp::Equal, term.fence()),
+        Compare::lease(key, CompareOp::Equal, term.lease()),
+    ]
+}
+
+/// The key-value of the `index`th operation of a failed transaction's `or_else`, a get
+/// (`None`: the key is absent).
+fn got(response: &TxnResponse, index: usize) -> Option<KeyValue> {
+    match response.op_responses().into_iter().nth(index) {
+        Some(TxnOpResponse::Get(get)) => get.kvs().first().cloned(),
+        _ => None,
+    }
+}
+
+/// Whether a leader key read (`got`) is still `term`'s.
+fn still_leads(leader: Option<&KeyValue>, term: &EtcdTerm) -> bool {
+    leader.is_some_and(|kv| kv.create_revision() == term.fence() && kv.lease() == term.lease())
 }
 
 /// Runs one etcd request within `timeout`, as a [`StoreError`].
@@ -222,40 +303,37 @@ impl AssignmentStore for EtcdStore {
     ) -> StoreFuture<'a, Snapshot> {
         Box::pin(async move {
             let bytes = check_write(leadership, previous, next)?;
-            let Some(term) = leadership.term::<EtcdTerm>() else { return Err(StoreError::NotLeader) };
-            let leader_key = self.leader_key(leadership.job());
-            if term.leader_key() != leader_key.as_bytes() {
-                return Err(StoreError::NotLeader);
-            }
-            let assignment_key = self.assignment_key(leadership.job());
+            let term = self.term_of(leadership)?;
+            let job = leadership.job();
+            let (assignment_key, guard_key) = (self.assignment_key(job), self.guard_key(job));
+            let mut when = vec![
+                Compare::mod_revision(assignment_key.clone(), CompareOp::Equal, previous.revision().get()),
+                // Eventual writes only to a job that is not exclusive.
+                Compare::create_revision(guard_key.clone(), CompareOp::Equal, 0),
+            ];
+            when.extend(fence(term));
             let txn = Txn::new()
-                .when([
-                    Compare::mod_revision(
-                        assignment_key.clone(),
-                        CompareOp::Equal,
-                        previous.revision().get(),
-                    ),
-                    Compare::create_revision(leader_key.clone(), CompareOp::Equal, term.fence()),
-                    Compare::lease(leader_key.clone(), CompareOp::Equal, term.lease()),
-                ])
+                .when(when)
                 .and_then([TxnOp::put(assignment_key, bytes, None)])
-                .or_else([TxnOp::get(leader_key, None)]);
+                .or_else([TxnOp::get(term.leader_key(), None), TxnOp::get(guard_key, None)]);
             let mut kv = self.client.kv_client();
             let response = bounded(self.timeout(), "write transaction", kv.txn(txn)).await?;
             if response.succeeded() {
                 let revision = response.header().map_or(0, |h| h.revision());
-                return Ok(Snapshot::valid(leadership.job(), Revision::new(revision), next.clone()));
+                return Ok(Snapshot::valid(job, Revision::new(revision), next.clone()));
             }
             // Which condition failed: the term is checked first, so that a deposed writer
-            // learns that it is deposed whatever its revision.
-            let still_leads = response.op_responses().into_iter().any(|op| match op {
-                TxnOpResponse::Get(get) => get
-                    .kvs()
-                    .first()
-                    .is_some_and(|kv| kv.create_revision() == term.fence() && kv.lease() == term.lease()),
-                _ => false,
-            });
-            Err(if still_leads { StoreError::Conflict } else { StoreError::NotLeader })
+            // learns that it is deposed whatever its revision or the job's mode.
+            if !still_leads(got(&response, 0).as_ref(), term) {
+                return Err(StoreError::NotLeader);
+            }
+            if got(&response, 1).is_some() {
+                return Err(StoreError::ConsistencyMismatch {
+                    job: job.to_owned(),
+                    stored: Consistency::Exclusive,
+                });
+            }
+            Err(StoreError::Conflict)
         })
     }
 
@@ -276,5 +354,22 @@ impl AssignmentStore for EtcdStore {
             check_name("candidate", candidate)?;
             election::campaign(self, job, candidate).await
         })
+    }
+
+    fn supports_exclusive(&self) -> bool {
+        true
+    }
+
+    fn write_exclusive<'a>(
+        &'a self,
+        leadership: &'a Leadership,
+        previous: &'a Snapshot,
+        next: &'a Assignment,
+    ) -> StoreFuture<'a, ExclusiveWrite> {
+        Box::pin(exclusive::write(self, leadership, previous, next))
+    }
+
+    fn settle<'a>(&'a self, leadership: &'a Leadership) -> StoreFuture<'a, Recall> {
+        Box::pin(exclusive::settle(self, leadership))
     }
 }
