@@ -18,6 +18,8 @@
 //!   zone killed and back, frontends doubled, backends halved) with zone-unaware
 //!   Rocksteadier, one channel per zone and steady's zone-aware mode side by side;
 //!   prints a table per phase and writes a figure per phase.
+//! * `steady-lab consistent [--seconds S]` measures exclusive ownership's availability on
+//!   real tonic servers and a real etcd: with the bridge, without it, and eventual mode.
 //! * `steady-lab assign --algorithm NAME --tasks T --load FILE [--previous FILE]
 //!   [--max-replicas R | --spec FILE]` runs one assigner run: the next assignment as one
 //!   line of JSON on stdout (with a job spec: the assignment with every constraint it
@@ -48,6 +50,7 @@ use steady_subset::Algorithm;
 
 mod assign;
 mod cache;
+mod consistent;
 mod exclusive;
 mod grid;
 mod output;
@@ -115,6 +118,10 @@ enum Command {
     /// (The checker's scripted Assigner.)
     #[command(hide = true)]
     ExclusiveMover(exclusive::mover::MoverArgs),
+    /// Exclusive ownership's availability on real tonic servers and a real etcd: the same
+    /// skewed keyed workload with the lease protocol's bridge, without it, and in eventual
+    /// mode; prints a row per mode (requests satisfied, refused, rerouted, p50/p99, recalls).
+    Consistent(consistent::ConsistentArgs),
     /// Run one assigner run: the next assignment as one line of JSON on stdout (with
     /// --spec, with the constraints it misses), the run's report on stderr.
     Assign(assign::AssignArgs),
@@ -239,6 +246,7 @@ fn main() -> ExitCode {
         Command::Checker(args) => exclusive::checker::run(&mut out, &args),
         Command::ExclusiveNode(args) => exclusive::node::run(&args),
         Command::ExclusiveMover(args) => exclusive::mover::run(&args),
+        Command::Consistent(args) => consistent::run(&mut out, &args),
         Command::Figures { out: dir, run } => run.measure().and_then(|results| {
             for f in figures::draw_all(&results, &dir)? {
                 writeln!(out, "{}", dir.join(&f.file).display())?;
