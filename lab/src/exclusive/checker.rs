@@ -173,8 +173,17 @@ pub(crate) fn run(out: &mut impl Write, args: &CheckerArgs) -> LabResult {
         // Assigner is killed (mid-change) and a new candidate started.
         let paused = (cycle % u64::from(args.nodes - 1) + 1) as usize;
         nodes[paused].signal("STOP");
-        sleep(Duration::from_millis(1000));
-        let (leader, guard) = runtime.block_on(leader_and_guard(&etcd.endpoint()));
+        // Kill the leader mid-change: once its recall waits for the paused task's hold
+        // (within 1.8 s, before the paused task's lease can lapse).
+        let paused_at = std::time::Instant::now();
+        let (leader, guard) = loop {
+            let (leader, guard) = runtime.block_on(leader_and_guard(&etcd.endpoint()));
+            let recalling = guard.as_deref().is_some_and(|g| g.starts_with("v1 recalling"));
+            if recalling || paused_at.elapsed() > Duration::from_millis(1800) {
+                break (leader, guard);
+            }
+            sleep(Duration::from_millis(20));
+        };
         if let Some(i) =
             leader.as_deref().and_then(|l| l.strip_prefix("mover-")).and_then(|i| i.parse::<usize>().ok())
         {
@@ -192,7 +201,7 @@ pub(crate) fn run(out: &mut impl Write, args: &CheckerArgs) -> LabResult {
         faults.push(format!(
             "cycle {cycle}: task {paused} paused 3 s; leading Assigner {leader:?} killed at guard `{guard}`"
         ));
-        sleep(Duration::from_millis(2000));
+        sleep(Duration::from_secs(3).saturating_sub(paused_at.elapsed()));
         nodes[paused].signal("CONT");
         sleep(Duration::from_secs(4));
         // etcd down for a second and back with its data.
