@@ -539,7 +539,9 @@ impl Driver {
         }
         let task = self.slicelet.task();
         let target = self.ranges(wanted);
-        let now = self.ranges(tenure.hold);
+        // What is believed now, read from the belief itself (not recomputed from the
+        // assignments, which could have been forgotten): narrowing must cover all of it.
+        let now = self.slicelet.believed_ranges();
         let narrowed = intersect(&now, &target);
         let label = |h: Option<Hold>| h.map_or(0, Hold::latest);
         if narrowed != now {
