@@ -708,8 +708,17 @@ fn a_crate_re_exports_another_s_type_only_where_its_own_api_takes_or_returns_it(
         ),
         // A Slicelet is built for a job's consistency mode, and says which.
         ("slicelet", vec!["steady_slice::guard::Consistency"]),
-        // The etcd store is configured with steady-etcd's access.
-        ("slicer", vec!["steady_etcd::ConnectError", "steady_etcd::EtcdAccess", "steady_etcd::EtcdTls"]),
+        // The etcd store is configured with steady-etcd's access; an Assigner with a job's
+        // consistency mode, which a store error names.
+        (
+            "slicer",
+            vec![
+                "steady_etcd::ConnectError",
+                "steady_etcd::EtcdAccess",
+                "steady_etcd::EtcdTls",
+                "steady_slice::guard::Consistency",
+            ],
+        ),
         // The channel follows the Watch client's stream and reads the key header by default.
         (
             "tonic",
