@@ -134,11 +134,14 @@ pub(crate) fn run(out: &mut impl Write, args: &CheckerArgs) -> LabResult {
             args.seconds.to_string(),
         ];
         if args.broken && task == 0 {
-            // Answers up to 1.5 s late still count, so the delay stretches its belief.
+            // A 4 s lease and answers up to 3.9 s late still count: the 2.5 s delay
+            // stretches its belief, with room for a machine busy with other work.
             node.extend([
                 "--unsafe-deadline-from-answer".into(),
+                "--ttl".into(),
+                "4".into(),
                 "--request-timeout-ms".into(),
-                "1900".into(),
+                "3900".into(),
             ]);
         }
         nodes.push(lab(&node)?);
@@ -149,24 +152,41 @@ pub(crate) fn run(out: &mut impl Write, args: &CheckerArgs) -> LabResult {
     ];
     let mut faults = Vec::new();
     let sleep = |d: Duration| std::thread::sleep(d);
+    let mut caught_early = false;
     for cycle in 1..=args.seconds / CYCLE.as_secs() {
         sleep(Duration::from_secs(2));
         if args.broken {
-            // Task 0's answers come 1.5 s late; then its requests are held (a one-way
+            // Task 0's answers come 2.5 s late; then its requests are held (a one-way
             // partition): etcd gets no renewal and lets its lease go, while answers to
-            // the renewals it already got keep arriving for 1.5 s, each stretching the
+            // the renewals it already got keep arriving for 2.5 s, each stretching the
             // broken deadline past etcd's expiry. The Assigner moves the keys of the task
             // whose hold is gone, and their new owners take them while task 0 believes on.
-            proxies[0].delay_responses(Duration::from_millis(1500));
+            proxies[0].delay_responses(Duration::from_millis(2500));
             sleep(Duration::from_secs(3));
+            // Hold its requests once it holds a full assignment (within 5 s more), so
+            // that it owns keys the Assigner will move.
+            let since = std::time::Instant::now();
+            while since.elapsed() < Duration::from_secs(5)
+                && !runtime.block_on(holds_full(&etcd.endpoint(), 0))
+            {
+                sleep(Duration::from_millis(20));
+            }
+            let holding = since.elapsed() < Duration::from_secs(5);
             proxies[0].hold_requests(true);
             faults.push(format!(
-                "cycle {cycle}: task 0 (broken deadline) answers delayed 1.5 s, then its requests held 6 s"
+                "cycle {cycle}: task 0 (broken deadline{}) answers delayed 2.5 s, then its requests held 10 s",
+                if holding { ", holding `full`" } else { ", holding no `full`" }
             ));
-            sleep(Duration::from_secs(6));
+            sleep(Duration::from_secs(10));
             proxies[0].hold_requests(false);
             proxies[0].delay_responses(Duration::ZERO);
-            sleep(Duration::from_secs(CYCLE.as_secs() - 11));
+            sleep(CYCLE.saturating_sub(Duration::from_secs(5) + since.elapsed()));
+            // Caught once is enough: the run ends early (a busy machine can make one
+            // cycle's new owners too slow to meet the stretched belief; the next tries again).
+            if !overlaps(&read_intervals(&dir, args.nodes)).is_empty() {
+                caught_early = true;
+                break;
+            }
             continue;
         }
         // A task paused past its lease; while its hold keeps the recall open, the leading
@@ -218,16 +238,16 @@ pub(crate) fn run(out: &mut impl Write, args: &CheckerArgs) -> LabResult {
         faults.push(format!("cycle {cycle}: task {cut}'s link to etcd cut 3 s"));
         sleep(Duration::from_secs(CYCLE.as_secs() - 16));
     }
-    // The nodes stop by themselves at --seconds and write what they still hold.
+    // The nodes stop by themselves at --seconds and write what they still hold (or, with
+    // --broken caught early, are stopped: what they wrote shows it).
     for node in &mut nodes {
+        if caught_early {
+            let _ = node.0.kill();
+        }
         let _ = node.0.wait();
     }
     drop(movers);
-    let mut intervals = Vec::new();
-    for task in 0..args.nodes {
-        let text = std::fs::read_to_string(dir.join(format!("node-{task}.txt"))).unwrap_or_default();
-        intervals.extend(text.lines().filter_map(Interval::parse));
-    }
+    let intervals = read_intervals(&dir, args.nodes);
     let found = overlaps(&intervals);
     let owners: std::collections::BTreeSet<(u32, u32)> = intervals.iter().map(|i| (i.key, i.owner)).collect();
     let moved = (0..args.keys).filter(|k| owners.iter().filter(|(key, _)| key == k).count() > 1).count();
@@ -242,6 +262,25 @@ pub(crate) fn run(out: &mut impl Write, args: &CheckerArgs) -> LabResult {
     }
     drop(proxies);
     Ok(())
+}
+
+/// Every interval the nodes wrote so far (a line cut short by a kill is skipped).
+fn read_intervals(dir: &std::path::Path, nodes: u32) -> Vec<Interval> {
+    let mut intervals = Vec::new();
+    for task in 0..nodes {
+        let text = std::fs::read_to_string(dir.join(format!("node-{task}.txt"))).unwrap_or_default();
+        intervals.extend(text.lines().filter_map(Interval::parse));
+    }
+    intervals
+}
+
+/// Whether `task` holds `full G` of some generation in etcd now.
+async fn holds_full(endpoint: &str, task: u32) -> bool {
+    let Ok(mut client) = etcd_client::Client::connect([endpoint], None).await else { return false };
+    let prefix = format!("{}{task}/", steady_slice::guard::holds_prefix("/steady/jobs/", JOB));
+    let options = etcd_client::GetOptions::new().with_prefix();
+    let Ok(response) = client.get(prefix, Some(options)).await else { return false };
+    response.kvs().iter().any(|kv| kv.value().starts_with(b"v1 full"))
 }
 
 /// The candidate leading the checker's job (its leader key) and the job's guard.
