@@ -487,17 +487,7 @@ impl Slicelet {
     /// The key ranges believed now (ascending, touching ones merged).
     #[cfg(feature = "exclusive")]
     pub(crate) fn believed_ranges(&self) -> Vec<steady_slice::KeyRange> {
-        let Some(exclusive) = &self.state.exclusive else { return Vec::new() };
-        let mut out: Vec<steady_slice::KeyRange> = Vec::new();
-        for r in exclusive.belief().ownership.held() {
-            match out.last_mut() {
-                Some(last) if last.end() == Some(r.start()) => {
-                    *last = steady_slice::KeyRange::new(last.start(), r.end())
-                }
-                _ => out.push(r),
-            }
-        }
-        out
+        self.state.exclusive.as_ref().map(|e| e.belief().ownership.held_merged()).unwrap_or_default()
     }
 
     /// Believes nothing any more.

@@ -215,6 +215,12 @@ impl Ownership {
         self.pieces.iter().map(|p| p.span.range())
     }
 
+    /// The held key ranges, ascending, touching ones merged whatever their `since`.
+    #[cfg_attr(not(feature = "exclusive"), allow(dead_code))]
+    pub(crate) fn held_merged(&self) -> Vec<KeyRange> {
+        merged(self.pieces.iter().map(|p| p.span)).into_iter().map(Span::range).collect()
+    }
+
     /// The held key ranges, ascending, each with the generation since which it has been
     /// held without a break.
     pub fn held_with_since(&self) -> impl Iterator<Item = (KeyRange, u64)> + '_ {
