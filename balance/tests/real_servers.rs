@@ -118,9 +118,13 @@ async fn resizing_under_load_opens_only_the_subset_change() {
             s.subset == subset(m, next, k) && s.members.len() == k
         })
         .await;
-        // Connections the servers saw opened: exactly the members that joined.
-        let accepted: usize = servers.iter().map(TestServer::accepted).sum::<usize>() - accepted_before;
-        assert_eq!(accepted, new.difference(&old).count(), "{size} -> {next}");
+        // Connections the servers saw opened: exactly the members that joined. A member
+        // counts once its client side is connected, which can be just before the server's
+        // accept loop counts it: wait for the servers' count, then check it is exact.
+        let joined = new.difference(&old).count();
+        let accepted = || servers.iter().map(TestServer::accepted).sum::<usize>() - accepted_before;
+        eventually("the servers to accept the joined members", || accepted() >= joined).await;
+        assert_eq!(accepted(), joined, "{size} -> {next}");
         // Members that left close their connection once their requests finish.
         eventually("connections of departed members to close", || {
             servers.iter().enumerate().all(|(i, s)| s.open() == usize::from(new.contains(&i)))
