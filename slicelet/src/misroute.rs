@@ -12,14 +12,26 @@
 //! * this task released the key less than the grace period ago: it was the owner a moment
 //!   ago, its state is warm, and clients still on the older generation keep landing here
 //!   while the new one spreads;
-//! * the request was already forwarded once (metadata
-//!   [`FORWARDED_HEADER`](steady_proto::FORWARDED_HEADER)): one hop at most, so no loop.
+//! * the policy is [`OnMisroute::Forward`] and the request was already forwarded once
+//!   (metadata [`FORWARDED_HEADER`](steady_proto::FORWARDED_HEADER)): one hop at most, so
+//!   no loop.
 //!
 //! Otherwise [`OnMisroute::Reject`] answers `FAILED_PRECONDITION` with this task's
 //! generation in [`MOVED_HEADER`](steady_proto::MOVED_HEADER) (a client resends once its
 //! assignment is that new: `steady_tonic::SteadyChannel` does it by itself), and
 //! [`OnMisroute::Forward`] sends the request on, once, through a client of the same job
 //! that routes by key (a `SteadyChannel` following the same assignments).
+//!
+//! The forwarded mark counts only where the policy forwards. A task that rejects refuses a
+//! forwarded request for a key it does not hold like any other: an application chooses
+//! `Reject` so that no task answers for a key it does not hold, and a forwarder's mark (or
+//! a client that sets the header itself) must not undo that. In a fleet rolling from
+//! `Forward` to `Reject`, the refusal travels back through the forwarder to the client,
+//! which routes the request again by the generation the refusal names.
+//!
+//! In an exclusive job (`Slicelet::exclusive`) only the lease protocol decides: a key the
+//! task does not own is refused (or forwarded once, never twice), and neither the
+//! generation, the grace period nor the forwarded mark makes it serve one.
 
 use std::fmt;
 use std::time::Duration;

@@ -1,13 +1,14 @@
 //! What a backend does with a request for a key it no longer holds, on real tonic servers
 //! on 127.0.0.1 and a real `SteadyChannel`: refused with the newer generation and routed
 //! again by the client, served when the client is ahead or within the old owner's grace
-//! period, forwarded once to the owner with no loop.
+//! period, forwarded once to the owner with no loop (and a forwarded mark honoured only
+//! where the policy forwards).
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use steady_balance::BalanceConfig;
-use steady_proto::{GENERATION_HEADER, MOVED_HEADER};
+use steady_proto::{FORWARDED_HEADER, GENERATION_HEADER, MOVED_HEADER};
 use steady_slice::{Assignment, Slice, SliceKey};
 use steady_slicelet::{OnMisroute, Slicelet, SliceletLayer};
 use steady_testing::echo::echo_client::EchoClient;
@@ -114,6 +115,41 @@ async fn a_refusal_names_the_generation_to_a_client_that_does_not_route_by_key()
     let reply = EchoClient::new(endpoint(addr_of_0).connect().await.unwrap()).echo(ahead).await.unwrap();
     assert_eq!(reply.into_inner().task, 0);
     assert_eq!(slicelets[0].misroutes_rejected(), 0, "the fleet's own task 0 saw none of this");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forwarded_mark_makes_only_a_forwarding_backend_serve() {
+    // A backend at generation 2 (every key on task 1) is task 0: every key is misrouted
+    // here. A plain client sends it requests marked as forwarded once already.
+    let forwarded = || {
+        let mut request = keyed("user:7");
+        request.metadata_mut().insert(FORWARDED_HEADER, "1".parse().unwrap());
+        request
+    };
+    let backend = |policy: OnMisroute| async move {
+        let slicelet = Slicelet::new(0);
+        slicelet.set_assignment(all_on(2, 1));
+        let addr = serve(0, slicelet.layer().on_misroute(policy)).await;
+        (slicelet, EchoClient::new(endpoint(addr).connect().await.unwrap()))
+    };
+
+    // Reject: no task answers for a key it does not hold, whatever the mark says.
+    let (rejecting, mut client) = backend(OnMisroute::Reject).await;
+    let status = client.echo(forwarded()).await.expect_err("refused despite the mark");
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(status.metadata().get(MOVED_HEADER).unwrap(), "2");
+    assert_eq!((rejecting.misrouted(), rejecting.misroutes_rejected()), (1, 1));
+
+    // Forward: one hop at most, so the marked request is served here, not sent on.
+    let nowhere = tower::service_fn(|_: tonic::codegen::http::Request<tonic::body::Body>| async {
+        Err::<tonic::codegen::http::Response<tonic::body::Body>, tower::BoxError>(
+            "a marked request is never forwarded".into(),
+        )
+    });
+    let (forwarding, mut client) = backend(OnMisroute::forward(nowhere)).await;
+    let reply = client.echo(forwarded()).await.expect("served: forwarded once already");
+    assert_eq!(reply.into_inner().task, 0);
+    assert_eq!((forwarding.misrouted(), forwarding.misroutes_forwarded()), (1, 0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
