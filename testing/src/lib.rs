@@ -21,6 +21,10 @@
 //! # }
 //! ```
 //!
+//! [`EtcdCluster`] runs three (or more) members as production does, for what a single
+//! member cannot show: a leader killed and another elected, a member stopped while the
+//! others keep quorum, the whole cluster restarted on its data.
+//!
 //! [`Etcd::start_with`] starts one as deployments run it: serving clients over TLS
 //! (optionally requiring client certificates), or with authentication enabled and users
 //! that may use only their prefix ([`EtcdOptions`]).
@@ -71,6 +75,7 @@
 mod browser;
 #[cfg(feature = "clock")]
 pub mod clock;
+mod cluster;
 #[cfg(feature = "grpc")]
 pub mod echo;
 mod golden;
@@ -84,6 +89,7 @@ pub mod tls;
 pub mod wait;
 
 pub use browser::{Browser, BROWSER_BIN, PAGE_TIMEOUT, REQUIRE_BROWSER};
+pub use cluster::EtcdCluster;
 pub use golden::check_golden_file;
 pub use percentile::percentile;
 pub use wait::eventually_blocking;
@@ -129,6 +135,10 @@ pub struct Etcd {
     /// Serves `/health` (and `/metrics`) over plain HTTP whatever the clients speak.
     metrics: SocketAddr,
     options: EtcdOptions,
+    /// Its name among the members (`steady-test` alone).
+    name: String,
+    /// `--initial-cluster`: every member's name and peer URL (itself alone when `None`).
+    initial_cluster: Option<String>,
 }
 
 /// How [`Etcd::start_with`] runs the server: TLS for clients, client certificates, and
@@ -229,22 +239,20 @@ impl Etcd {
             options.tls.is_none() || options.root_password.is_none(),
             "the harness sets users up over plain HTTP: auth and tls are not combined"
         );
-        let binary = binary();
-        if Command::new(&binary).arg("--version").output().is_err() {
-            let message = format!(
-                "`{binary}` not found: install Debian's etcd-server (`apt-get install etcd-server`, \
-                 or run scripts/test.sh, which does) or set {ETCD_BIN}"
-            );
-            if required() {
-                panic!("{message}; {REQUIRE_ETCD} is set, so the etcd tests may not be skipped");
-            }
-            // Straight to stderr, not eprintln!: the test harness captures the print
-            // macros, and a skip must show in the default output.
-            let _ = writeln!(std::io::stderr(), "SKIPPED (etcd test): {message}");
+        if !installed() {
             return None;
         }
         let [client, peer, metrics] = free_ports();
-        let mut etcd = Self { child: None, dir: temp_dir("steady-etcd"), client, peer, metrics, options };
+        let mut etcd = Self {
+            child: None,
+            dir: temp_dir("steady-etcd"),
+            client,
+            peer,
+            metrics,
+            options,
+            name: "steady-test".to_owned(),
+            initial_cluster: None,
+        };
         let mut failures = Vec::new();
         for _ in 0..PORT_ATTEMPTS {
             match etcd.launch() {
@@ -295,6 +303,12 @@ impl Etcd {
 
     /// Spawns the server and waits until it is healthy, or says why not.
     fn launch(&mut self) -> Result<(), String> {
+        self.spawn()?;
+        self.wait_healthy(Instant::now() + START_TIMEOUT)
+    }
+
+    /// Spawns the server (a member of [`Etcd::initial_cluster`] when set) without waiting.
+    fn spawn(&mut self) -> Result<(), String> {
         std::fs::create_dir_all(&self.dir).map_err(|e| format!("cannot create {:?}: {e}", self.dir))?;
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -312,14 +326,16 @@ impl Etcd {
                 command.arg("--client-cert-auth");
             }
         }
+        let peers = self.initial_cluster.clone().unwrap_or_else(|| format!("{}={peer}", self.name));
         let child = command
-            .arg("--name=steady-test")
+            .arg(format!("--name={}", self.name))
+            .arg(format!("--initial-cluster={peers}"))
+            .arg("--initial-cluster-token=steady-test")
             .arg(format!("--data-dir={}", self.dir.join("data").display()))
             .arg(format!("--listen-client-urls={client}"))
             .arg(format!("--advertise-client-urls={client}"))
             .arg(format!("--listen-peer-urls={peer}"))
             .arg(format!("--initial-advertise-peer-urls={peer}"))
-            .arg(format!("--initial-cluster=steady-test={peer}"))
             .arg(format!("--listen-metrics-urls=http://{}", self.metrics))
             .arg("--logger=zap")
             .arg("--log-level=warn")
@@ -329,7 +345,12 @@ impl Etcd {
             .spawn()
             .map_err(|e| format!("cannot run etcd: {e}"))?;
         self.child = Some(child);
-        let deadline = Instant::now() + START_TIMEOUT;
+        Ok(())
+    }
+
+    /// Waits until the spawned server reports healthy (for a cluster's member: until the
+    /// cluster has a leader and answers through it), or says why not by `deadline`.
+    fn wait_healthy(&mut self, deadline: Instant) -> Result<(), String> {
         loop {
             if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
                 self.child = None;
@@ -400,6 +421,26 @@ impl Drop for Etcd {
         self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Whether the `etcd` binary runs; when it does not, says so on stderr (the test is
+/// skipped) or panics when [`REQUIRE_ETCD`] is set.
+fn installed() -> bool {
+    let binary = binary();
+    if Command::new(&binary).arg("--version").output().is_ok() {
+        return true;
+    }
+    let message = format!(
+        "`{binary}` not found: install Debian's etcd-server (`apt-get install etcd-server`, \
+         or run scripts/test.sh, which does) or set {ETCD_BIN}"
+    );
+    if required() {
+        panic!("{message}; {REQUIRE_ETCD} is set, so the etcd tests may not be skipped");
+    }
+    // Straight to stderr, not eprintln!: the test harness captures the print macros, and
+    // a skip must show in the default output.
+    let _ = writeln!(std::io::stderr(), "SKIPPED (etcd test): {message}");
+    false
 }
 
 fn binary() -> String {
@@ -546,16 +587,19 @@ fn base64(bytes: &[u8]) -> String {
 
 /// Whether the server at `addr` answers `GET /health` with `"health":"true"`.
 fn healthy(addr: SocketAddr) -> bool {
-    let ask = || -> std::io::Result<String> {
-        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
-        stream.set_read_timeout(Some(Duration::from_secs(1)))?;
-        stream.set_write_timeout(Some(Duration::from_secs(1)))?;
-        stream.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")?;
-        let mut response = String::new();
-        stream.take(64 * 1024).read_to_string(&mut response)?;
-        Ok(response)
-    };
-    ask().is_ok_and(|r| r.replace(' ', "").contains("\"health\":\"true\""))
+    http_get(addr, "/health", 64 * 1024).is_ok_and(|r| r.replace(' ', "").contains("\"health\":\"true\""))
+}
+
+/// The plain HTTP/1.1 response to `GET path` at `addr`, at most `limit` bytes of it.
+fn http_get(addr: SocketAddr, path: &str, limit: u64) -> std::io::Result<String> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
+    stream.set_read_timeout(Some(Duration::from_secs(1)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(1)))?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes())?;
+    let mut response = String::new();
+    stream.take(limit).read_to_string(&mut response)?;
+    Ok(response)
 }
 
 #[cfg(test)]
