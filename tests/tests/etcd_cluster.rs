@@ -139,13 +139,7 @@ impl Fleet {
             let follow = slicelet.follow(source);
             let reporter = slicelet.report_to(control.clone(), JOB, Duration::from_millis(250));
             addresses.push(server.addr());
-            backends.push(Backend {
-                slicelet: slicelet,
-                registration,
-                _server: server,
-                follow,
-                _reporter: reporter,
-            });
+            backends.push(Backend { slicelet, registration, _server: server, follow, _reporter: reporter });
         }
 
         // The Assigner follows the backends in the registry, and a standby waits for its
