@@ -200,7 +200,7 @@ pub async fn connect_with(
     if let Some((user, password)) = &access.user {
         options = options.with_user(user.clone(), password.clone());
     }
-    let client = match bounded(timeout, "connect", Client::connect(endpoints, Some(options))).await {
+    let client = match bounded(timeout, "connect", crate::connect_client(endpoints, options)).await {
         Ok(client) => client,
         Err(error) => return Err(diagnose(endpoints, timeout, access, probe_key, &error).await),
     };

@@ -6,6 +6,9 @@
 //!   that cannot work fail at start with a [`ConnectError`] naming the cause (a wrong
 //!   CA, a refused client certificate, a wrong password, a user without access to the
 //!   prefix, a server that is not there) instead of in every later call;
+//! * every client connects through a channel of steady's that sends each call to a member
+//!   whose connection is up (see `members.rs`): etcd-client's own balance keeps picking a
+//!   dead member of a cluster, failing most calls while one member of three is away;
 //! * [`bounded`]: an etcd call that gives up after a timeout, with a [`CallError`] that
 //!   names the call;
 //! * [`HeldLease`]: a lease renewed every third of its TTL by a task of its own (a failed
@@ -34,6 +37,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 mod access;
+mod members;
 
 pub use access::{connect_with, ConnectError, EtcdAccess, EtcdTls};
 
@@ -83,7 +87,16 @@ impl std::error::Error for CallError {
 ///
 /// [`CallError`] when no endpoint answers within `timeout`.
 pub async fn connect(endpoints: &[String], timeout: Duration) -> Result<Client, CallError> {
-    bounded(timeout, "connect", Client::connect(endpoints, Some(connect_options(timeout)))).await
+    bounded(timeout, "connect", connect_client(endpoints, connect_options(timeout))).await
+}
+
+/// A client of `endpoints` speaking through [`members::Members`] (each call to a member
+/// whose connection is up), not etcd-client's own balance.
+async fn connect_client(
+    endpoints: &[String],
+    options: etcd_client::ConnectOptions,
+) -> Result<Client, EtcdError> {
+    Client::connect_with_balanced_channel(endpoints, Some(options), members::MembersBuilder).await
 }
 
 /// The options every connection of steady's is made with: connections give up after

@@ -1,10 +1,11 @@
 //! The assignment stores' specification: one set of behaviours that `MemoryStore` and
 //! `EtcdStore` (on a real etcd on 127.0.0.1, started per test by `steady_testing::Etcd`)
 //! must both show, then what only etcd has (values written around the store, lease
-//! failover, restarts). The etcd behaviours run three ways: plaintext, over TLS with
-//! client certificates required, and with authentication as a user confined to the
-//! store's prefix; settings that cannot work fail at connect with a typed error. Every
-//! wait is bounded.
+//! failover, restarts). The etcd behaviours run five ways: plaintext on one member, on a
+//! three-member cluster (`steady_testing::EtcdCluster`), on such a cluster whose leader
+//! member was killed first (the client still lists it), over TLS with client certificates
+//! required, and with authentication as a user confined to the store's prefix; settings
+//! that cannot work fail at connect with a typed error. Every wait is bounded.
 
 use std::time::{Duration, Instant};
 
@@ -40,6 +41,12 @@ fn etcd_config(etcd: &Etcd) -> EtcdConfig {
 
 async fn etcd_store(etcd: &Etcd) -> EtcdStore {
     within(WAIT, "connecting", EtcdStore::connect(etcd_config(etcd))).await.unwrap()
+}
+
+/// A store on every member of a cluster.
+async fn cluster_store(etcd: &steady_testing::EtcdCluster) -> EtcdStore {
+    let config = EtcdConfig::new(etcd.endpoints()).lease_ttl(TTL).request_timeout(Duration::from_secs(3));
+    within(WAIT, "connecting", EtcdStore::connect(config)).await.unwrap()
 }
 
 /// An etcd that serves clients over TLS and requires their certificates, and the
@@ -240,6 +247,28 @@ macro_rules! specification {
                 async fn $behaviour() {
                     let Some(etcd) = steady_testing::Etcd::start() else { return };
                     super::spec::$behaviour(&super::etcd_store(&etcd).await).await;
+                }
+            )*
+        }
+        mod etcd_cluster {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    let Some(etcd) = steady_testing::EtcdCluster::start() else { return };
+                    super::spec::$behaviour(&super::cluster_store(&etcd).await).await;
+                }
+            )*
+        }
+        mod etcd_cluster_with_its_leader_member_dead {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    let Some(mut etcd) = steady_testing::EtcdCluster::start() else { return };
+                    let leader = etcd.wait_for_leader();
+                    etcd.kill(leader);
+                    etcd.wait_for_leader();
+                    // The client still lists the dead member: its calls must go to the others.
+                    super::spec::$behaviour(&super::cluster_store(&etcd).await).await;
                 }
             )*
         }
