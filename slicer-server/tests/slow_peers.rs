@@ -43,10 +43,9 @@ impl Drop for Pages {
     }
 }
 
-/// A server of one job's pages with a gauge `steady_test_up` at `/metrics`, configured
-/// by `configure`, serving on 127.0.0.1, port 0.
-fn serve(configure: impl FnOnce(StatusServer) -> StatusServer) -> Pages {
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+/// A server of one job's pages with a gauge `steady_test_up` at `/metrics` (kept while
+/// the returned gauge is).
+fn server() -> (StatusServer, opentelemetry::metrics::ObservableGauge<u64>) {
     let registry = MetricsRegistry::new();
     let up =
         registry.meter().u64_observable_gauge("steady.test.up").with_callback(|o| o.observe(1, &[])).build();
@@ -59,7 +58,14 @@ fn serve(configure: impl FnOnce(StatusServer) -> StatusServer) -> Pages {
         assigner: watch::channel(Arc::new(AssignerStats::default())).1,
         tasks: watch::channel(Tasks::default()).1,
     };
-    let server = configure(StatusServer::new(sources, registry));
+    (StatusServer::new(sources, registry), up)
+}
+
+/// [`server`], configured by `configure`, serving on 127.0.0.1, port 0.
+fn serve(configure: impl FnOnce(StatusServer) -> StatusServer) -> Pages {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (server, up) = server();
+    let server = configure(server);
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
     let addr = listener.local_addr().unwrap();
@@ -416,4 +422,22 @@ async fn what_a_request_may_send_is_bounded() {
     stream.write_all(b"DELETE /metrics HTTP/1.1\r\nHost: pages\r\n\r\n").await.unwrap();
     let (head, _) = within(Duration::from_secs(10), "a refusal", read_response(&mut stream)).await.unwrap();
     assert!(head.starts_with("HTTP/1.1 405"), "{head}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_serve_closes_its_connections() {
+    let (server, _up) = server();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let serving = tokio::spawn(server.serve(listener));
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(SCRAPE).await.unwrap();
+    let (head, _) = read_response(&mut stream).await.unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    // Idle on keep-alive (30 s allowed), its task still running: the serve future
+    // dropped takes the connection with it.
+    let start = Instant::now();
+    serving.abort();
+    let closed = closed_after("the connection to close", &mut stream, start, std::future::pending()).await;
+    assert!(closed < Duration::from_secs(5), "{closed:?}");
 }
