@@ -28,28 +28,51 @@
 //! # Bounds
 //!
 //! The pages serve whoever reaches the listener, so bind it where only operators and the
-//! scraper can (loopback by default in the binary). At most 64 connections are served at
-//! once (more wait in the kernel's backlog); a request's headers must arrive within 5
-//! seconds; the event log keeps the last 100 events.
+//! scraper can (loopback by default in the binary).
+//!
+//! * At most 64 connections are served at once. New connections are always accepted:
+//!   when every slot is taken, the idlest connection is closed to make room (one with no
+//!   response under way that made no progress for longest; a busy one only when all
+//!   are), so idle or slow peers cannot lock a fresh scraper out.
+//! * A request's head must arrive in full within 5 seconds
+//!   ([`StatusServer::head_timeout`]) of the accept, or of its first byte on a
+//!   keep-alive connection, however it trickles in; its response must be written to the
+//!   socket within as long (a peer that does not read it is closed).
+//! * A keep-alive connection idles at most 30 seconds between a response and the next
+//!   request ([`StatusServer::idle_timeout`]).
+//! * Timed-out connections are closed by a sweep, at most an eighth of the shorter
+//!   timeout (and at most 250 ms) late.
+//! * A request head is at most 16 KiB and 64 header fields (431 otherwise); only GET is
+//!   served (405 otherwise), and a request with a body is refused unread (413) and its
+//!   connection closed.
+//! * The event log keeps the last 100 events.
+//!
+//! What the slots cannot stop is a flood of new connections: a peer that connects 64
+//! times in the moment between a scraper's connect and its request (microseconds on a
+//! nearby machine) closes the scraper's connection to make room. That is for the
+//! firewall or a connection rate limit in front of the listener.
 
 mod page;
 mod prometheus;
+mod slots;
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use steady_assigner::{TaskState, Tasks};
 use steady_slicer::assigner_service::AssignerStats;
 use steady_slicer::load::LoadCollector;
 use steady_slicer::Distributor;
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
+
+use slots::{Slots, Timeouts, TrackedBody, TrackedIo};
 
 pub use prometheus::MetricsRegistry;
 
@@ -57,8 +80,14 @@ pub use prometheus::MetricsRegistry;
 const REFRESH: Duration = Duration::from_secs(2);
 /// The most connections served at once.
 const MAX_CONNECTIONS: usize = 64;
-/// How long a request's headers may take to arrive.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a request's head may take to arrive, by default ([`StatusServer::head_timeout`]).
+const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a keep-alive connection may idle, by default ([`StatusServer::idle_timeout`]).
+const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// The most a request head may take (hyper's read buffer; a longer head is answered 431).
+const MAX_HEAD_BYTES: usize = 16 * 1024;
+/// The most header fields a request may have (more are answered 431).
+const MAX_HEADERS: usize = 64;
 /// How many events the page keeps.
 const MAX_EVENTS: usize = 100;
 /// How old a load report may be to count on the page.
@@ -93,12 +122,18 @@ pub struct StatusServer {
     sources: StatusSources,
     registry: MetricsRegistry,
     events: Arc<Mutex<VecDeque<(SystemTime, String)>>>,
+    timeouts: Timeouts,
 }
 
 impl StatusServer {
     /// The pages of `sources`, with `registry`'s instruments at `/metrics`.
     pub fn new(sources: StatusSources, registry: MetricsRegistry) -> Self {
-        Self { sources, registry, events: Arc::default() }
+        Self {
+            sources,
+            registry,
+            events: Arc::default(),
+            timeouts: Timeouts { head: HEAD_TIMEOUT, idle: IDLE_TIMEOUT },
+        }
     }
 
     /// The Prometheus text `/metrics` serves now.
@@ -111,8 +146,28 @@ impl StatusServer {
         page::render(&self.snapshot())
     }
 
-    /// Serves the pages on `listener` until the future is dropped, and keeps the event
-    /// log meanwhile.
+    /// How long a request head may take to arrive in full: from the accept, or from the
+    /// first byte of a request after the previous response, however slowly it trickles
+    /// in. A response, too, must be written to the socket within this long of its
+    /// request's head (a peer that does not read it is closed). 5 seconds by default.
+    pub fn head_timeout(mut self, timeout: Duration) -> Self {
+        self.timeouts.head = timeout;
+        self
+    }
+
+    /// How long a keep-alive connection may stay idle between a response and the next
+    /// request's first byte. 30 seconds by default.
+    pub fn idle_timeout(mut self, timeout: Duration) -> Self {
+        self.timeouts.idle = timeout;
+        self
+    }
+
+    /// Serves the pages on `listener` until the future is dropped (which closes every
+    /// connection it serves), and keeps the event log meanwhile.
+    ///
+    /// At most 64 connections are served at once. When all slots are taken, a new
+    /// connection takes the slot of the idlest (see the module documentation's bounds):
+    /// new connections are always accepted and served.
     ///
     /// # Errors
     ///
@@ -120,9 +175,12 @@ impl StatusServer {
     pub async fn serve(self, listener: TcpListener) -> std::io::Result<()> {
         let watcher = tokio::spawn(self.clone().watch_events());
         let _stop_watcher = AbortOnDrop(watcher);
-        let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+        // The only strong reference: the sweeper and the connections hold weak ones, so
+        // dropping this future drops the table and with it every connection.
+        let slots = Arc::new(Slots::new(MAX_CONNECTIONS, self.timeouts));
+        let sweeper = tokio::spawn(sweep(Arc::downgrade(&slots)));
+        let _stop_sweeper = AbortOnDrop(sweeper);
         loop {
-            let permit = permits.clone().acquire_owned().await.expect("never closed");
             let (stream, _) = match listener.accept().await {
                 Ok(accepted) => accepted,
                 // A connection that failed before we took it (reset, out of descriptors
@@ -134,26 +192,48 @@ impl StatusServer {
                 }
                 Err(error) => return Err(error),
             };
+            let admitted = slots.admit();
+            let slots = Arc::downgrade(&slots);
             let server = self.clone();
             tokio::spawn(async move {
+                let tracker = admitted.tracker.clone();
                 let service = hyper::service::service_fn(move |request| {
-                    let server = server.clone();
-                    async move { Ok::<_, Infallible>(server.respond(&request)) }
+                    tracker.request();
+                    let response =
+                        server.respond(&request).map(|body| TrackedBody::new(body, tracker.clone()));
+                    async move { Ok::<_, Infallible>(response) }
                 });
+                let io = TokioIo::new(TrackedIo::new(stream, admitted.tracker.clone()));
                 let connection = hyper::server::conn::http1::Builder::new()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(HEADER_TIMEOUT)
-                    .serve_connection(TokioIo::new(stream), service);
-                if let Err(error) = connection.await {
-                    tracing::debug!(%error, "status: connection ended with an error");
+                    // Ours instead (see the slots module: hyper's would bound keep-alive
+                    // idleness by the head timeout).
+                    .header_read_timeout(None)
+                    .max_buf_size(MAX_HEAD_BYTES)
+                    .max_headers(MAX_HEADERS)
+                    .serve_connection(io, service);
+                tokio::select! {
+                    result = connection => {
+                        if let Err(error) = result {
+                            tracing::debug!(%error, "status: connection ended with an error");
+                        }
+                    }
+                    _ = admitted.close => {}
                 }
-                drop(permit);
+                if let Some(slots) = slots.upgrade() {
+                    slots.leave(admitted.id);
+                }
             });
         }
     }
 
-    fn respond<B>(&self, request: &Request<B>) -> Response<Full<Bytes>> {
+    fn respond<B: hyper::body::Body>(&self, request: &Request<B>) -> Response<Full<Bytes>> {
+        // Only GET is served, and no request carries a body: one that does is refused
+        // unread, and the connection closed (its body is never buffered).
+        let has_body = !request.body().is_end_stream();
         let (status, content_type, body) = match (request.method().as_str(), request.uri().path()) {
+            _ if has_body => {
+                (StatusCode::PAYLOAD_TOO_LARGE, "text/plain", "requests carry no body here\n".to_owned())
+            }
             ("GET", "/") => (StatusCode::OK, "text/html; charset=utf-8", self.page()),
             ("GET", "/metrics") => {
                 (StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", self.metrics())
@@ -167,6 +247,11 @@ impl StatusServer {
         *response.status_mut() = status;
         if let Ok(value) = content_type.parse() {
             response.headers_mut().insert(hyper::header::CONTENT_TYPE, value);
+        }
+        if has_body {
+            response
+                .headers_mut()
+                .insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
         }
         response
     }
@@ -321,6 +406,18 @@ struct AbortOnDrop(tokio::task::JoinHandle<()>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+/// Closes the connections past their timeouts, until the table is gone.
+async fn sweep(slots: Weak<Slots>) {
+    loop {
+        let Some(every) = slots.upgrade().map(|s| s.sweep_every()) else { return };
+        tokio::time::sleep(every).await;
+        match slots.upgrade() {
+            Some(slots) => slots.sweep(),
+            None => return,
+        }
     }
 }
 
