@@ -11,6 +11,8 @@
 //!     --etcd-ca etcd-ca.pem --etcd-cert slicer-etcd.pem --etcd-key slicer-etcd.key \
 //!     --etcd-user steady-slicer --etcd-password-file /run/secrets/etcd-password
 //! steady-slicer --job users --registry http://etcd-0:2379 --store etcd --endpoints http://etcd-0:2379
+//! steady-slicer --job users --registry https://etcd-0:2379 --store etcd --endpoints https://etcd-0:2379 \
+//!     --etcd-ca etcd-ca.pem --etcd-user steady-slicer --etcd-password-file /run/secrets/etcd-password
 //! steady-slicer --job users --dns users.prod.svc.cluster.local.
 //! steady-slicer --job users --registry http://etcd-0:2379 --store etcd --endpoints http://etcd-0:2379 \
 //!     --spec users-spec.json
@@ -50,11 +52,16 @@
 //! at `/` (`steady_slicer_server::status`) on ADDR; a bare port means 127.0.0.1, so the pages
 //! listen on loopback unless told otherwise. Its second line on stdout says where.
 //!
-//! With `--store etcd`, `--etcd-ca` connects to etcd over TLS (`https://` endpoints),
-//! `--etcd-cert` and `--etcd-key` present a client certificate (etcd's
-//! `--client-cert-auth`), and `--etcd-user` with `--etcd-password-file` (the first line of
-//! the file; never a flag, which `ps` would show) logs in as a user. Settings etcd refuses
-//! end the process at start with one line naming the cause.
+//! Every connection to etcd, the store's (`--store etcd`, `--endpoints`) and the
+//! registry's (`--registry`), is made with the same access settings: `--etcd-ca` connects
+//! over TLS (`https://` endpoints), `--etcd-cert` and `--etcd-key` present a client
+//! certificate (etcd's `--client-cert-auth`), and `--etcd-user` with
+//! `--etcd-password-file` (the first line of the file; never a flag, which `ps` would
+//! show) logs in as a user, whose role must cover the key prefix (`/steady/jobs/`) on
+//! each cluster. The flags are for `--store etcd` or `--registry`; with both, the two
+//! may be one cluster or two that take the same credentials. Settings etcd refuses end
+//! the process at start with one line naming the cause and which connection (`store:` or
+//! `--registry:`).
 //!
 //! Serves `AssignmentDistributor.Watch` on `--listen`, campaigns to be the job's one
 //! Assigner in the store, and while it leads runs the chosen algorithm every cadence (and
@@ -135,7 +142,8 @@ struct Cli {
     /// The job's tasks, `0..TASKS`, all serving (or follow the job: `--registry`, `--dns`).
     #[arg(long, group = "backends")]
     tasks: Option<u32>,
-    /// Follow the job's tasks in the etcd registry at these endpoints (plain connections).
+    /// Follow the job's tasks in the etcd registry at these endpoints (reached with the
+    /// `--etcd-*` settings, as the store is).
     #[arg(long, group = "backends", value_delimiter = ',', value_name = "URLS")]
     registry: Vec<String>,
     /// Follow the job's tasks by resolving this DNS name (indices from host-name ordinals).
@@ -178,8 +186,9 @@ struct Cli {
     #[arg(long, value_name = "ADDR", value_parser = loopback_unless_told)]
     metrics_listen: Option<SocketAddr>,
 
-    // Reaching etcd (with `--store etcd`; checked by `check_etcd_access`).
-    /// Connect to etcd over TLS, trusting this CA (PEM).
+    // Reaching etcd: the store's and the registry's connections alike (with `--store etcd`
+    // or `--registry`; checked by `check_etcd_access`).
+    /// Connect to etcd (the store and the registry) over TLS, trusting this CA (PEM).
     #[arg(long, value_name = "FILE")]
     etcd_ca: Option<PathBuf>,
     /// Present this client certificate to etcd (PEM; with `--etcd-key` and `--etcd-ca`).
@@ -188,7 +197,8 @@ struct Cli {
     /// The private key of `--etcd-cert` (PEM).
     #[arg(long, value_name = "FILE")]
     etcd_key: Option<PathBuf>,
-    /// Log in to etcd as this user (with `--etcd-password-file`).
+    /// Log in to etcd (the store and the registry) as this user (with
+    /// `--etcd-password-file`).
     #[arg(long, value_name = "USER")]
     etcd_user: Option<String>,
     /// The password of `--etcd-user`: the file's first line.
@@ -276,7 +286,7 @@ struct Checked {
     tasks: Option<Tasks>,
     config: AssignerConfig,
     tls: ServingTls,
-    /// How to reach etcd (with `--store etcd`).
+    /// How to reach etcd: the store (with `--store etcd`) and the registry (`--registry`).
     etcd_access: EtcdAccess,
 }
 
@@ -399,8 +409,9 @@ fn check(cli: &Cli) -> Result<Checked, Failure> {
     Ok(Checked { infeasible, assigner, tasks, config, tls, etcd_access })
 }
 
-/// How to reach etcd: files read now, so that a missing or unreadable one is one line
-/// before anything starts; the flags only with `--store etcd`, and in pairs.
+/// How to reach etcd, for the store and the registry alike: files read now, so that a
+/// missing or unreadable one is one line before anything starts; the flags only with
+/// `--store etcd` or `--registry` (an etcd to reach), and in pairs.
 fn check_etcd_access(cli: &Cli) -> Result<EtcdAccess, Failure> {
     let given = [
         ("--etcd-ca", cli.etcd_ca.is_some()),
@@ -409,9 +420,9 @@ fn check_etcd_access(cli: &Cli) -> Result<EtcdAccess, Failure> {
         ("--etcd-user", cli.etcd_user.is_some()),
         ("--etcd-password-file", cli.etcd_password_file.is_some()),
     ];
-    if cli.store != StoreKind::Etcd {
+    if cli.store != StoreKind::Etcd && cli.registry.is_empty() {
         if let Some((flag, _)) = given.iter().find(|(_, given)| *given) {
-            return Err(format!("{flag} is for --store etcd").into());
+            return Err(format!("{flag} is for --store etcd or --registry (an etcd to reach)").into());
         }
         return Ok(EtcdAccess::new());
     }
@@ -496,10 +507,12 @@ fn read(flag: &str, path: &Path) -> Result<Vec<u8>, Failure> {
 }
 
 /// The Assigner's task set: `--tasks` (with the sender that keeps it), or discovery's view
-/// of the job (with the source that keeps it running).
+/// of the job (with the source that keeps it running). The registry is reached with
+/// `access`, the store's own settings.
 async fn backend_job(
     cli: &Cli,
     tasks: Option<Tasks>,
+    access: &EtcdAccess,
 ) -> Result<(Option<watch::Sender<Tasks>>, Option<Discovery>, watch::Receiver<Tasks>), Failure> {
     if let Some(tasks) = tasks {
         let (fixed, rx) = watch::channel(tasks);
@@ -509,7 +522,7 @@ async fn backend_job(
         // The port is not used: the Assigner needs the tasks' indices and states only.
         dns::discover(dns::DnsConfig::new(name.clone(), 1)).await.map_err(|e| format!("--dns {name}: {e}"))?
     } else {
-        let config = registry::RegistryConfig::new(cli.registry.clone());
+        let config = registry::RegistryConfig::new(cli.registry.clone()).access(access.clone());
         let etcd = registry::Registry::connect(config).await.map_err(|e| format!("--registry: {e}"))?;
         registry::watch_job(&etcd, &cli.job).await.map_err(|e| format!("--registry: {e}"))?
     };
@@ -522,7 +535,7 @@ async fn run(cli: Cli, checked: Checked) -> Result<(), Failure> {
     // The backend job: fixed, or followed through discovery (kept for as long as the
     // process runs: dropping a discovery source stops it). First: a source that cannot be
     // read is one line before anything else happens.
-    let (_fixed, _discovery, tasks_rx) = backend_job(&cli, tasks).await?;
+    let (_fixed, _discovery, tasks_rx) = backend_job(&cli, tasks, &etcd_access).await?;
     let store: Arc<dyn AssignmentStore> = match cli.store {
         StoreKind::Memory => Arc::new(MemoryStore::new()),
         StoreKind::Etcd => {
