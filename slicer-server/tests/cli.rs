@@ -224,6 +224,8 @@ fn the_binary_refuses_a_missing_or_unreadable_key_file_in_one_line() {
     let pki = steady_testing::tls::TestPki::new("slicer CA");
     let leaf = pki.issue(&["127.0.0.1"]);
     let (cert, key) = (leaf.cert_file().to_str().unwrap(), leaf.key_file().to_str().unwrap());
+    let other = pki.issue(&["127.0.0.1"]);
+    let other_key = other.key_file().to_str().unwrap();
     let ca = pki.ca_file();
     let ca = ca.to_str().unwrap();
     let missing = pki.dir().join("missing.key");
@@ -235,7 +237,21 @@ fn the_binary_refuses_a_missing_or_unreadable_key_file_in_one_line() {
         (vec!["--tls-cert", cert, "--tls-key", directory], format!("--tls-key {directory}: ")),
         (vec!["--tls-cert", missing, "--tls-key", key], format!("--tls-cert {missing}: ")),
         // A certificate where the key should be: no key in it.
-        (vec!["--tls-cert", cert, "--tls-key", cert], "--tls-cert/--tls-key: ".to_owned()),
+        (vec!["--tls-cert", cert, "--tls-key", cert], "--tls-cert/--tls-key: the key holds no".to_owned()),
+        // Another certificate's key.
+        (
+            vec!["--tls-cert", cert, "--tls-key", other_key],
+            "--tls-cert/--tls-key: the key does not go with the certificate".to_owned(),
+        ),
+        // A client CA bundle with no certificate in it.
+        (
+            vec!["--tls-cert", cert, "--tls-key", key, "--tls-client-ca", key],
+            "--tls-client-ca: the CA bundle holds no PEM certificate".to_owned(),
+        ),
+        (
+            vec!["--tls-cert", cert, "--tls-key", key, "--tls-reload-ms", "5"],
+            "--tls-reload-ms 5: ".to_owned(),
+        ),
         (
             vec!["--tls-cert", cert, "--tls-key", key, "--tls-client-ca", missing],
             format!("--tls-client-ca {missing}: "),
