@@ -56,10 +56,11 @@ use tonic::transport::{Channel, Endpoint};
 ///   the handshake is bounded by the connect timeout.
 /// * **Cost.** Applied when a connection is made, not when a view arrives: a TLS
 ///   configuration is built per connection attempt, never per request.
-/// * **Rotation.** With `EndpointTemplate::tls_source` (feature `tls`) the TLS settings are read from
-///   a `ClientTlsSource` at each connection: replace its identity or CA bundle and every
-///   connection made after (a new member, a member reconnected after a failure) uses
-///   the new one, while connections already made keep theirs and their requests.
+/// * **Rotation.** With `EndpointTemplate::tls_source` (feature `tls`) the TLS settings
+///   are read from a `ClientTlsSource` at each connection: replace its identity or CA
+///   bundle and every connection made after (a new member, a member reconnected after a
+///   failure) uses the new one, while connections already made keep theirs and their
+///   requests.
 ///
 /// TLS needs the `tls` feature (rustls on ring, the system's roots for `https://`
 /// addresses without a configuration). Without it an `https://` address fails to connect
