@@ -532,31 +532,45 @@ async fn reload_tls(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await; // The first tick is now: the files were just read.
     loop {
-        let hangup = async {
-            match hangups.as_mut() {
-                Some(signals) => signals.recv().await,
-                None => std::future::pending().await,
+        let signals_ended = {
+            let hangup = async {
+                match hangups.as_mut() {
+                    Some(signals) => signals.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = tick.tick() => false,
+                received = hangup => received.is_none(),
             }
         };
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = hangup => {}
+        if signals_ended {
+            // No more SIGHUPs can come (the runtime's signal driver is gone): the period
+            // goes on alone rather than reading the files in a loop.
+            hangups = None;
         }
-        // Small files, read off the runtime's threads.
+        // Small files, read off the runtime's threads. A panic in the check (none is
+        // known) is caught there: the material in force stays and the reading goes on.
         let checked = tokio::task::spawn_blocking(move || {
-            let events = tls.check();
+            let events = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tls.check()));
             (tls, events)
         })
         .await;
         match checked {
-            Ok((checked, events)) => {
+            Ok((checked, Ok(events))) => {
                 tls = checked;
                 for event in events {
                     eprintln!("steady-slicer: {event}");
                 }
             }
-            // `check` does not panic; were it to, the material in force stays and
-            // nothing is reloaded again: say so rather than stop silently.
+            Ok((checked, Err(_))) => {
+                tls = checked;
+                eprintln!(
+                    "steady-slicer: TLS: reading the files failed; still serving with the material in force"
+                );
+            }
+            // The closure catches its panics, so the task is not lost unless the runtime
+            // shuts down.
             Err(error) => {
                 eprintln!(
                     "steady-slicer: TLS: the reloading stopped ({error}); serving with the material in force"
