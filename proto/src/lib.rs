@@ -10,13 +10,18 @@
 //! * [`load`]: `LoadCollector.Report` (`proto/load.proto`, package `steady.load.v1`), the
 //!   stream on which backend tasks report their keyed load to the Assigner.
 //! * [`DEFAULT_KEY_HEADER`]: the request metadata a slice key travels in.
+//! * `tls` (feature `tls`): TLS whose certificates rotate while serving and connecting:
+//!   a replaceable server certificate and client CA bundle (a rustls resolver and
+//!   verifier), a listener of TLS connections for tonic's `serve_with_incoming`, and a
+//!   replaceable client configuration read at each connection.
 //!
 //! The wire formats are contracts: fields are only ever added, and a message a newer
 //! sender adds fields to still decodes here.
 //!
 //! # Dependencies
 //!
-//! `steady-slice`, `steady-core`, tonic, prost and tokio. The protobuf code is generated
+//! `steady-slice`, `steady-core`, tonic, prost and tokio; with `tls`, tonic's rustls on
+//! ring, the tokio-rustls it uses, and arc-swap. The protobuf code is generated
 //! at build time with a protoc that cargo installs (`protoc-bin-vendored`): a fresh
 //! machine needs nothing else.
 
@@ -25,6 +30,8 @@
 
 mod convert;
 mod encoded;
+#[cfg(feature = "tls")]
+pub mod tls;
 mod watch;
 
 pub use encoded::{encode_update, EncodedWatch, EncodedWatchServer, EncodedWatchStream};

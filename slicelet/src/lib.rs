@@ -558,7 +558,37 @@ impl Slicelet {
     ///
     /// The reporting stops when the returned [`LoadReporter`] is dropped or stopped.
     pub fn report_to(&self, endpoint: Endpoint, job: impl Into<String>, interval: Duration) -> LoadReporter {
-        LoadReporter::spawn(self.clone(), endpoint, job.into(), interval, Backoff::default())
+        LoadReporter::spawn(
+            self.clone(),
+            reporter::Target::plain(endpoint),
+            job.into(),
+            interval,
+            Backoff::default(),
+        )
+    }
+
+    /// As [`Slicelet::report_to_with_backoff`], over TLS with the settings `tls` holds
+    /// when each connection is made: a client identity replaced in it
+    /// (`ClientTlsSource::replace`, as rotated certificate files change) is presented
+    /// from the next report stream on (the collector's certificate check,
+    /// `LoadCollector::authorize_reporters`, sees it then); the stream open keeps the
+    /// identity it was opened with. `endpoint` is the collector's `https://` address.
+    ///
+    /// # Errors
+    ///
+    /// As [`Slicelet::report_to_with_backoff`].
+    #[cfg(feature = "tls")]
+    pub fn report_to_tls(
+        &self,
+        endpoint: Endpoint,
+        tls: steady_proto::tls::ClientTlsSource,
+        job: impl Into<String>,
+        interval: Duration,
+        backoff: Backoff,
+    ) -> Result<LoadReporter, ConfigError> {
+        backoff.validate()?;
+        let target = reporter::Target { endpoint, tls: Some(tls) };
+        Ok(LoadReporter::spawn(self.clone(), target, job.into(), interval, backoff))
     }
 
     /// As [`Slicelet::report_to`], reconnecting after `backoff`.
@@ -575,7 +605,13 @@ impl Slicelet {
         backoff: Backoff,
     ) -> Result<LoadReporter, ConfigError> {
         backoff.validate()?;
-        Ok(LoadReporter::spawn(self.clone(), endpoint, job.into(), interval, backoff))
+        Ok(LoadReporter::spawn(
+            self.clone(),
+            reporter::Target::plain(endpoint),
+            job.into(),
+            interval,
+            backoff,
+        ))
     }
 
     /// A tower layer for the server that records every request's slice key (metadata

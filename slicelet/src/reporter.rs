@@ -14,6 +14,9 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 use tonic::transport::Endpoint;
 
+#[cfg(feature = "tls")]
+use steady_proto::tls::ClientTlsSource;
+
 use super::Slicelet;
 
 /// The shortest reporting interval: a shorter one is raised to it (a zero interval
@@ -51,10 +54,39 @@ pub struct LoadReporter {
     pub(crate) counters: Arc<Counters>,
 }
 
+/// Where a reporter connects: the collector's endpoint and, with the `tls` feature, a
+/// source of TLS settings read at each connection (so a rotated client identity is
+/// presented from the next stream on).
+#[derive(Debug, Clone)]
+pub(crate) struct Target {
+    pub(crate) endpoint: Endpoint,
+    #[cfg(feature = "tls")]
+    pub(crate) tls: Option<ClientTlsSource>,
+}
+
+impl Target {
+    pub(crate) fn plain(endpoint: Endpoint) -> Self {
+        Self {
+            endpoint,
+            #[cfg(feature = "tls")]
+            tls: None,
+        }
+    }
+
+    /// The endpoint for the next connection, with the TLS settings in force now.
+    fn endpoint(&self) -> Result<Endpoint, tonic::transport::Error> {
+        #[cfg(feature = "tls")]
+        if let Some(tls) = &self.tls {
+            return tls.apply(self.endpoint.clone());
+        }
+        Ok(self.endpoint.clone())
+    }
+}
+
 impl LoadReporter {
     pub(super) fn spawn(
         slicelet: Slicelet,
-        endpoint: Endpoint,
+        target: Target,
         job: String,
         interval: Duration,
         backoff: Backoff,
@@ -68,7 +100,7 @@ impl LoadReporter {
         }
         let task = tokio::spawn(run(
             slicelet,
-            endpoint,
+            target,
             job,
             interval.max(MIN_REPORT_INTERVAL),
             backoff,
@@ -109,7 +141,7 @@ impl Drop for LoadReporter {
 
 async fn run(
     slicelet: Slicelet,
-    endpoint: Endpoint,
+    target: Target,
     job: String,
     interval: Duration,
     backoff: Backoff,
@@ -122,7 +154,11 @@ async fn run(
         if failures > 0 {
             tokio::time::sleep(backoff.delay(failures, &mut rng)).await;
         }
-        let mut client = match LoadCollectorClient::connect(endpoint.clone()).await {
+        let connected = match target.endpoint() {
+            Ok(endpoint) => LoadCollectorClient::connect(endpoint).await,
+            Err(error) => Err(error),
+        };
+        let mut client = match connected {
             Ok(client) => client,
             Err(error) => {
                 counters.failed.fetch_add(1, Ordering::Relaxed);

@@ -8,6 +8,9 @@
 //! * [`status`]: the HTTP pages (`--metrics-listen`): Prometheus text at `/metrics` and a
 //!   status page at `/`, for one job.
 //! * [`cli`]: what steady's command-line tools share: clap's refusals in one line.
+//! * [`tls_files`]: the serving certificate, key and client CA bundle read again from
+//!   their files when they change (`--tls-reload-ms`, SIGHUP), without dropping open
+//!   streams.
 //!
 //! A program that embeds the control plane (its own `main`, its own flags) links
 //! `steady-slicer` and, for the pages, this crate's library: nothing here is needed to
@@ -24,3 +27,4 @@
 
 pub mod cli;
 pub mod status;
+pub mod tls_files;

@@ -224,6 +224,8 @@ fn the_binary_refuses_a_missing_or_unreadable_key_file_in_one_line() {
     let pki = steady_testing::tls::TestPki::new("slicer CA");
     let leaf = pki.issue(&["127.0.0.1"]);
     let (cert, key) = (leaf.cert_file().to_str().unwrap(), leaf.key_file().to_str().unwrap());
+    let other = pki.issue(&["127.0.0.1"]);
+    let other_key = other.key_file().to_str().unwrap();
     let ca = pki.ca_file();
     let ca = ca.to_str().unwrap();
     let missing = pki.dir().join("missing.key");
@@ -235,7 +237,21 @@ fn the_binary_refuses_a_missing_or_unreadable_key_file_in_one_line() {
         (vec!["--tls-cert", cert, "--tls-key", directory], format!("--tls-key {directory}: ")),
         (vec!["--tls-cert", missing, "--tls-key", key], format!("--tls-cert {missing}: ")),
         // A certificate where the key should be: no key in it.
-        (vec!["--tls-cert", cert, "--tls-key", cert], "--tls-cert/--tls-key: ".to_owned()),
+        (vec!["--tls-cert", cert, "--tls-key", cert], "--tls-cert/--tls-key: the key holds no".to_owned()),
+        // Another certificate's key.
+        (
+            vec!["--tls-cert", cert, "--tls-key", other_key],
+            "--tls-cert/--tls-key: the key does not go with the certificate".to_owned(),
+        ),
+        // A client CA bundle with no certificate in it.
+        (
+            vec!["--tls-cert", cert, "--tls-key", key, "--tls-client-ca", key],
+            "--tls-client-ca: the CA bundle holds no PEM certificate".to_owned(),
+        ),
+        (
+            vec!["--tls-cert", cert, "--tls-key", key, "--tls-reload-ms", "5"],
+            "--tls-reload-ms 5: ".to_owned(),
+        ),
         (
             vec!["--tls-cert", cert, "--tls-key", key, "--tls-client-ca", missing],
             format!("--tls-client-ca {missing}: "),
@@ -275,9 +291,13 @@ fn the_binary_refuses_bad_etcd_access_options_in_one_line() {
     let empty = empty.to_str().unwrap();
     let etcd = ["--job", "users", "--tasks", "3", "--store", "etcd", "--endpoints", "https://127.0.0.1:1"];
     let memory = ["--job", "users", "--tasks", "3"];
+    let registry = ["--job", "users", "--registry", "https://127.0.0.1:1"];
     for (base, extra, named) in [
-        (&memory[..], vec!["--etcd-ca", ca], "--etcd-ca is for --store etcd".to_owned()),
-        (&memory[..], vec!["--etcd-user", "u"], "--etcd-user is for --store etcd".to_owned()),
+        (&memory[..], vec!["--etcd-ca", ca], "--etcd-ca is for --store etcd or --registry".to_owned()),
+        (&memory[..], vec!["--etcd-user", "u"], "--etcd-user is for --store etcd or --registry".to_owned()),
+        // With --registry the same checks apply (the registry is reached with them).
+        (&registry[..], vec!["--etcd-ca", missing], format!("--etcd-ca {missing}: ")),
+        (&registry[..], vec!["--etcd-user", "slicer"], "--etcd-user needs --etcd-password-file".to_owned()),
         (&etcd[..], vec!["--etcd-ca", missing], format!("--etcd-ca {missing}: ")),
         (
             &etcd[..],
@@ -391,6 +411,90 @@ async fn the_binary_runs_on_etcd_as_a_user_and_refuses_a_wrong_password_in_one_l
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
     assert!(stderr.starts_with("steady-slicer: store: etcd refused user \"slicer\""), "{stderr}");
     assert!(!stderr.contains("not-the-password"), "{stderr}");
+}
+
+/// One set of `--etcd-*` flags reaches both the registry and the store: on an etcd that
+/// serves over TLS, requires client certificates and runs with authentication, the binary
+/// follows the tasks registered there (`--registry https://...`) while keeping its
+/// assignments in the same cluster as a user confined to the prefix; a wrong password is
+/// one line at start naming the registry's connection. (Before, `--registry` connected
+/// in plaintext, without a user: it could not follow such a registry at all.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_follows_a_registry_on_etcd_over_tls_as_a_user_with_the_store_s_flags() {
+    use steady_discovery::registry::{EtcdAccess, EtcdTls, Registry, RegistryConfig, DEFAULT_KEY_PREFIX};
+    let pki = steady_testing::tls::TestPki::new("etcd CA");
+    let server = pki.issue(&["127.0.0.1"]);
+    let options = steady_testing::EtcdOptions::new()
+        .tls(server.cert_file(), server.key_file())
+        .client_cert_auth(pki.ca_file())
+        .auth("root-secret")
+        .user("slicer", "slicer-secret", DEFAULT_KEY_PREFIX);
+    let Some(etcd) = steady_testing::Etcd::start_with(options) else { return };
+    let endpoint = etcd.endpoint();
+    assert!(endpoint.starts_with("https://"), "{endpoint}");
+    // The job's tasks, registered by their own process (here, the test) with the same access.
+    let backend = pki.issue(&["users-backend"]);
+    let access = EtcdAccess::new()
+        .tls(EtcdTls::new(pki.ca_pem()).identity(backend.cert_pem(), backend.key_pem()))
+        .user("slicer", "slicer-secret");
+    let config = RegistryConfig::new([endpoint.clone()]).lease_ttl(Duration::from_secs(5)).access(access);
+    let registry = Registry::connect(config).await.unwrap();
+    let mut registrations = Vec::new();
+    for i in [0, 2, 5] {
+        registrations.push(registry.register("users", i, &format!("10.0.0.{i}:50051")).await.unwrap());
+    }
+
+    let client = pki.issue(&["steady-slicer"]);
+    let (right, wrong) = (pki.dir().join("right"), pki.dir().join("wrong"));
+    std::fs::write(&right, "slicer-secret\n").unwrap();
+    std::fs::write(&wrong, "not-the-password\n").unwrap();
+    let ca = pki.ca_file();
+    let args = [
+        "--job",
+        "users",
+        "--registry",
+        &endpoint,
+        "--store",
+        "etcd",
+        "--endpoints",
+        &endpoint,
+        "--etcd-ca",
+        ca.to_str().unwrap(),
+        "--etcd-cert",
+        client.cert_file().to_str().unwrap(),
+        "--etcd-key",
+        client.key_file().to_str().unwrap(),
+        "--etcd-user",
+        "slicer",
+        "--etcd-password-file",
+    ];
+    {
+        let with_password = [&args[..], &[right.to_str().unwrap()]].concat();
+        let (_running, address, _stderr) = start(&with_password);
+        let endpoint = Endpoint::from_shared(format!("http://{address}")).unwrap();
+        let mut watch =
+            Box::pin(steady_tonic::watch_assignments(endpoint, "users", Default::default()).unwrap());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let next = tokio::time::timeout_at(deadline, watch.next()).await;
+            let a = next.expect("no assignment over the registered tasks within 20 s").unwrap().unwrap();
+            let owners: std::collections::BTreeSet<u32> =
+                a.slices().iter().flat_map(|s| s.replicas.iter().copied()).collect();
+            if owners.into_iter().collect::<Vec<_>>() == [0, 2, 5] {
+                break;
+            }
+        }
+    }
+    let with_wrong = [&args[..], &[wrong.to_str().unwrap()]].concat();
+    let (status, stderr) = refused(&with_wrong);
+    assert!(!status.success());
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("steady-slicer: --registry: registry: etcd refused user \"slicer\""),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("not-the-password"), "{stderr}");
+    drop(registrations);
 }
 
 /// The binary, running: its stdout stays open (it prints a status line per cadence, and

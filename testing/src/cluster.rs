@@ -74,6 +74,7 @@ impl EtcdCluster {
                         client,
                         peer,
                         metrics,
+                        setup: None,
                         options: EtcdOptions::new(),
                         name: format!("m{i}"),
                         initial_cluster: None,

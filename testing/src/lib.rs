@@ -26,8 +26,8 @@
 //! others keep quorum, the whole cluster restarted on its data.
 //!
 //! [`Etcd::start_with`] starts one as deployments run it: serving clients over TLS
-//! (optionally requiring client certificates), or with authentication enabled and users
-//! that may use only their prefix ([`EtcdOptions`]).
+//! (optionally requiring client certificates), with authentication enabled and users
+//! that may use only their prefix, or both ([`EtcdOptions`]).
 //!
 //! * [`Browser`]: Debian's Chromium, headless, for pages: the DOM it renders and a
 //!   screenshot. Missing, it skips the test unless [`REQUIRE_BROWSER`] is set (as
@@ -58,7 +58,8 @@
 //!
 //! std only by default: the harness starts the `etcd` binary, asks its `/health` over
 //! plain HTTP/1.1 (on the metrics port, which stays plaintext when clients use TLS) and
-//! sets users up through etcd's JSON gateway, so it compiles no etcd client and any
+//! sets users up through etcd's JSON gateway (on a plaintext client port of its own when
+//! clients use TLS), so it compiles no etcd client and any
 //! crate's tests can use it. Every dependency is optional: the `tls` feature adds
 //! `rcgen` (on ring) to make certificates; `tokio` adds tokio for the async waits;
 //! `grpc` adds tonic and prost, and generates the echo service's code at build time with
@@ -134,6 +135,10 @@ pub struct Etcd {
     peer: SocketAddr,
     /// Serves `/health` (and `/metrics`) over plain HTTP whatever the clients speak.
     metrics: SocketAddr,
+    /// With [`EtcdOptions::tls`] and [`EtcdOptions::auth`] together: a second client
+    /// listener, plaintext, which only the harness uses (to set the users up through the
+    /// JSON gateway, which it speaks over plain HTTP/1.1). Never advertised.
+    setup: Option<SocketAddr>,
     options: EtcdOptions,
     /// Its name among the members (`steady-test` alone).
     name: String,
@@ -193,7 +198,9 @@ impl EtcdOptions {
     }
 
     /// Enable authentication, with user `root` (every permission) and this password.
-    /// Not with [`EtcdOptions::tls`]: the harness sets users up over plain HTTP.
+    /// With [`EtcdOptions::tls`] too, the server also listens on a plaintext client port
+    /// of its own that only the harness uses, to set the users up (clients are given the
+    /// TLS endpoint only).
     pub fn auth(mut self, root_password: impl Into<String>) -> Self {
         self.root_password = Some(root_password.into());
         self
@@ -232,23 +239,20 @@ impl Etcd {
     ///
     /// # Panics
     ///
-    /// As [`Etcd::start`]; also when the users cannot be set up, or when
-    /// [`EtcdOptions::auth`] is combined with [`EtcdOptions::tls`].
+    /// As [`Etcd::start`]; also when the users cannot be set up.
     pub fn start_with(options: EtcdOptions) -> Option<Self> {
-        assert!(
-            options.tls.is_none() || options.root_password.is_none(),
-            "the harness sets users up over plain HTTP: auth and tls are not combined"
-        );
         if !installed() {
             return None;
         }
         let [client, peer, metrics] = free_ports();
+        let setup = needs_setup_port(&options).then(|| free_port(&[client, peer, metrics]));
         let mut etcd = Self {
             child: None,
             dir: temp_dir("steady-etcd"),
             client,
             peer,
             metrics,
+            setup,
             options,
             name: "steady-test".to_owned(),
             initial_cluster: None,
@@ -266,6 +270,7 @@ impl Etcd {
                     failures.push(failure);
                     let _ = std::fs::remove_dir_all(etcd.dir.join("data"));
                     [etcd.client, etcd.peer, etcd.metrics] = free_ports();
+                    etcd.setup = etcd.setup.map(|_| free_port(&[etcd.client, etcd.peer, etcd.metrics]));
                 }
             }
         }
@@ -332,7 +337,10 @@ impl Etcd {
             .arg(format!("--initial-cluster={peers}"))
             .arg("--initial-cluster-token=steady-test")
             .arg(format!("--data-dir={}", self.dir.join("data").display()))
-            .arg(format!("--listen-client-urls={client}"))
+            .arg(match self.setup {
+                Some(setup) => format!("--listen-client-urls={client},http://{setup}"),
+                None => format!("--listen-client-urls={client}"),
+            })
             .arg(format!("--advertise-client-urls={client}"))
             .arg(format!("--listen-peer-urls={peer}"))
             .arg(format!("--initial-advertise-peer-urls={peer}"))
@@ -374,7 +382,9 @@ impl Etcd {
     /// JSON gateway (before authentication is on, no token is needed).
     fn set_up_auth(&self) -> Result<(), String> {
         let Some(root_password) = &self.options.root_password else { return Ok(()) };
-        let post = |path: &str, body: String| gateway_post(self.client, path, &body);
+        // Over TLS the gateway is reached on the plaintext setup port.
+        let gateway = self.setup.unwrap_or(self.client);
+        let post = |path: &str, body: String| gateway_post(gateway, path, &body);
         post("/v3/auth/user/add", format!(r#"{{"name":"root","password":{}}}"#, json(root_password)))?;
         post("/v3/auth/user/grant", r#"{"user":"root","role":"root"}"#.to_owned())?;
         for user in &self.options.users {
@@ -441,6 +451,12 @@ fn installed() -> bool {
     // a skip must show in the default output.
     let _ = writeln!(std::io::stderr(), "SKIPPED (etcd test): {message}");
     false
+}
+
+/// Whether the server needs a plaintext client port for the harness alone: users to set
+/// up on a server whose clients speak TLS.
+fn needs_setup_port(options: &EtcdOptions) -> bool {
+    options.tls.is_some() && options.root_password.is_some()
 }
 
 fn binary() -> String {

@@ -8,6 +8,8 @@ use std::time::Duration;
 use http::Uri;
 use steady_core::error_chain;
 #[cfg(feature = "tls")]
+use steady_proto::tls::ClientTlsSource;
+#[cfg(feature = "tls")]
 use tonic::transport::ClientTlsConfig;
 use tonic::transport::{Channel, Endpoint};
 
@@ -54,6 +56,11 @@ use tonic::transport::{Channel, Endpoint};
 ///   the handshake is bounded by the connect timeout.
 /// * **Cost.** Applied when a connection is made, not when a view arrives: a TLS
 ///   configuration is built per connection attempt, never per request.
+/// * **Rotation.** With `EndpointTemplate::tls_source` (feature `tls`) the TLS settings
+///   are read from a `ClientTlsSource` at each connection: replace its identity or CA
+///   bundle and every connection made after (a new member, a member reconnected after a
+///   failure) uses the new one, while connections already made keep theirs and their
+///   requests.
 ///
 /// TLS needs the `tls` feature (rustls on ring, the system's roots for `https://`
 /// addresses without a configuration). Without it an `https://` address fails to connect
@@ -61,7 +68,7 @@ use tonic::transport::{Channel, Endpoint};
 #[derive(Clone, Debug, Default)]
 pub struct EndpointTemplate {
     #[cfg(feature = "tls")]
-    tls: Option<ClientTlsConfig>,
+    tls: Option<Tls>,
     origin: Option<Uri>,
     timeout: Option<Duration>,
     connect_timeout: Option<Duration>,
@@ -86,7 +93,18 @@ impl EndpointTemplate {
     /// `ClientTlsConfig::domain_name` names one for the whole job.
     #[cfg(feature = "tls")]
     pub fn tls(mut self, tls: ClientTlsConfig) -> Self {
-        self.tls = Some(tls);
+        self.tls = Some(Tls::Fixed(tls));
+        self
+    }
+
+    /// Connects with the TLS settings `source` holds when each connection is made
+    /// (instead of [`EndpointTemplate::tls`]'s, fixed): a client identity or CA bundle
+    /// replaced in the source (`ClientTlsSource::replace`, when rotated certificate
+    /// files change) is presented from the next connection on. Connections already made
+    /// keep the settings they were made with.
+    #[cfg(feature = "tls")]
+    pub fn tls_source(mut self, source: ClientTlsSource) -> Self {
+        self.tls = Some(Tls::Source(source));
         self
     }
 
@@ -254,7 +272,9 @@ impl EndpointTemplate {
     fn apply_tls(&self, endpoint: Endpoint) -> Result<Endpoint, TemplateError> {
         let https = endpoint.uri().scheme_str() == Some("https");
         let tls = match &self.tls {
-            Some(tls) => tls.clone(),
+            Some(Tls::Fixed(tls)) => tls.clone(),
+            // Read now, for this connection: a replaced identity shows from here on.
+            Some(Tls::Source(source)) => source.current(),
             None if https => ClientTlsConfig::new().with_native_roots(),
             None => return Ok(endpoint),
         };
@@ -269,6 +289,14 @@ impl EndpointTemplate {
         }
         Ok(endpoint)
     }
+}
+
+/// A template's TLS: fixed, or read from a source at each connection.
+#[cfg(feature = "tls")]
+#[derive(Clone, Debug)]
+enum Tls {
+    Fixed(ClientTlsConfig),
+    Source(ClientTlsSource),
 }
 
 /// Why an [`EndpointTemplate`] could not make an endpoint: each is a connection failure

@@ -11,6 +11,8 @@
 //!     --etcd-ca etcd-ca.pem --etcd-cert slicer-etcd.pem --etcd-key slicer-etcd.key \
 //!     --etcd-user steady-slicer --etcd-password-file /run/secrets/etcd-password
 //! steady-slicer --job users --registry http://etcd-0:2379 --store etcd --endpoints http://etcd-0:2379
+//! steady-slicer --job users --registry https://etcd-0:2379 --store etcd --endpoints https://etcd-0:2379 \
+//!     --etcd-ca etcd-ca.pem --etcd-user steady-slicer --etcd-password-file /run/secrets/etcd-password
 //! steady-slicer --job users --dns users.prod.svc.cluster.local.
 //! steady-slicer --job users --registry http://etcd-0:2379 --store etcd --endpoints http://etcd-0:2379 \
 //!     --spec users-spec.json
@@ -46,15 +48,33 @@
 //! `--reporter-names` (default `{job}-{task}`). Without a client CA it warns once at
 //! start that load reports are unauthenticated.
 //!
+//! Certificates rotate without a restart: the three files are read again every
+//! `--tls-reload-ms` (default 1000) and at once on SIGHUP, and what changed (by content:
+//! a file rewritten, or a symlink swapped as Kubernetes mounts secrets) is used from the
+//! next handshake on; connections already made keep theirs, with their open Watch and
+//! report streams. A change that does not check (a file that does not parse, a key that
+//! is not the certificate's, as while only one of the pair is written, a file missing)
+//! is refused with one line on stderr, `steady-slicer: TLS: refused the new ...`, and
+//! the material in force stays; each change taken is one line, `steady-slicer: TLS:
+//! reloaded ...`. To rotate the client CA, give the bundle both CAs, move the clients to
+//! the new one, then drop the old: its certificates are refused at their next
+//! handshake. TLS sessions are never resumed, so every connection is checked against
+//! the material in force.
+//!
 //! With `--metrics-listen ADDR` it serves Prometheus text at `/metrics` and a status page
 //! at `/` (`steady_slicer_server::status`) on ADDR; a bare port means 127.0.0.1, so the pages
 //! listen on loopback unless told otherwise. Its second line on stdout says where.
 //!
-//! With `--store etcd`, `--etcd-ca` connects to etcd over TLS (`https://` endpoints),
-//! `--etcd-cert` and `--etcd-key` present a client certificate (etcd's
-//! `--client-cert-auth`), and `--etcd-user` with `--etcd-password-file` (the first line of
-//! the file; never a flag, which `ps` would show) logs in as a user. Settings etcd refuses
-//! end the process at start with one line naming the cause.
+//! Every connection to etcd, the store's (`--store etcd`, `--endpoints`) and the
+//! registry's (`--registry`), is made with the same access settings: `--etcd-ca` connects
+//! over TLS (`https://` endpoints), `--etcd-cert` and `--etcd-key` present a client
+//! certificate (etcd's `--client-cert-auth`), and `--etcd-user` with
+//! `--etcd-password-file` (the first line of the file; never a flag, which `ps` would
+//! show) logs in as a user, whose role must cover the key prefix (`/steady/jobs/`) on
+//! each cluster. The flags are for `--store etcd` or `--registry`; with both, the two
+//! may be one cluster or two that take the same credentials. Settings etcd refuses end
+//! the process at start with one line naming the cause and which connection (`store:` or
+//! `--registry:`).
 //!
 //! Serves `AssignmentDistributor.Watch` on `--listen`, campaigns to be the job's one
 //! Assigner in the store, and while it leads runs the chosen algorithm every cadence (and
@@ -84,6 +104,7 @@ use steady_assigner::{
     WeightedMoveConfig, NAMES,
 };
 use steady_discovery::{dns, registry, Discovery};
+use steady_proto::tls::{ClientAuth, TlsIncoming};
 use steady_slice::guard::Consistency;
 use steady_slice::MAX_TASK;
 use steady_slicer::assigner_service::{estimate, follow_job, AssignerConfig, AssignerService};
@@ -94,8 +115,8 @@ use steady_slicer::store::{
 };
 use steady_slicer::Distributor;
 use steady_slicer_server::status::{MetricsRegistry, StatusServer, StatusSources};
+use steady_slicer_server::tls_files::{ReloadingTls, TlsFiles};
 use tokio::sync::watch;
-use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 /// Where assignments are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -135,7 +156,8 @@ struct Cli {
     /// The job's tasks, `0..TASKS`, all serving (or follow the job: `--registry`, `--dns`).
     #[arg(long, group = "backends")]
     tasks: Option<u32>,
-    /// Follow the job's tasks in the etcd registry at these endpoints (plain connections).
+    /// Follow the job's tasks in the etcd registry at these endpoints (reached with the
+    /// `--etcd-*` settings, as the store is).
     #[arg(long, group = "backends", value_delimiter = ',', value_name = "URLS")]
     registry: Vec<String>,
     /// Follow the job's tasks by resolving this DNS name (indices from host-name ordinals).
@@ -178,8 +200,9 @@ struct Cli {
     #[arg(long, value_name = "ADDR", value_parser = loopback_unless_told)]
     metrics_listen: Option<SocketAddr>,
 
-    // Reaching etcd (with `--store etcd`; checked by `check_etcd_access`).
-    /// Connect to etcd over TLS, trusting this CA (PEM).
+    // Reaching etcd: the store's and the registry's connections alike (with `--store etcd`
+    // or `--registry`; checked by `check_etcd_access`).
+    /// Connect to etcd (the store and the registry) over TLS, trusting this CA (PEM).
     #[arg(long, value_name = "FILE")]
     etcd_ca: Option<PathBuf>,
     /// Present this client certificate to etcd (PEM; with `--etcd-key` and `--etcd-ca`).
@@ -188,7 +211,8 @@ struct Cli {
     /// The private key of `--etcd-cert` (PEM).
     #[arg(long, value_name = "FILE")]
     etcd_key: Option<PathBuf>,
-    /// Log in to etcd as this user (with `--etcd-password-file`).
+    /// Log in to etcd (the store and the registry) as this user (with
+    /// `--etcd-password-file`).
     #[arg(long, value_name = "USER")]
     etcd_user: Option<String>,
     /// The password of `--etcd-user`: the file's first line.
@@ -213,6 +237,10 @@ struct Cli {
     /// `{job}` the job, the rest literal (with `--tls-client-ca`).
     #[arg(long, value_name = "PATTERN", default_value = "{job}-{task}")]
     reporter_names: String,
+    /// Milliseconds between two reads of the TLS files, 10 to 3,600,000 (a change is used
+    /// from the next handshake; SIGHUP reads them at once).
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    tls_reload_ms: u64,
 }
 
 type Failure = Box<dyn std::error::Error + Send + Sync>;
@@ -276,14 +304,15 @@ struct Checked {
     tasks: Option<Tasks>,
     config: AssignerConfig,
     tls: ServingTls,
-    /// How to reach etcd (with `--store etcd`).
+    /// How to reach etcd: the store (with `--store etcd`) and the registry (`--registry`).
     etcd_access: EtcdAccess,
 }
 
-/// How the binary serves: its TLS configuration, and who may report load.
+/// How the binary serves: its TLS material (kept in line with its files), and who may
+/// report load.
 struct ServingTls {
     /// `None`: plaintext.
-    server: Option<ServerTlsConfig>,
+    server: Option<ReloadingTls>,
     /// `None`: any peer may report for any task.
     reporters: Option<ReporterNames>,
 }
@@ -399,8 +428,9 @@ fn check(cli: &Cli) -> Result<Checked, Failure> {
     Ok(Checked { infeasible, assigner, tasks, config, tls, etcd_access })
 }
 
-/// How to reach etcd: files read now, so that a missing or unreadable one is one line
-/// before anything starts; the flags only with `--store etcd`, and in pairs.
+/// How to reach etcd, for the store and the registry alike: files read now, so that a
+/// missing or unreadable one is one line before anything starts; the flags only with
+/// `--store etcd` or `--registry` (an etcd to reach), and in pairs.
 fn check_etcd_access(cli: &Cli) -> Result<EtcdAccess, Failure> {
     let given = [
         ("--etcd-ca", cli.etcd_ca.is_some()),
@@ -409,9 +439,9 @@ fn check_etcd_access(cli: &Cli) -> Result<EtcdAccess, Failure> {
         ("--etcd-user", cli.etcd_user.is_some()),
         ("--etcd-password-file", cli.etcd_password_file.is_some()),
     ];
-    if cli.store != StoreKind::Etcd {
+    if cli.store != StoreKind::Etcd && cli.registry.is_empty() {
         if let Some((flag, _)) = given.iter().find(|(_, given)| *given) {
-            return Err(format!("{flag} is for --store etcd").into());
+            return Err(format!("{flag} is for --store etcd or --registry (an etcd to reach)").into());
         }
         return Ok(EtcdAccess::new());
     }
@@ -452,10 +482,14 @@ fn check_etcd_access(cli: &Cli) -> Result<EtcdAccess, Failure> {
 }
 
 /// The serving TLS options: files read and parsed now, so that a missing or unreadable
-/// file (or one that holds no certificate or key) is one line before anything starts.
+/// file (or one that holds no certificate or key, or a key that is not the
+/// certificate's) is one line before anything starts.
 fn check_tls(cli: &Cli) -> Result<ServingTls, Failure> {
+    if !(10..=3_600_000).contains(&cli.tls_reload_ms) {
+        return Err(format!("--tls-reload-ms {}: it must be 10 to 3,600,000", cli.tls_reload_ms).into());
+    }
     let (cert, key) = match (&cli.tls_cert, &cli.tls_key) {
-        (Some(cert), Some(key)) => (read("--tls-cert", cert)?, read("--tls-key", key)?),
+        (Some(cert), Some(key)) => (cert.clone(), key.clone()),
         (None, None) => {
             if cli.tls_client_ca.is_some() {
                 return Err("--tls-client-ca needs --tls-cert and --tls-key".into());
@@ -468,14 +502,9 @@ fn check_tls(cli: &Cli) -> Result<ServingTls, Failure> {
         (Some(_), None) => return Err("--tls-cert needs --tls-key".into()),
         (None, Some(_)) => return Err("--tls-key needs --tls-cert".into()),
     };
-    let mut server = ServerTlsConfig::new().identity(Identity::from_pem(cert, key));
     let mut reporters = None;
     match &cli.tls_client_ca {
-        Some(ca) => {
-            let ca = read("--tls-client-ca", ca)?;
-            server = server
-                .client_ca_root(Certificate::from_pem(ca))
-                .client_auth_optional(!cli.require_client_cert);
+        Some(_) => {
             let names =
                 ReporterNames::pattern(&cli.reporter_names).map_err(|e| format!("--reporter-names: {e}"))?;
             reporters = Some(names);
@@ -483,11 +512,73 @@ fn check_tls(cli: &Cli) -> Result<ServingTls, Failure> {
         None if cli.require_client_cert => return Err("--require-client-cert needs --tls-client-ca".into()),
         None => {}
     }
-    // Built once here, so that a file that holds no certificate or key fails now.
-    tonic::transport::Server::builder()
-        .tls_config(server.clone())
-        .map_err(|e| format!("--tls-cert/--tls-key: {}", steady_core::error_chain(&e)))?;
+    let client_auth = if cli.require_client_cert { ClientAuth::Required } else { ClientAuth::Optional };
+    let files = TlsFiles { cert, key, client_ca: cli.tls_client_ca.clone(), client_auth };
+    let server = ReloadingTls::load(files)?;
+    // Built once here, so that a provider without a safe protocol version fails now.
+    server.server_config().map_err(|e| format!("--tls-cert/--tls-key: {e}"))?;
     Ok(ServingTls { server: Some(server), reporters })
+}
+
+/// Keeps the serving TLS in line with its files: reads them every `period` and on each
+/// of `hangups` (SIGHUP), logging each change taken or refused. Never ends; an error
+/// reading a file is a refusal, logged, and the material in force stays.
+async fn reload_tls(
+    mut tls: ReloadingTls,
+    period: Duration,
+    mut hangups: Option<tokio::signal::unix::Signal>,
+) {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await; // The first tick is now: the files were just read.
+    loop {
+        let signals_ended = {
+            let hangup = async {
+                match hangups.as_mut() {
+                    Some(signals) => signals.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = tick.tick() => false,
+                received = hangup => received.is_none(),
+            }
+        };
+        if signals_ended {
+            // No more SIGHUPs can come (the runtime's signal driver is gone): the period
+            // goes on alone rather than reading the files in a loop.
+            hangups = None;
+        }
+        // Small files, read off the runtime's threads. A panic in the check (none is
+        // known) is caught there: the material in force stays and the reading goes on.
+        let checked = tokio::task::spawn_blocking(move || {
+            let events = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tls.check()));
+            (tls, events)
+        })
+        .await;
+        match checked {
+            Ok((checked, Ok(events))) => {
+                tls = checked;
+                for event in events {
+                    eprintln!("steady-slicer: {event}");
+                }
+            }
+            Ok((checked, Err(_))) => {
+                tls = checked;
+                eprintln!(
+                    "steady-slicer: TLS: reading the files failed; still serving with the material in force"
+                );
+            }
+            // The closure catches its panics, so the task is not lost unless the runtime
+            // shuts down.
+            Err(error) => {
+                eprintln!(
+                    "steady-slicer: TLS: the reloading stopped ({error}); serving with the material in force"
+                );
+                return;
+            }
+        }
+    }
 }
 
 /// The contents of the file `flag` names, or one line saying why not.
@@ -496,10 +587,12 @@ fn read(flag: &str, path: &Path) -> Result<Vec<u8>, Failure> {
 }
 
 /// The Assigner's task set: `--tasks` (with the sender that keeps it), or discovery's view
-/// of the job (with the source that keeps it running).
+/// of the job (with the source that keeps it running). The registry is reached with
+/// `access`, the store's own settings.
 async fn backend_job(
     cli: &Cli,
     tasks: Option<Tasks>,
+    access: &EtcdAccess,
 ) -> Result<(Option<watch::Sender<Tasks>>, Option<Discovery>, watch::Receiver<Tasks>), Failure> {
     if let Some(tasks) = tasks {
         let (fixed, rx) = watch::channel(tasks);
@@ -509,7 +602,7 @@ async fn backend_job(
         // The port is not used: the Assigner needs the tasks' indices and states only.
         dns::discover(dns::DnsConfig::new(name.clone(), 1)).await.map_err(|e| format!("--dns {name}: {e}"))?
     } else {
-        let config = registry::RegistryConfig::new(cli.registry.clone());
+        let config = registry::RegistryConfig::new(cli.registry.clone()).access(access.clone());
         let etcd = registry::Registry::connect(config).await.map_err(|e| format!("--registry: {e}"))?;
         registry::watch_job(&etcd, &cli.job).await.map_err(|e| format!("--registry: {e}"))?
     };
@@ -519,10 +612,22 @@ async fn backend_job(
 
 async fn run(cli: Cli, checked: Checked) -> Result<(), Failure> {
     let Checked { infeasible, assigner, tasks, config, tls, etcd_access } = checked;
+    // SIGHUP reloads the TLS files: taken over first, so that a SIGHUP sent once the
+    // process has said where it serves never ends it (the signal's default).
+    let hangups = match &tls.server {
+        Some(_) => match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(signals) => Some(signals),
+            Err(error) => {
+                eprintln!("steady-slicer: warning: SIGHUP cannot reload the TLS files ({error}); they are still read every --tls-reload-ms");
+                None
+            }
+        },
+        None => None,
+    };
     // The backend job: fixed, or followed through discovery (kept for as long as the
     // process runs: dropping a discovery source stops it). First: a source that cannot be
     // read is one line before anything else happens.
-    let (_fixed, _discovery, tasks_rx) = backend_job(&cli, tasks).await?;
+    let (_fixed, _discovery, tasks_rx) = backend_job(&cli, tasks, &etcd_access).await?;
     let store: Arc<dyn AssignmentStore> = match cli.store {
         StoreKind::Memory => Arc::new(MemoryStore::new()),
         StoreKind::Etcd => {
@@ -608,14 +713,23 @@ async fn run(cli: Cli, checked: Checked) -> Result<(), Failure> {
             }
         });
     }
-    let mut builder = tonic::transport::Server::builder();
-    if let Some(server_tls) = tls.server {
-        builder = builder.tls_config(server_tls)?;
-    }
-    let server = builder
+    let router = tonic::transport::Server::builder()
         .add_service(distributor.service())
-        .add_service(collector.service())
-        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)));
+        .add_service(collector.service());
+    let server: std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<(), tonic::transport::Error>> + Send>,
+    > = match tls.server {
+        // TLS through a listener of our own, whose certificate and client CA are
+        // replaced as the files change (tonic's own TLS is fixed once built).
+        Some(files) => {
+            let config = files.server_config()?;
+            tokio::spawn(reload_tls(files, Duration::from_millis(cli.tls_reload_ms), hangups));
+            Box::pin(router.serve_with_incoming(TlsIncoming::new(listener, config)))
+        }
+        None => Box::pin(router.serve_with_incoming(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+        )),
+    };
     let status = async {
         // At most one line a second, whatever the cadence.
         let mut tick = tokio::time::interval(config.cadence.max(Duration::from_secs(1)));
