@@ -19,12 +19,12 @@ use tonic::Status;
 
 use crate::assignment::WatchRequest;
 
-/// The fewest bytes a valid slice other than the first takes: the message's key and
-/// length (2), its start (a key and 8 bytes: only the first slice starts at 0, the one
-/// start protobuf leaves out), and one replica (a key and a byte, unpacked). A message of
-/// `n` bytes therefore holds at most `1 + n / 13` valid slices: the most
-/// [`decode_update`] reserves room for.
-const MIN_SLICE_BYTES: usize = 13;
+/// The fewest bytes the fields of a valid slice take: one replica (a key and a byte,
+/// unpacked), and for every slice but the first a start (a key and 8 bytes: only the
+/// first starts at 0, the one start protobuf leaves out). With its own key and length, a
+/// valid slice other than the first takes at least 13 bytes of the message.
+const MIN_FIRST_SLICE_FIELDS: u64 = 2;
+const MIN_SLICE_FIELDS: u64 = 11;
 
 /// How many tasks a slice may have for [`decode_update`] to read them on the stack
 /// instead of into a vector of their own.
@@ -130,16 +130,19 @@ fn encode_slice(start: u64, replicas: &[u32], warming: &[u32], out: &mut impl Bu
 ///
 /// # Memory
 ///
-/// At most 4 times the message's size, whatever the message (prost's structs took up to
-/// 42 times, for a message of empty slices). A first pass frames the top-level fields, counting the slices and keeping
-/// the generation: a message of more than [`MAX_SLICES`](steady_slice::MAX_SLICES)
-/// slices, or of generation 0, or of none, is refused before a slice is built. The second
-/// builds each [`Slice`] straight from its bytes (its tasks counted first, then read into
-/// room of exactly their number, or none of their own for up to five) and validates it as
-/// it comes ([`AssignmentBuilder`]): nothing is built after an invalid slice. Room for
-/// the slices is reserved once, for no more than the message can hold valid ones: a
-/// slice is 32 bytes once read and a valid one at least 13 on the wire, a task 4 bytes
-/// once read and at least 1 on the wire. `tests/decode_memory.rs` measures it.
+/// At most 4 times the message's size (and a few KiB of scratch), whatever the message:
+/// prost's structs took up to 42 times, for a message of empty slices.
+///
+/// A first pass frames the top-level fields, counting the slices, the ones large enough
+/// to be valid, and keeping the generation: a message of more than
+/// [`MAX_SLICES`](steady_slice::MAX_SLICES) slices, or of generation 0, or of none, is
+/// refused before a slice is built. Room is reserved once, for the slices large enough to
+/// be valid (at least 13 bytes each, the first aside). The second pass builds each
+/// [`Slice`] straight from its bytes (its tasks counted first, then read into room of
+/// exactly their number, or none of their own for up to five) and validates it as it
+/// comes ([`AssignmentBuilder`]), so only valid slices are kept and nothing is built
+/// after an invalid one. Each slice's bytes pay for what it takes: 32 bytes of slice for
+/// at least 13, 4 bytes a task for at least 1. `tests/decode_memory.rs` measures it.
 ///
 /// # Errors
 ///
@@ -156,7 +159,7 @@ pub fn decode_update(bytes: &[u8]) -> Result<Assignment, UpdateError> {
             return Err(UpdateError::Invalid(e));
         }
     };
-    builder.reserve(head.slices.min(1 + bytes.len() / MIN_SLICE_BYTES));
+    builder.reserve(head.plausible);
     let ctx = DecodeContext::default();
     let mut buf = bytes;
     let mut invalid = None;
@@ -220,6 +223,9 @@ struct Head {
     generation: u64,
     /// How many slices the message holds.
     slices: usize,
+    /// How many of them are large enough to be valid (counted when slices are only
+    /// framed): no more can be kept.
+    plausible: usize,
 }
 
 /// How [`Head::read`] passes over slices.
@@ -234,13 +240,14 @@ enum Slices {
 impl Head {
     fn read(mut buf: &[u8], slices: Slices) -> Result<Head, DecodeError> {
         let ctx = DecodeContext::default();
-        let mut head = Head { generation: 0, slices: 0 };
+        let mut head = Head { generation: 0, slices: 0, plausible: 0 };
         while buf.has_remaining() {
             let (tag, wire_type) = encoding::decode_key(&mut buf)?;
             match tag {
                 GENERATION => encoding::uint64::merge(wire_type, &mut head.generation, &mut buf, ctx.clone())
                     .map_err(|e| at(e, "AssignmentUpdate", "generation"))?,
                 SLICES => {
+                    let fields = buf;
                     match slices {
                         Slices::Frame => encoding::check_wire_type(WireType::LengthDelimited, wire_type)
                             .and_then(|()| encoding::skip_field(wire_type, tag, &mut buf, ctx.clone())),
@@ -252,6 +259,10 @@ impl Head {
                         ),
                     }
                     .map_err(at_slices)?;
+                    // The slice's length, read again now that it is known to be well formed.
+                    let len = encoding::decode_varint(&mut { fields }).unwrap_or(0);
+                    let least = if head.slices == 0 { MIN_FIRST_SLICE_FIELDS } else { MIN_SLICE_FIELDS };
+                    head.plausible += usize::from(len >= least);
                     head.slices += 1;
                 }
                 _ => encoding::skip_field(wire_type, tag, &mut buf, ctx.clone())?,

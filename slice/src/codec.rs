@@ -31,9 +31,10 @@
 //!
 //! Slices are validated as they are read ([`AssignmentBuilder`]), and room is reserved
 //! for no more slices than the bytes can hold valid ones (14 bytes each, 16 in version
-//! 2), however many they announce: a slice is 32 bytes once read, so decoding takes at
-//! most about 2.3 times its input (and a few KiB of scratch), and nothing more once a
-//! slice is invalid. `tests/decode_memory.rs` measures it.
+//! 2), however many they announce, and a task takes as many bytes once read as on the
+//! wire. A slice is 32 bytes once read, so decoding takes at most 2.6 times its input
+//! (2.3 for the largest valid assignment) and a few KiB of scratch, and keeps nothing
+//! once a slice is invalid. `tests/decode_memory.rs` measures it.
 
 use std::fmt;
 

@@ -16,8 +16,8 @@
 //!   slices takes 32 MiB).
 //! * The frozen binary wire format ([`Assignment::encode`], [`Assignment::decode`]);
 //!   decoding errors are [`DecodeError`]s that name the byte offset and the cause,
-//!   apart from the validation errors of well-formed bytes. Decoding takes at most
-//!   about 2.3 times its input, whatever count the input announces. With the `serde` feature,
+//!   apart from the validation errors of well-formed bytes. Decoding takes less than
+//!   3 times its input, whatever count the input announces. With the `serde` feature,
 //!   JSON: `{"generation": 7, "slices": [{"start": 0, "replicas": [1, 2]}, ...]}`,
 //!   validated on the way in.
 //! * [`KeyRange`]s: the keys of a slice ([`Assignment::range`]) or of a task
