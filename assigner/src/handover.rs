@@ -41,17 +41,17 @@ pub fn warming_step(
     let mut slices: Vec<Slice> = Vec::new();
     let mut warms = false;
     loop {
-        let old: Vec<u32> = a[i].replicas.iter().copied().filter(up).collect();
-        let new = &b[j].replicas;
+        let old: Vec<u32> = a[i].replicas().iter().copied().filter(up).collect();
+        let new = b[j].replicas();
         let piece = if old.is_empty() {
-            Slice::new(start, new.clone())
+            Slice::new(start, new)
         } else {
             let warming: Vec<u32> = new.iter().copied().filter(|t| !old.contains(t)).collect();
             warms |= !warming.is_empty();
-            Slice { warming, ..Slice::new(start, old) }
+            Slice::new(start, old).with_warming(warming)
         };
         match slices.last() {
-            Some(last) if last.replicas == piece.replicas && last.warming == piece.warming => {}
+            Some(last) if last.replicas() == piece.replicas() && last.warming() == piece.warming() => {}
             _ => slices.push(piece),
         }
         // The next boundary of either assignment.
@@ -80,11 +80,8 @@ mod tests {
     use super::*;
 
     fn a(generation: u64, slices: &[(u64, &[u32])]) -> Assignment {
-        Assignment::new(
-            generation,
-            slices.iter().map(|&(s, r)| Slice::new(SliceKey(s), r.to_vec())).collect(),
-        )
-        .unwrap()
+        Assignment::new(generation, slices.iter().map(|&(s, r)| Slice::new(SliceKey(s), r)).collect())
+            .unwrap()
     }
 
     #[test]
@@ -97,7 +94,7 @@ mod tests {
         assert_eq!(step.generation(), 5);
         let expect = vec![
             Slice::new(SliceKey(0), vec![1]),
-            Slice { warming: vec![3], ..Slice::new(SliceKey(50), vec![1]) },
+            Slice::new(SliceKey(50), vec![1]).with_warming([3]),
             Slice::new(SliceKey(100), vec![2]),
         ];
         assert_eq!(step.slices(), expect);
@@ -110,10 +107,8 @@ mod tests {
         let tasks =
             Tasks::new([(1, TaskState::Draining), (2, TaskState::Gone), (3, TaskState::Serving)]).unwrap();
         let step = warming_step(&previous, &target, &tasks, 2).unwrap();
-        let expect = vec![
-            Slice { warming: vec![3], ..Slice::new(SliceKey(0), vec![1]) },
-            Slice::new(SliceKey(100), vec![3]),
-        ];
+        let expect =
+            vec![Slice::new(SliceKey(0), vec![1]).with_warming([3]), Slice::new(SliceKey(100), vec![3])];
         assert_eq!(step.slices(), expect);
     }
 
@@ -135,7 +130,7 @@ mod tests {
         let step = warming_step(&previous, &target, &tasks, 2).unwrap();
         let expect = vec![
             Slice::new(SliceKey(0), vec![1]),
-            Slice { warming: vec![1], ..Slice::new(SliceKey(10), vec![2]) },
+            Slice::new(SliceKey(10), vec![2]).with_warming([1]),
             Slice::new(SliceKey(20), vec![1]),
         ];
         assert_eq!(step.slices(), expect);

@@ -61,7 +61,7 @@ impl Assigner for Lpt {
             .map(|b| {
                 let owners = input
                     .previous
-                    .map_or(&[][..], |p| &p.slice_for(steady_slice::SliceKey(b.start)).replicas);
+                    .map_or(&[][..], |p| p.slice_for(steady_slice::SliceKey(b.start)).replicas());
                 owners.iter().filter_map(|t| serving.binary_search(t).ok()).collect()
             })
             .collect();

@@ -38,7 +38,7 @@ pub(crate) fn pieces_of(assignment: &Assignment, load: &Load) -> Vec<Piece> {
             Piece {
                 start: s.start.get(),
                 end,
-                replicas: s.replicas.clone(),
+                replicas: s.replicas().to_vec(),
                 load: load.between(s.start.get(), end),
             }
         })

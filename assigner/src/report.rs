@@ -160,9 +160,9 @@ pub(crate) fn finish(
     let same = previous.is_some_and(|p| {
         p.slices().len() == slices.len()
             && p.slices().iter().zip(&slices).all(|(a, b)| {
-                let mut r = a.replicas.clone();
+                let mut r = a.replicas().to_vec();
                 r.sort_unstable();
-                a.start == b.start && r == b.replicas
+                a.start == b.start && r == b.replicas()
             })
     });
     let (assignment, unchanged) = match previous {
@@ -188,7 +188,7 @@ pub(crate) fn finish(
     };
     let mut counts = vec![0usize; serving.len()];
     for s in assignment.slices() {
-        for r in &s.replicas {
+        for r in s.replicas() {
             if let Ok(i) = serving.binary_search(r) {
                 counts[i] += 1;
             }

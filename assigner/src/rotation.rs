@@ -84,7 +84,7 @@ impl Rotation {
         (0..self.bins_per_task).find(|&r| {
             self.pieces(bins, sets, r).iter().zip(slices).all(|(p, s)| {
                 let mut a = p.replicas.clone();
-                let mut b = s.replicas.clone();
+                let mut b = s.replicas().to_vec();
                 a.sort_unstable();
                 b.sort_unstable();
                 a == b

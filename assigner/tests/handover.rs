@@ -18,7 +18,7 @@ fn small_assignment(generation: u64) -> impl Strategy<Value = Assignment> {
             let slices = starts
                 .iter()
                 .zip(replicas)
-                .map(|(&s, r)| Slice::new(SliceKey(s), r.into_iter().collect()))
+                .map(|(&s, r)| Slice::new(SliceKey(s), r.into_iter().collect::<Vec<_>>()))
                 .collect();
             Assignment::new(generation, slices).expect("valid by construction")
         })
@@ -54,18 +54,18 @@ proptest! {
         let mut gains = false;
         for k in 0..70u64 {
             let key = SliceKey(k);
-            let old: Vec<u32> = previous.slice_for(key).replicas.iter().copied().filter(up).collect();
-            let new = &target.slice_for(key).replicas;
+            let old: Vec<u32> = previous.slice_for(key).replicas().iter().copied().filter(up).collect();
+            let new = target.slice_for(key).replicas();
             let warming: Vec<u32> = new.iter().copied().filter(|t| !old.contains(t)).collect();
             gains |= !old.is_empty() && !warming.is_empty();
             if let Some(step) = &step {
                 let got = step.slice_for(key);
                 if old.is_empty() {
-                    prop_assert_eq!(sorted(got.replicas.clone()), sorted(new.clone()), "key {}", k);
-                    prop_assert!(got.warming.is_empty());
+                    prop_assert_eq!(sorted(got.replicas().to_vec()), sorted(new.to_vec()), "key {}", k);
+                    prop_assert!(got.warming().is_empty());
                 } else {
-                    prop_assert_eq!(sorted(got.replicas.clone()), sorted(old.clone()), "key {}", k);
-                    prop_assert_eq!(sorted(got.warming.clone()), sorted(warming), "key {}", k);
+                    prop_assert_eq!(sorted(got.replicas().to_vec()), sorted(old.clone()), "key {}", k);
+                    prop_assert_eq!(sorted(got.warming().to_vec()), sorted(warming), "key {}", k);
                 }
             }
         }
@@ -75,7 +75,7 @@ proptest! {
             prop_assert_eq!(step.generation(), 4);
             // Merged: no two neighbours alike.
             for w in step.slices().windows(2) {
-                prop_assert!(w[0].replicas != w[1].replicas || w[0].warming != w[1].warming);
+                prop_assert!(w[0].replicas() != w[1].replicas() || w[0].warming() != w[1].warming());
             }
         }
     }

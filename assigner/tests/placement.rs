@@ -247,7 +247,7 @@ fn a_zone_without_tasks_is_named_and_the_best_assignment_still_comes_out() {
     let zone = |t: u32| t % 2;
     for s in run.assignment.slices() {
         assert!(
-            s.replicas.iter().any(|&t| zone(t) == 0) && s.replicas.iter().any(|&t| zone(t) == 1),
+            s.replicas().iter().any(|&t| zone(t) == 0) && s.replicas().iter().any(|&t| zone(t) == 1),
             "{s:?}"
         );
     }
@@ -285,8 +285,8 @@ fn spread_over_more_replicas_than_zones_is_infeasible_by_name() {
         .unwrap();
     // Three replicas each (the minimum holds), over both zones.
     for s in run.assignment.slices() {
-        assert_eq!(s.replicas.len(), 3);
-        assert!(s.replicas.iter().any(|t| t % 2 == 0) && s.replicas.iter().any(|t| t % 2 == 1));
+        assert_eq!(s.replicas().len(), 3);
+        assert!(s.replicas().iter().any(|t| t % 2 == 0) && s.replicas().iter().any(|t| t % 2 == 1));
     }
     assert_eq!(
         run.report.violations.iter().map(|v| v.constraint).collect::<Vec<_>>(),
@@ -320,7 +320,7 @@ fn a_task_with_capacity_two_takes_twice_the_load() {
     for (i, s) in current.assignment.slices().iter().enumerate() {
         let end = current.assignment.slices().get(i + 1).map(|n| n.start);
         let l = load.of_range(steady_slice::KeyRange::new(s.start, end));
-        per_task[s.replicas[0] as usize] += l;
+        per_task[s.replicas()[0] as usize] += l;
     }
     let big: f64 = per_task[..4].iter().sum::<f64>() / 4.0;
     let small: f64 = per_task[4..].iter().sum::<f64>() / 4.0;
@@ -342,7 +342,7 @@ fn a_replica_per_zone_keeps_one_replica_in_each_zone_through_a_zone_outage_and_b
     let first = wm.assign(&input).unwrap();
     assert!(first.report.violations.is_empty());
     for s in first.assignment.slices() {
-        let mut zones: Vec<u32> = s.replicas.iter().map(|t| t % 3).collect();
+        let mut zones: Vec<u32> = s.replicas().iter().map(|t| t % 3).collect();
         zones.sort_unstable();
         assert_eq!(zones, [0, 1, 2], "{s:?}");
     }
@@ -358,13 +358,13 @@ fn a_replica_per_zone_keeps_one_replica_in_each_zone_through_a_zone_outage_and_b
         wm.assign(&RunInput { previous: Some(&first.assignment), tasks: &down_tasks, ..input }).unwrap();
     assert!(during.report.violations.is_empty(), "{}", during.report);
     for s in during.assignment.slices() {
-        assert_eq!(s.replicas.len(), 2, "{s:?}");
+        assert_eq!(s.replicas().len(), 2, "{s:?}");
     }
     // Back: every slice regains its z2 replica.
     let back = wm.assign(&RunInput { previous: Some(&during.assignment), ..input }).unwrap();
     assert!(back.report.violations.is_empty(), "{}", back.report);
     for s in back.assignment.slices() {
-        assert_eq!(s.replicas.len(), 3, "{s:?}");
+        assert_eq!(s.replicas().len(), 3, "{s:?}");
     }
 }
 

@@ -78,7 +78,7 @@ fn weighted_move_spreads_a_hot_key_over_replicas_and_beats_static() {
         current = run.assignment;
     }
     let hot = current.slice_for(SliceKey(12345));
-    assert!(hot.replicas.len() >= 4, "the hot key's slice has {} replicas", hot.replicas.len());
+    assert!(hot.replicas().len() >= 4, "the hot key's slice has {} replicas", hot.replicas().len());
     let after =
         by_name("weighted-move").unwrap().assign(&RunInput { previous: Some(&current), ..input }).unwrap();
     let fixed = by_name("static").unwrap().assign(&input).unwrap();
@@ -243,5 +243,5 @@ fn weighted_move_escapes_a_hot_key_stuck_on_too_few_replicas() {
     assert!(r.imbalance_before.unwrap() > 1.36, "{r}");
     assert!(r.imbalance_after < 1.1, "stuck: {r}");
     assert!(r.key_churn <= wm.config().move_budget + wm.config().merge_budget, "{r}");
-    assert!(next.assignment.slice_for(SliceKey(hot)).replicas.len() >= 4, "{r}");
+    assert!(next.assignment.slice_for(SliceKey(hot)).replicas().len() >= 4, "{r}");
 }

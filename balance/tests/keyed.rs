@@ -48,7 +48,7 @@ async fn settle() {
 }
 
 fn slice(start: u64, replicas: &[u32]) -> Slice {
-    Slice::new(SliceKey(start), replicas.to_vec())
+    Slice::new(SliceKey(start), replicas)
 }
 
 async fn send<S, K>(b: &Balance<S, K>, req: Req) -> Result<usize, BoxError>
@@ -319,7 +319,7 @@ async fn a_keyed_request_refused_by_a_replica_moves_only_to_another_replica_of_i
 async fn warming_tasks_get_no_request() {
     // Every task in the subset: only the assignment keeps requests off task 1.
     let (b, _, _job) = balancer(BalanceConfig::new(0, 4), 4);
-    let warming = Slice { warming: vec![1, 2], ..slice(0, &[0]) };
+    let warming = slice(0, &[0]).with_warming([1, 2]);
     let (_tx, rx) = watch::channel(Assignment::new(1, vec![warming, slice(1 << 63, &[3])]).unwrap());
     b.follow_assignment_watch(rx);
     settle().await;

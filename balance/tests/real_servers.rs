@@ -303,14 +303,14 @@ async fn keyed_traffic_reaches_only_the_assigned_servers() {
     for i in 0..400 {
         let key = format!("user-{i}");
         let task = task_of(balance.clone().oneshot(keyed_request(&key)).await.unwrap()).await.unwrap();
-        let replicas = &assignment.slice_for(SliceKey::of(&key)).replicas;
+        let replicas = assignment.slice_for(SliceKey::of(&key)).replicas();
         assert!(replicas.contains(&(task as u32)), "{key} answered by {task}, not by {replicas:?}");
     }
     // What each server recorded: only keys of the slices it serves, and 400 in all.
     let mut received = 0;
     for server in &servers {
         for key in server.stats.keys.lock().unwrap().iter() {
-            let replicas = &assignment.slice_for(SliceKey::of(key)).replicas;
+            let replicas = assignment.slice_for(SliceKey::of(key)).replicas();
             assert!(replicas.contains(&(server.task as u32)), "server {} got {key}", server.task);
             received += 1;
         }

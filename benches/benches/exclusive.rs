@@ -45,7 +45,7 @@ fn checks(c: &mut Criterion) {
         let mut keys = Vec::with_capacity(KEYS);
         while keys.len() < KEYS {
             let key = SliceKey(rng.next());
-            if a.slice_for(key).replicas == [0] {
+            if a.slice_for(key).replicas() == [0] {
                 keys.push(key);
             }
         }

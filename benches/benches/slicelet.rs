@@ -39,7 +39,7 @@ fn assignment() -> Assignment {
         .map(|i| {
             Slice::new(
                 SliceKey(i as u64 * step),
-                (0..3).map(|r| ((i * 7 + r * 101) % TASKS) as u32).collect(),
+                (0..3).map(|r| ((i * 7 + r * 101) % TASKS) as u32).collect::<Vec<_>>(),
             )
         })
         .collect();
@@ -51,7 +51,7 @@ fn assignment() -> Assignment {
 fn zipf_requests(assignment: &Assignment) -> Vec<SliceKey> {
     let names: Vec<SliceKey> = (0..)
         .map(|k| SliceKey::of(format!("user-{k}")))
-        .filter(|&key| assignment.slice_for(key).replicas.contains(&0))
+        .filter(|&key| assignment.slice_for(key).replicas().contains(&0))
         .take(KEYS)
         .collect();
     let weights: Vec<f64> = (1..=KEYS).map(|r| 1.0 / r as f64).collect();

@@ -79,7 +79,9 @@ pub fn spread_assignment(
         .map(|i| {
             Slice::new(
                 SliceKey(i as u64 * step),
-                (0..replicas).map(|r| ((i * 7 + r * 101 + generation as usize) % tasks) as u32).collect(),
+                (0..replicas)
+                    .map(|r| ((i * 7 + r * 101 + generation as usize) % tasks) as u32)
+                    .collect::<Vec<_>>(),
             )
         })
         .collect();

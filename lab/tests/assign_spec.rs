@@ -73,8 +73,8 @@ fn a_spread_over_zones_spec_over_six_tasks_in_three_zones_has_no_violation() {
         let a: Assignment = serde_json::from_value(first["assignment"].clone()).unwrap();
         assert_eq!(a.generation(), 1);
         for s in a.slices() {
-            assert_eq!(s.replicas.len(), 2, "{algorithm}: {s:?}");
-            assert_ne!(zone_of(s.replicas[0]), zone_of(s.replicas[1]), "{algorithm}: {s:?}");
+            assert_eq!(s.replicas().len(), 2, "{algorithm}: {s:?}");
+            assert_ne!(zone_of(s.replicas()[0]), zone_of(s.replicas()[1]), "{algorithm}: {s:?}");
         }
         // The next run from it, the assignment field read back as --previous, stays so.
         let previous = temp_file(&format!("{algorithm}-previous.json"), &first["assignment"].to_string());
@@ -106,7 +106,7 @@ fn a_spec_naming_a_zone_with_no_task_is_infeasible_and_names_the_zone() {
     let a: Assignment = serde_json::from_value(out["assignment"].clone()).unwrap();
     assert!(!a.slices().is_empty());
     for s in a.slices() {
-        let mut zones: Vec<u32> = s.replicas.iter().map(|&t| zone_of(t)).collect();
+        let mut zones: Vec<u32> = s.replicas().iter().map(|&t| zone_of(t)).collect();
         zones.sort_unstable();
         zones.dedup();
         assert_eq!(zones, [0, 1, 2], "{s:?}");
@@ -182,8 +182,8 @@ fn task_loads(a: &Assignment, path: &str) -> Vec<f64> {
     for point in file["keys"].as_array().unwrap() {
         let (key, load) = (point[0].as_u64().unwrap(), point[1].as_f64().unwrap());
         let slice = a.slices().iter().rev().find(|s| s.start.get() <= key).unwrap();
-        for &t in &slice.replicas {
-            loads[t as usize] += load / slice.replicas.len() as f64;
+        for &t in slice.replicas() {
+            loads[t as usize] += load / slice.replicas().len() as f64;
         }
     }
     loads

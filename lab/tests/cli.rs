@@ -165,7 +165,7 @@ fn assign_prints_a_valid_assignment_and_a_newer_generation_from_a_previous_one()
         assert!(String::from_utf8_lossy(&first.stderr).contains("generation=1"), "{name}");
         let a: steady_slice::Assignment = serde_json::from_str(&text).expect("a valid assignment");
         assert_eq!(a.generation(), 1);
-        assert!(a.slices().iter().all(|s| s.replicas.iter().all(|&t| t < 6) && s.replicas.len() <= 3));
+        assert!(a.slices().iter().all(|s| s.replicas().iter().all(|&t| t < 6) && s.replicas().len() <= 3));
         // One task fewer: the next run must move slices off task 5, so a newer generation.
         let previous = temp_file(&format!("{name}-previous.json"), &text);
         let second = lab(&[
@@ -183,7 +183,7 @@ fn assign_prints_a_valid_assignment_and_a_newer_generation_from_a_previous_one()
         ]);
         let b: steady_slice::Assignment = serde_json::from_str(&stdout(&second)).unwrap();
         assert!(b.generation() > a.generation(), "{name}");
-        assert!(b.slices().iter().all(|s| s.replicas.iter().all(|&t| t < 5)), "{name}");
+        assert!(b.slices().iter().all(|s| s.replicas().iter().all(|&t| t < 5)), "{name}");
         let _ = std::fs::remove_file(previous);
     }
 }

@@ -395,7 +395,7 @@ pub fn agreement(frontends: &[(&Assignment, &[(SliceKey, u64)])]) -> f64 {
     let mut by_key: HashMap<SliceKey, HashMap<u32, u64>> = HashMap::new();
     for (assignment, keys) in frontends {
         for &(key, count) in *keys {
-            if let Some(&owner) = assignment.slice_for(key).replicas.first() {
+            if let Some(&owner) = assignment.slice_for(key).replicas().first() {
                 *by_key.entry(key).or_default().entry(owner).or_default() += count;
             }
         }

@@ -79,7 +79,7 @@ async fn keyed_requests_go_to_the_owner_the_frontend_s_own_assignment_names() {
             if balance.stats().assignment_generation == Some(balancer_generation)
                 && balancer_generation == in_force.generation()
             {
-                assert_eq!(Some(&(task as u32)), in_force.slice_for(key).replicas.first(), "round {round}");
+                assert_eq!(Some(&(task as u32)), in_force.slice_for(key).replicas().first(), "round {round}");
                 checked += 1;
             }
         }
@@ -92,9 +92,9 @@ async fn keyed_requests_go_to_the_owner_the_frontend_s_own_assignment_names() {
     assert!(balance.stats().keyed_requests >= 8000, "{:?}", balance.stats().keyed_requests);
     // The rotation moved off its start to spread the hot sixteenth of the key space.
     let last = local.assignment().unwrap();
-    let first_owner_of_hot = last.slice_for(SliceKey(0)).replicas[0];
+    let first_owner_of_hot = last.slice_for(SliceKey(0)).replicas()[0];
     let owners: std::collections::BTreeSet<u32> =
-        (0..64).map(|i| last.slice_for(SliceKey((i as u64) << 54)).replicas[0]).collect();
+        (0..64).map(|i| last.slice_for(SliceKey((i as u64) << 54)).replicas()[0]).collect();
     assert!(owners.len() >= 2, "the hot range stayed on task {first_owner_of_hot}: {owners:?}");
 }
 

@@ -13,8 +13,8 @@ impl From<&Assignment> for proto::AssignmentUpdate {
                 .iter()
                 .map(|s| proto::Slice {
                     start: s.start.get(),
-                    replicas: s.replicas.clone(),
-                    warming: s.warming.clone(),
+                    replicas: s.replicas().to_vec(),
+                    warming: s.warming().to_vec(),
                 })
                 .collect(),
         }
@@ -31,7 +31,7 @@ impl TryFrom<proto::AssignmentUpdate> for Assignment {
             m.generation,
             m.slices
                 .into_iter()
-                .map(|s| Slice { start: SliceKey(s.start), replicas: s.replicas, warming: s.warming })
+                .map(|s| Slice::new(SliceKey(s.start), s.replicas).with_warming(s.warming))
                 .collect(),
         )
     }
@@ -45,10 +45,7 @@ mod tests {
     fn an_assignment_survives_the_round_trip_and_an_invalid_message_is_named() {
         let a = Assignment::new(
             4,
-            vec![
-                Slice { warming: vec![4], ..Slice::new(SliceKey(0), vec![2, 1]) },
-                Slice::new(SliceKey(9), vec![3]),
-            ],
+            vec![Slice::new(SliceKey(0), vec![2, 1]).with_warming([4]), Slice::new(SliceKey(9), vec![3])],
         )
         .unwrap();
         let message = proto::AssignmentUpdate::from(&a);
@@ -69,8 +66,7 @@ mod tests {
             Assignment::new(4, vec![Slice::new(SliceKey(0), vec![2, 1]), Slice::new(SliceKey(9), vec![3])])
                 .unwrap();
         assert_eq!(hex(&plain), "08041204 12020201 120c 090900000000000000 120103".replace(' ', ""));
-        let warming =
-            Assignment::new(4, vec![Slice { warming: vec![5], ..Slice::new(SliceKey(0), vec![2]) }]).unwrap();
+        let warming = Assignment::new(4, vec![Slice::new(SliceKey(0), vec![2]).with_warming([5])]).unwrap();
         assert_eq!(hex(&warming), "08041206 120102 1a0105".replace(' ', ""));
     }
 }

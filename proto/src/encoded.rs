@@ -12,23 +12,18 @@ use std::task::{Context, Poll};
 
 use futures_util::Stream;
 use prost::bytes::{BufMut, Bytes};
-use prost::Message;
-use steady_slice::Assignment;
 use tonic::body::Body;
 use tonic::codec::{Codec, EncodeBuf, Encoder};
 use tonic::codegen::{http, BoxFuture, Service, StdError};
 use tonic::server::{Grpc, NamedService, ServerStreamingService};
 use tonic::Status;
 
-use crate::assignment::{AssignmentUpdate, WatchRequest};
+use crate::assignment::WatchRequest;
 
-/// The gRPC path of the one method.
-const WATCH: &str = "/steady.assignment.v1.AssignmentDistributor/Watch";
-
-/// `assignment`'s `AssignmentUpdate` message, encoded: what every Watch stream sends.
-pub fn encode_update(assignment: &Assignment) -> Bytes {
-    Bytes::from(AssignmentUpdate::from(assignment).encode_to_vec())
-}
+/// The service's name.
+pub(crate) const SERVICE: &str = "steady.assignment.v1.AssignmentDistributor";
+/// The gRPC path of its one method.
+pub(crate) const WATCH: &str = "/steady.assignment.v1.AssignmentDistributor/Watch";
 
 /// A stream of encoded `AssignmentUpdate` messages, as a Watch call returns them.
 pub type EncodedWatchStream = Pin<Box<dyn Stream<Item = Result<Bytes, Status>> + Send>>;
@@ -36,7 +31,8 @@ pub type EncodedWatchStream = Pin<Box<dyn Stream<Item = Result<Bytes, Status>> +
 /// What serves Watch calls with encoded messages (see [`EncodedWatchServer`]).
 pub trait EncodedWatch: Clone + Send + Sync + 'static {
     /// The stream of `request.job`'s assignments newer than `request.known_generation`,
-    /// each encoded with [`encode_update`] (once per generation, shared by every stream).
+    /// each encoded with [`encode_update`](crate::encode_update) (once per generation,
+    /// shared by every stream).
     ///
     /// # Errors
     ///
@@ -64,7 +60,7 @@ impl<W> EncodedWatchServer<W> {
 }
 
 impl<W> NamedService for EncodedWatchServer<W> {
-    const NAME: &'static str = "steady.assignment.v1.AssignmentDistributor";
+    const NAME: &'static str = SERVICE;
 }
 
 /// Responses: already-encoded messages, written as they are. Requests: `WatchRequest`.
@@ -149,7 +145,11 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use prost::Message;
+    use steady_slice::Assignment;
+
+    use crate::assignment::AssignmentUpdate;
+    use crate::encode_update;
 
     #[test]
     fn the_bytes_sent_are_the_update_message_a_client_decodes() {

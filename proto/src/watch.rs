@@ -8,11 +8,17 @@ use futures_util::{Stream, StreamExt};
 use steady_core::{Backoff, ConfigError};
 use steady_slice::{Assignment, AssignmentError};
 use steady_subset::prng::SplitMix64;
+use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::Endpoint;
-use tonic::{Code, Response, Status, Streaming};
+use tonic::{Code, GrpcMethod, Response, Status, Streaming};
 
-use crate::assignment::assignment_distributor_client::AssignmentDistributorClient;
-use crate::assignment::{AssignmentUpdate, WatchRequest};
+use crate::assignment::WatchRequest;
+use crate::encoded::{SERVICE, WATCH};
+use crate::update::WatchCodec;
+
+/// What a Watch stream yields: each message read straight into a validated assignment
+/// ([`crate::decode_update`]), or the problem with it.
+type Updates = Streaming<Result<Assignment, AssignmentError>>;
 
 /// An error item of [`watch_assignments`]'s stream.
 #[derive(Debug)]
@@ -117,13 +123,7 @@ pub fn watch_assignments(
                 Some(stream) => stream,
                 None => {
                     let request = WatchRequest { job: s.job.clone(), known_generation: s.known };
-                    let opened = match AssignmentDistributorClient::connect(s.endpoint.clone()).await {
-                        Ok(mut client) => {
-                            client.watch(request).await.map(Response::into_inner).map_err(Failure::Status)
-                        }
-                        Err(e) => Err(Failure::Transport(e)),
-                    };
-                    match opened {
+                    match open(&s.endpoint, request).await {
                         Ok(stream) => {
                             tracing::debug!(job = %s.job, known = s.known, "watching assignments");
                             s.stream.insert(stream)
@@ -142,7 +142,7 @@ pub fn watch_assignments(
             match stream.message().await {
                 Ok(Some(update)) => {
                     s.failures = 0;
-                    let result = Assignment::try_from(update).map_err(WatchError::Invalid);
+                    let result = update.map_err(WatchError::Invalid);
                     if let Ok(a) = &result {
                         s.known = s.known.max(a.generation());
                     }
@@ -208,7 +208,7 @@ struct State {
     endpoint: Endpoint,
     job: String,
     known: u64,
-    stream: Option<Streaming<AssignmentUpdate>>,
+    stream: Option<Updates>,
     failures: u32,
     rng: SplitMix64,
     backoff: Backoff,
@@ -229,6 +229,23 @@ impl State {
         self.done = true;
         (Err(WatchError::Refused(status)), self)
     }
+}
+
+/// Connects to `endpoint` and calls Watch, as the generated client does, but with a codec
+/// that reads each message straight into an assignment (the generated one reads it into
+/// prost's messages first, several times its size: see [`crate::decode_update`]).
+async fn open(endpoint: &Endpoint, request: WatchRequest) -> Result<Updates, Failure> {
+    let channel = endpoint.connect().await.map_err(Failure::Transport)?;
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready()
+        .await
+        .map_err(|e| Failure::Status(Status::unknown(format!("Service was not ready: {e}"))))?;
+    let mut request = tonic::Request::new(request);
+    request.extensions_mut().insert(GrpcMethod::new(SERVICE, "Watch"));
+    grpc.server_streaming(request, PathAndQuery::from_static(WATCH), WatchCodec)
+        .await
+        .map(Response::into_inner)
+        .map_err(Failure::Status)
 }
 
 /// Why a watch could not be opened.

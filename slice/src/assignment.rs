@@ -4,6 +4,7 @@ use std::fmt;
 
 use crate::key::SliceKey;
 use crate::range::KeyRange;
+use crate::slice::Slice;
 
 /// The most slices one assignment may have (Slicer uses tens of thousands).
 pub const MAX_SLICES: usize = 1 << 20;
@@ -13,35 +14,6 @@ pub const MAX_REPLICAS: usize = 1024;
 /// steady's subsetting handles (`steady_subset::MAX_BACKENDS - 1`; the balancer checks
 /// at compile time that the two agree).
 pub const MAX_TASK: u32 = (1 << 24) - 1;
-
-/// One slice: the keys from `start` up to the next slice's start (or the end of the key
-/// space), served by `replicas` (backend task indices, in no particular order), and
-/// being handed to `warming` tasks.
-///
-/// A *warming* task is about to serve the slice (the first step of a handover): clients
-/// send it nothing for the slice, and its Slicelet announces the slice so the
-/// application can load state before the switch makes it a replica. Most slices have
-/// none; the field is left out of every encoding then, so assignments without warming
-/// tasks encode exactly as before it existed.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-pub struct Slice {
-    /// The first key of the slice.
-    pub start: SliceKey,
-    /// The backend tasks that serve it: not empty, no duplicates.
-    pub replicas: Vec<u32>,
-    /// The tasks warming up to serve it: no duplicates, none of them a replica. Usually
-    /// empty.
-    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Vec::is_empty"))]
-    pub warming: Vec<u32>,
-}
-
-impl Slice {
-    /// A slice from `start` served by `replicas`, with no warming task.
-    pub fn new(start: SliceKey, replicas: Vec<u32>) -> Self {
-        Self { start, replicas, warming: Vec::new() }
-    }
-}
 
 /// A generation of the key space's division into slices, each with its replicas.
 ///
@@ -186,56 +158,10 @@ impl Assignment {
     /// The first [`AssignmentError`] found: [`AssignmentError::ZeroGeneration`] for
     /// generation 0, then the slices' problems, scanning slices in order.
     pub fn new(generation: u64, slices: Vec<Slice>) -> Result<Self, AssignmentError> {
-        if generation == 0 {
-            return Err(AssignmentError::ZeroGeneration);
-        }
-        if slices.is_empty() {
-            return Err(AssignmentError::NoSlices);
-        }
-        if slices.len() > MAX_SLICES {
-            return Err(AssignmentError::TooManySlices { count: slices.len() });
-        }
-        if slices[0].start != SliceKey::MIN {
-            return Err(AssignmentError::FirstStartNotZero { start: slices[0].start });
-        }
-        let mut seen: Vec<u32> = Vec::new();
+        check_head(generation, slices.len())?;
+        let mut check = Check::default();
         for (i, slice) in slices.iter().enumerate() {
-            if i > 0 && slice.start <= slices[i - 1].start {
-                return Err(AssignmentError::NotIncreasing {
-                    slice: i,
-                    start: slice.start,
-                    previous: slices[i - 1].start,
-                });
-            }
-            if slice.replicas.is_empty() {
-                return Err(AssignmentError::NoReplicas { slice: i });
-            }
-            if slice.replicas.len() > MAX_REPLICAS {
-                return Err(AssignmentError::TooManyReplicas { slice: i, count: slice.replicas.len() });
-            }
-            if let Some(&task) = slice.replicas.iter().find(|&&t| t > MAX_TASK) {
-                return Err(AssignmentError::TaskOutOfRange { slice: i, task });
-            }
-            seen.clear();
-            seen.extend_from_slice(&slice.replicas);
-            seen.sort_unstable();
-            if let Some(w) = seen.windows(2).find(|w| w[0] == w[1]) {
-                return Err(AssignmentError::DuplicateReplica { slice: i, task: w[0] });
-            }
-            if slice.warming.is_empty() {
-                continue;
-            }
-            if slice.warming.len() > MAX_REPLICAS {
-                return Err(AssignmentError::TooManyWarming { slice: i, count: slice.warming.len() });
-            }
-            if let Some(&task) = slice.warming.iter().find(|&&t| t > MAX_TASK) {
-                return Err(AssignmentError::TaskOutOfRange { slice: i, task });
-            }
-            seen.extend_from_slice(&slice.warming);
-            seen.sort_unstable();
-            if let Some(w) = seen.windows(2).find(|w| w[0] == w[1]) {
-                return Err(AssignmentError::DuplicateWarming { slice: i, task: w[0] });
-            }
+            check.slice(i, slice, i.checked_sub(1).map(|p| &slices[p]))?;
         }
         Ok(Self { generation, slices })
     }
@@ -263,7 +189,7 @@ impl Assignment {
 
     /// Whether any slice has a warming task (a handover in progress).
     pub fn has_warming(&self) -> bool {
-        self.slices.iter().any(|s| !s.warming.is_empty())
+        self.slices.iter().any(|s| !s.warming().is_empty())
     }
 
     /// The generation, at least 1: higher replaces lower.
@@ -302,7 +228,7 @@ impl Assignment {
     /// uses it to know what it holds; `O(slices)`.
     pub fn slices_of(&self, task: u32) -> impl Iterator<Item = KeyRange> + '_ {
         (0..self.slices.len())
-            .filter(move |&i| self.slices[i].replicas.contains(&task))
+            .filter(move |&i| self.slices[i].replicas().contains(&task))
             .map(|i| self.range(i))
     }
 
@@ -310,8 +236,173 @@ impl Assignment {
     /// owners the state can be loaded from); `O(slices)`.
     pub fn warming_of(&self, task: u32) -> impl Iterator<Item = (KeyRange, &[u32])> + '_ {
         (0..self.slices.len())
-            .filter(move |&i| self.slices[i].warming.contains(&task))
-            .map(|i| (self.range(i), self.slices[i].replicas.as_slice()))
+            .filter(move |&i| self.slices[i].warming().contains(&task))
+            .map(|i| (self.range(i), self.slices[i].replicas()))
+    }
+}
+
+/// The checks of an assignment made before its slices: the generation and the count.
+fn check_head(generation: u64, count: usize) -> Result<(), AssignmentError> {
+    if generation == 0 {
+        return Err(AssignmentError::ZeroGeneration);
+    }
+    if count == 0 {
+        return Err(AssignmentError::NoSlices);
+    }
+    if count > MAX_SLICES {
+        return Err(AssignmentError::TooManySlices { count });
+    }
+    Ok(())
+}
+
+/// The checks of one slice, given the one before it: [`Assignment::new`]'s and
+/// [`AssignmentBuilder::push`]'s, so that both name the same first problem.
+#[derive(Debug, Default)]
+struct Check {
+    /// Scratch: the slice's tasks, sorted to find duplicates (one allocation reused,
+    /// the size of the largest slice).
+    seen: Vec<u32>,
+}
+
+impl Check {
+    fn slice(&mut self, i: usize, slice: &Slice, previous: Option<&Slice>) -> Result<(), AssignmentError> {
+        match previous {
+            None if slice.start != SliceKey::MIN => {
+                return Err(AssignmentError::FirstStartNotZero { start: slice.start });
+            }
+            Some(previous) if slice.start <= previous.start => {
+                return Err(AssignmentError::NotIncreasing {
+                    slice: i,
+                    start: slice.start,
+                    previous: previous.start,
+                });
+            }
+            _ => {}
+        }
+        let (replicas, warming) = (slice.replicas(), slice.warming());
+        if replicas.is_empty() {
+            return Err(AssignmentError::NoReplicas { slice: i });
+        }
+        if replicas.len() > MAX_REPLICAS {
+            return Err(AssignmentError::TooManyReplicas { slice: i, count: replicas.len() });
+        }
+        if let Some(&task) = replicas.iter().find(|&&t| t > MAX_TASK) {
+            return Err(AssignmentError::TaskOutOfRange { slice: i, task });
+        }
+        let seen = &mut self.seen;
+        seen.clear();
+        seen.extend_from_slice(replicas);
+        seen.sort_unstable();
+        if let Some(w) = seen.windows(2).find(|w| w[0] == w[1]) {
+            return Err(AssignmentError::DuplicateReplica { slice: i, task: w[0] });
+        }
+        if warming.is_empty() {
+            return Ok(());
+        }
+        if warming.len() > MAX_REPLICAS {
+            return Err(AssignmentError::TooManyWarming { slice: i, count: warming.len() });
+        }
+        if let Some(&task) = warming.iter().find(|&&t| t > MAX_TASK) {
+            return Err(AssignmentError::TaskOutOfRange { slice: i, task });
+        }
+        seen.extend_from_slice(warming);
+        seen.sort_unstable();
+        if let Some(w) = seen.windows(2).find(|w| w[0] == w[1]) {
+            return Err(AssignmentError::DuplicateWarming { slice: i, task: w[0] });
+        }
+        Ok(())
+    }
+}
+
+/// An assignment read slice by slice, for decoders: each slice is validated as it is
+/// pushed, so an invalid one is refused before anything after it is read, and a count
+/// or generation that cannot be valid before any is. The errors are the ones
+/// [`Assignment::new`] gives for the same slices, in the same order.
+///
+/// It allocates only what [`reserve`](Self::reserve) asks for and what pushing needs: a
+/// decoder reserves what its input can hold (not what it announces) and pushes only
+/// valid slices, so the slices never outgrow that room.
+///
+/// ```
+/// use steady_slice::{Assignment, AssignmentBuilder, AssignmentError, Slice, SliceKey};
+///
+/// let mut b = AssignmentBuilder::new(3, 2)?;
+/// b.reserve(2);
+/// b.push(Slice::new(SliceKey::MIN, [1]))?;
+/// assert_eq!(
+///     b.push(Slice::new(SliceKey::MIN, [2])),
+///     Err(AssignmentError::NotIncreasing { slice: 1, start: SliceKey::MIN, previous: SliceKey::MIN })
+/// );
+/// b.push(Slice::new(SliceKey(1 << 63), [2]))?;
+/// assert_eq!(b.finish()?, Assignment::new(3, vec![
+///     Slice::new(SliceKey::MIN, [1]),
+///     Slice::new(SliceKey(1 << 63), [2]),
+/// ])?);
+/// # Ok::<(), AssignmentError>(())
+/// ```
+#[derive(Debug)]
+pub struct AssignmentBuilder {
+    generation: u64,
+    slices: Vec<Slice>,
+    check: Check,
+}
+
+impl AssignmentBuilder {
+    /// An assignment of `generation` whose input announces `count` slices. Nothing is
+    /// reserved.
+    ///
+    /// # Errors
+    ///
+    /// What [`Assignment::new`] finds first about the generation and the count:
+    /// [`AssignmentError::ZeroGeneration`], [`AssignmentError::NoSlices`] (a count of
+    /// 0), [`AssignmentError::TooManySlices`].
+    pub fn new(generation: u64, count: usize) -> Result<Self, AssignmentError> {
+        check_head(generation, count)?;
+        Ok(Self { generation, slices: Vec::new(), check: Check::default() })
+    }
+
+    /// Room for `additional` more slices, reserved exactly (no doubling).
+    pub fn reserve(&mut self, additional: usize) {
+        self.slices.reserve_exact(additional);
+    }
+
+    /// How many slices were pushed.
+    pub fn len(&self) -> usize {
+        self.slices.len()
+    }
+
+    /// Whether none was.
+    pub fn is_empty(&self) -> bool {
+        self.slices.is_empty()
+    }
+
+    /// Validates the next slice and keeps it.
+    ///
+    /// # Errors
+    ///
+    /// The slice's first problem, as [`Assignment::new`] names it (the slice is
+    /// dropped; pushing more after an error is allowed but pointless), or
+    /// [`AssignmentError::TooManySlices`] for a slice beyond [`MAX_SLICES`].
+    pub fn push(&mut self, slice: Slice) -> Result<(), AssignmentError> {
+        let i = self.slices.len();
+        if i == MAX_SLICES {
+            return Err(AssignmentError::TooManySlices { count: i + 1 });
+        }
+        self.check.slice(i, &slice, self.slices.last())?;
+        self.slices.push(slice);
+        Ok(())
+    }
+
+    /// The assignment of the slices pushed.
+    ///
+    /// # Errors
+    ///
+    /// [`AssignmentError::NoSlices`] if none was.
+    pub fn finish(self) -> Result<Assignment, AssignmentError> {
+        if self.slices.is_empty() {
+            return Err(AssignmentError::NoSlices);
+        }
+        Ok(Assignment { generation: self.generation, slices: self.slices })
     }
 }
 
@@ -320,11 +411,11 @@ mod tests {
     use super::*;
 
     fn slice(start: u64, replicas: &[u32]) -> Slice {
-        Slice::new(SliceKey(start), replicas.to_vec())
+        Slice::new(SliceKey(start), replicas)
     }
 
     fn warm(start: u64, replicas: &[u32], warming: &[u32]) -> Slice {
-        Slice { warming: warming.to_vec(), ..slice(start, replicas) }
+        slice(start, replicas).with_warming(warming)
     }
 
     #[test]
@@ -390,6 +481,57 @@ mod tests {
         );
     }
 
+    /// An assignment pushed slice by slice, as decoders build one.
+    fn built(generation: u64, slices: Vec<Slice>) -> Result<Assignment, AssignmentError> {
+        let mut b = AssignmentBuilder::new(generation, slices.len())?;
+        b.reserve(slices.len());
+        for slice in slices {
+            b.push(slice)?;
+        }
+        b.finish()
+    }
+
+    #[test]
+    fn the_builder_names_the_problem_new_names() {
+        let many: Vec<u32> = (0..=MAX_REPLICAS as u32).collect();
+        let warming: Vec<u32> = (10..=10 + MAX_REPLICAS as u32).collect();
+        let cases = [
+            (0, vec![slice(0, &[1])]),
+            (1, vec![]),
+            (1, vec![slice(5, &[1])]),
+            (1, vec![slice(0, &[1]), slice(9, &[2]), slice(9, &[3])]),
+            (1, vec![slice(0, &[1]), slice(9, &[2]), slice(3, &[3])]),
+            (1, vec![slice(0, &[1]), slice(4, &[])]),
+            (1, vec![slice(0, &[1, 7, 1])]),
+            (1, vec![slice(0, &[1]), slice(4, &[MAX_TASK + 1])]),
+            (1, vec![slice(0, &many)]),
+            (1, vec![warm(0, &[1], &[2, 2])]),
+            (1, vec![warm(0, &[1], &[1])]),
+            (1, vec![slice(0, &[1]), warm(7, &[1], &[MAX_TASK + 1])]),
+            (1, vec![warm(0, &[1], &warming)]),
+            (1, vec![warm(0, &[1], &warming[1..])]),
+            (9, vec![warm(0, &[3, 1], &[2]), slice(7, &[2]), warm(8, &[1], &[4, 5])]),
+        ];
+        for (generation, slices) in cases {
+            let expected = Assignment::new(generation, slices.clone());
+            assert_eq!(built(generation, slices.clone()), expected, "{generation} {slices:?}");
+        }
+        assert!(built(9, vec![slice(0, &[1]), slice(7, &[2])]).is_ok());
+        // A count beyond the limit is refused before any slice is read.
+        assert_eq!(
+            AssignmentBuilder::new(1, MAX_SLICES + 1).err(),
+            Some(AssignmentError::TooManySlices { count: MAX_SLICES + 1 })
+        );
+        // The count announced is not binding, but nothing beyond the limit is kept,
+        // and an empty one is no assignment.
+        let mut b = AssignmentBuilder::new(1, 1).unwrap();
+        assert!(b.is_empty());
+        b.push(slice(0, &[1])).unwrap();
+        b.push(slice(1, &[1])).unwrap();
+        assert_eq!(b.len(), 2);
+        assert_eq!(AssignmentBuilder::new(1, 1).unwrap().finish(), Err(AssignmentError::NoSlices));
+    }
+
     #[test]
     fn lookup_finds_the_slice_whose_range_holds_the_key() {
         let a = Assignment::new(3, vec![slice(0, &[1]), slice(100, &[2]), slice(u64::MAX, &[3])]).unwrap();
@@ -398,7 +540,7 @@ mod tests {
         assert_eq!(a.slice_index(SliceKey(100)), 1);
         assert_eq!(a.slice_index(SliceKey(u64::MAX - 1)), 1);
         assert_eq!(a.slice_index(SliceKey(u64::MAX)), 2);
-        assert_eq!(a.slice_for(SliceKey(150)).replicas, [2]);
+        assert_eq!(a.slice_for(SliceKey(150)).replicas(), [2]);
     }
 
     #[test]

@@ -20,16 +20,27 @@
 //! ([`Malformed::UnsupportedVersion`]) and keep their last good assignment.
 //!
 //! Decoding checks every length against the bytes left before allocating, rejects
-//! trailing bytes, and then validates the assignment as [`Assignment::new`] does, so
-//! any input gives either a valid assignment or a typed error, never a panic. The two
-//! kinds of error stay apart: [`DecodeError::Malformed`] for bytes that are not the
-//! format (with the offset and the cause), [`DecodeError::Invalid`] for well-formed
-//! bytes that carry an invalid assignment.
+//! trailing bytes, and validates the assignment as [`Assignment::new`] does, so any
+//! input gives either a valid assignment or a typed error, never a panic. The two kinds
+//! of error stay apart: [`DecodeError::Malformed`] for bytes that are not the format
+//! (with the offset and the cause), [`DecodeError::Invalid`] for well-formed bytes that
+//! carry an invalid assignment; bytes malformed anywhere are malformed, even after an
+//! invalid slice.
+//!
+//! # Memory
+//!
+//! Slices are validated as they are read ([`AssignmentBuilder`]), and room is reserved
+//! for no more slices than the bytes can hold valid ones (14 bytes each, 16 in version
+//! 2), however many they announce, and a task takes as many bytes once read as on the
+//! wire. A slice is 32 bytes once read, so decoding takes at most 2.6 times its input
+//! (2.3 for the largest valid assignment) and a few KiB of scratch, and keeps nothing
+//! once a slice is invalid. `tests/decode_memory.rs` measures it.
 
 use std::fmt;
 
-use crate::assignment::{Assignment, AssignmentError, Slice, MAX_REPLICAS, MAX_SLICES};
+use crate::assignment::{Assignment, AssignmentBuilder, AssignmentError, MAX_REPLICAS, MAX_SLICES};
 use crate::key::SliceKey;
+use crate::slice::Slice;
 
 const MAGIC: &[u8; 4] = b"STAS";
 const VERSION: u8 = 1;
@@ -118,7 +129,7 @@ impl Assignment {
     pub fn encode(&self) -> Vec<u8> {
         let warming = self.has_warming();
         let per_slice =
-            |s: &Slice| 10 + 4 * s.replicas.len() + if warming { 2 + 4 * s.warming.len() } else { 0 };
+            |s: &Slice| 10 + 4 * s.replicas().len() + if warming { 2 + 4 * s.warming().len() } else { 0 };
         let size = 17 + self.slices().iter().map(per_slice).sum::<usize>();
         let mut out = Vec::with_capacity(size);
         out.extend_from_slice(MAGIC);
@@ -133,9 +144,9 @@ impl Assignment {
         };
         for slice in self.slices() {
             out.extend_from_slice(&slice.start.get().to_le_bytes());
-            tasks(&mut out, &slice.replicas);
+            tasks(&mut out, slice.replicas());
             if warming {
-                tasks(&mut out, &slice.warming);
+                tasks(&mut out, slice.warming());
             }
         }
         out
@@ -171,17 +182,37 @@ impl Assignment {
         if count as usize > r.left() / min_slice {
             return Err(r.malformed_at(count_at, Malformed::SliceCountBeyondInput(count)));
         }
-        let mut slices = Vec::with_capacity(count as usize);
+        // Slices are validated as they are read, and a valid one takes at least 14 bytes
+        // (16 in version 2: a replica's 4 more than the least): room is reserved for what
+        // the bytes can hold, never more (32 bytes a slice: at most 2.3 times the input),
+        // and nothing after the first invalid slice is kept. Reading goes on to
+        // the end all the same, so that bytes malformed anywhere are `Malformed`.
+        let mut building = AssignmentBuilder::new(generation, count as usize).map(|mut builder| {
+            builder.reserve((count as usize).min(r.left() / (min_slice + 4)));
+            builder
+        });
+        let mut tasks = Vec::new();
         for _ in 0..count {
             let start = SliceKey(r.u64()?);
-            let replicas = r.tasks()?;
-            let warming = if warming { r.tasks()? } else { Vec::new() };
-            slices.push(Slice { start, replicas, warming });
+            tasks.clear();
+            let replicas = r.tasks(&mut tasks)?;
+            if warming {
+                r.tasks(&mut tasks)?;
+            }
+            if let Ok(builder) = &mut building {
+                let slice = Slice::new(start, &tasks[..replicas]);
+                let slice =
+                    if tasks.len() == replicas { slice } else { slice.with_warming(&tasks[replicas..]) };
+                if let Err(e) = builder.push(slice) {
+                    // The slices read so far are dropped at once.
+                    building = Err(e);
+                }
+            }
         }
         if r.left() != 0 {
             return Err(r.malformed_at(r.at, Malformed::TrailingBytes));
         }
-        Ok(Assignment::new(generation, slices)?)
+        Ok(building?.finish()?)
     }
 }
 
@@ -224,18 +255,20 @@ impl<'a> Reader<'a> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
 
-    /// A count (at most [`MAX_REPLICAS`]), then that many task indices.
-    fn tasks(&mut self) -> Result<Vec<u32>, DecodeError> {
+    /// A count (at most [`MAX_REPLICAS`]), then that many task indices, appended to
+    /// `tasks` (scratch reused from slice to slice: at most `2 * MAX_REPLICAS` long);
+    /// the count.
+    fn tasks(&mut self, tasks: &mut Vec<u32>) -> Result<usize, DecodeError> {
         let n = self.u16()?;
         if n as usize > MAX_REPLICAS {
             return Err(self.malformed_at(self.at - 2, Malformed::TooManyReplicas(n)));
         }
         let n = n as usize;
-        let mut tasks = Vec::with_capacity(n.min(self.left() / 4));
+        tasks.reserve(n.min(self.left() / 4));
         for _ in 0..n {
             tasks.push(self.u32()?);
         }
-        Ok(tasks)
+        Ok(n)
     }
 }
 
@@ -272,10 +305,7 @@ mod tests {
     fn warming_tasks_make_version_2_and_only_they_do() {
         let a = Assignment::new(
             8,
-            vec![
-                Slice { warming: vec![5], ..Slice::new(SliceKey(0), vec![1]) },
-                Slice::new(SliceKey(1 << 63), vec![3]),
-            ],
+            vec![Slice::new(SliceKey(0), vec![1]).with_warming([5]), Slice::new(SliceKey(1 << 63), vec![3])],
         )
         .unwrap();
         let golden: Vec<u8> = [
@@ -376,5 +406,42 @@ mod tests {
         let mut zero = Assignment::single(1, vec![4]).unwrap().encode();
         zero[5..13].copy_from_slice(&0u64.to_le_bytes());
         assert_eq!(Assignment::decode(&zero), Err(DecodeError::Invalid(AssignmentError::ZeroGeneration)));
+        // Slices are validated as they are read, but bytes malformed after an invalid
+        // slice (or after a refused generation) are still malformed, as before.
+        let two =
+            Assignment::new(1, vec![Slice::new(SliceKey(0), [4]), Slice::new(SliceKey(9), [5])]).unwrap();
+        let mut bytes = two.encode();
+        bytes[17] = 5;
+        assert!(matches!(Assignment::decode(&bytes), Err(DecodeError::Invalid(_))));
+        bytes.pop();
+        assert_eq!(
+            Assignment::decode(&bytes),
+            Err(DecodeError::Malformed { offset: 41, cause: Malformed::Truncated })
+        );
+        zero.push(0);
+        assert_eq!(
+            Assignment::decode(&zero),
+            Err(DecodeError::Malformed { offset: 31, cause: Malformed::TrailingBytes })
+        );
+    }
+
+    /// 1,000 slices of 10 bytes (no replica): as many as the bytes can hold, none of
+    /// them valid. Refused at the first (nothing more is built), read to the end (bytes
+    /// malformed further on are malformed).
+    #[test]
+    fn an_invalid_slice_stops_the_building_not_the_reading() {
+        let header = &Assignment::single(1, vec![4]).unwrap().encode()[..13];
+        let mut empty = [header, &1000u32.to_le_bytes(), &[0; 10_000]].concat();
+        assert_eq!(
+            Assignment::decode(&empty),
+            Err(DecodeError::Invalid(AssignmentError::NoReplicas { slice: 0 }))
+        );
+        // The last slice announces a replica the bytes do not hold.
+        let last = 17 + 999 * 10 + 8;
+        empty[last..last + 2].copy_from_slice(&1u16.to_le_bytes());
+        assert_eq!(
+            Assignment::decode(&empty),
+            Err(DecodeError::Malformed { offset: last + 2, cause: Malformed::Truncated })
+        );
     }
 }

@@ -42,7 +42,7 @@ impl Assignment {
             a.slices()
                 .iter()
                 .map(|s| {
-                    let mut r = s.replicas.clone();
+                    let mut r = s.replicas().to_vec();
                     r.sort_unstable();
                     r
                 })
@@ -92,8 +92,7 @@ mod tests {
     use crate::{Assignment, KeyRange, Slice, SliceKey};
 
     fn assignment(slices: &[(u64, &[u32])]) -> Assignment {
-        Assignment::new(1, slices.iter().map(|&(start, r)| Slice::new(SliceKey(start), r.to_vec())).collect())
-            .unwrap()
+        Assignment::new(1, slices.iter().map(|&(start, r)| Slice::new(SliceKey(start), r)).collect()).unwrap()
     }
 
     #[test]

@@ -307,8 +307,8 @@ pub fn held_by_both(a: &Assignment, b: &Assignment, task: u32) -> Vec<KeyRange> 
         let start = ra.start().max(rb.start());
         let stop = end(ra).min(end(rb));
         if u128::from(start.0) < stop
-            && a.slices()[i].replicas.contains(&task)
-            && b.slices()[j].replicas.contains(&task)
+            && a.slices()[i].replicas().contains(&task)
+            && b.slices()[j].replicas().contains(&task)
         {
             let stop = (stop < 1 << 64).then_some(SliceKey(stop as u64));
             out.push(KeyRange::new(start, stop));

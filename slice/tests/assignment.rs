@@ -25,7 +25,7 @@ fn any_assignment() -> impl Strategy<Value = Assignment> {
                         replicas.len()
                     };
                     let warming = replicas.split_off(keep);
-                    Slice { warming, ..Slice::new(SliceKey(start), replicas) }
+                    Slice::new(SliceKey(start), replicas).with_warming(warming)
                 })
                 .collect();
             Assignment::new(generation, slices).expect("valid by construction")
@@ -40,7 +40,7 @@ fn linear_lookup(a: &Assignment, key: SliceKey) -> Vec<usize> {
 
 /// Per key, the sorted owners in `a`, for the keys in `probes`.
 fn owners_at(a: &Assignment, key: SliceKey) -> Vec<u32> {
-    let mut r = a.slice_for(key).replicas.clone();
+    let mut r = a.slice_for(key).replicas().to_vec();
     r.sort_unstable();
     r
 }
@@ -57,7 +57,7 @@ fn small_assignment() -> impl Strategy<Value = Assignment> {
             let slices = starts
                 .iter()
                 .zip(replicas)
-                .map(|(&start, r)| Slice::new(SliceKey(start), r.into_iter().rev().collect()))
+                .map(|(&start, r)| Slice::new(SliceKey(start), r.into_iter().rev().collect::<Vec<_>>()))
                 .collect();
             Assignment::new(1, slices).expect("valid by construction")
         })
@@ -89,7 +89,7 @@ proptest! {
         let ranges: Vec<_> = a.slices_of(task).collect();
         for key in (0..=64).chain([u64::MAX]).map(SliceKey) {
             let held = ranges.iter().any(|r| r.contains(key));
-            prop_assert_eq!(held, a.slice_for(key).replicas.contains(&task));
+            prop_assert_eq!(held, a.slice_for(key).replicas().contains(&task));
         }
     }
 

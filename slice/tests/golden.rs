@@ -57,9 +57,9 @@ fn slicing_file() -> String {
     let handover = Assignment::new(
         10,
         vec![
-            Slice { warming: vec![5], ..Slice::new(SliceKey(0), vec![3, 1]) },
+            Slice::new(SliceKey(0), vec![3, 1]).with_warming([5]),
             Slice::new(SliceKey(1 << 40), vec![7]),
-            Slice { warming: vec![6, 8], ..Slice::new(SliceKey(u64::MAX), vec![0]) },
+            Slice::new(SliceKey(u64::MAX), vec![0]).with_warming([6, 8]),
         ],
     )
     .unwrap();

@@ -369,7 +369,7 @@ impl Slicelet {
             return Some(exclusive.belief().held_since(key, tokio::time::Instant::now()).is_some());
         }
         let a = self.state.assignment.load();
-        a.as_ref().map(|a| a.assignment.slice_for(key).replicas.contains(&self.task))
+        a.as_ref().map(|a| a.assignment.slice_for(key).replicas().contains(&self.task))
     }
 
     /// The start keys of the slices this task holds (in an exclusive job, of the key
@@ -384,7 +384,7 @@ impl Slicelet {
         a.as_ref()
             .map(|a| {
                 let a = &a.assignment;
-                a.slices().iter().filter(|s| s.replicas.contains(&self.task)).map(|s| s.start).collect()
+                a.slices().iter().filter(|s| s.replicas().contains(&self.task)).map(|s| s.start).collect()
             })
             .unwrap_or_default()
     }

@@ -87,7 +87,7 @@ impl MeteredAssignment {
     pub(crate) fn new(assignment: Assignment, task: u32) -> Self {
         let counts = (0..assignment.slices().len()).map(|_| AtomicU64::new(0)).collect();
         let held = (0..assignment.slices().len() as u32)
-            .filter(|&i| assignment.slices()[i as usize].replicas.contains(&task))
+            .filter(|&i| assignment.slices()[i as usize].replicas().contains(&task))
             .collect();
         Self { assignment, counts, held, installed_at: Instant::now() }
     }
@@ -103,7 +103,7 @@ impl MeteredAssignment {
     pub(crate) fn count(&self, key: SliceKey, task: u32) -> bool {
         let i = self.assignment.slice_index(key);
         self.counts[i].fetch_add(1, Ordering::Relaxed);
-        self.assignment.slices()[i].replicas.contains(&task)
+        self.assignment.slices()[i].replicas().contains(&task)
     }
 }
 

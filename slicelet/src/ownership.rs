@@ -94,7 +94,7 @@ impl Ownership {
             _ => &[],
         };
         let held: Vec<Span> = (0..assignment.slices().len())
-            .filter(|&i| assignment.slices()[i].replicas.contains(&task))
+            .filter(|&i| assignment.slices()[i].replicas().contains(&task))
             .map(|i| Span::of(&assignment.range(i)))
             .collect();
         let mut warming: Vec<Warming> = Vec::new();
@@ -447,8 +447,8 @@ mod tests {
             2,
             vec![
                 Slice::new(SliceKey(0), vec![0]),
-                Slice { warming: vec![0], ..Slice::new(SliceKey(100), vec![1]) },
-                Slice { warming: vec![2], ..Slice::new(SliceKey(200), vec![0]) },
+                Slice::new(SliceKey(100), vec![1]).with_warming([0]),
+                Slice::new(SliceKey(200), vec![0]).with_warming([2]),
             ],
         )
         .unwrap();

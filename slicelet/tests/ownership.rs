@@ -38,7 +38,7 @@ fn assignment(generation: u64, choice: u64) -> Assignment {
 }
 
 fn holds(a: &Assignment, key: SliceKey) -> bool {
-    a.slice_for(key).replicas.contains(&ME)
+    a.slice_for(key).replicas().contains(&ME)
 }
 
 /// The model: per installed generation, each sample key's `held_since` (None: not held).

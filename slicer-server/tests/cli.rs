@@ -29,7 +29,7 @@ async fn the_binary_serves_the_first_generation_to_a_watcher() {
         tokio::time::timeout(Duration::from_secs(10), watch.next()).await.unwrap().unwrap().unwrap();
     assert!(assignment.generation() >= 1);
     let tasks: std::collections::BTreeSet<u32> =
-        assignment.slices().iter().flat_map(|s| s.replicas.iter().copied()).collect();
+        assignment.slices().iter().flat_map(|s| s.replicas().iter().copied()).collect();
     assert_eq!(tasks.into_iter().collect::<Vec<_>>(), [0, 1, 2]);
 }
 
@@ -57,7 +57,7 @@ async fn the_binary_follows_the_backend_job_in_the_registry() {
             let a =
                 next.unwrap_or_else(|_| panic!("no assignment where {what} within 20 s")).unwrap().unwrap();
             let owners: std::collections::BTreeSet<u32> =
-                a.slices().iter().flat_map(|s| s.replicas.iter().copied()).collect();
+                a.slices().iter().flat_map(|s| s.replicas().iter().copied()).collect();
             let owners: Vec<u32> = owners.into_iter().collect();
             if done(&owners) {
                 return owners;
@@ -85,7 +85,7 @@ async fn with_consistency_exclusive_the_binary_grants_what_it_publishes() {
     let mut watch = Box::pin(steady_tonic::watch_assignments(watcher, "users", Default::default()).unwrap());
     let assignment =
         tokio::time::timeout(Duration::from_secs(10), watch.next()).await.unwrap().unwrap().unwrap();
-    assert!(assignment.slices().iter().all(|s| s.replicas.len() == 1), "{assignment:?}");
+    assert!(assignment.slices().iter().all(|s| s.replicas().len() == 1), "{assignment:?}");
     let store = EtcdStore::connect(EtcdConfig::new([endpoint.clone()])).await.unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
@@ -563,7 +563,7 @@ async fn the_binary_serves_over_tls_and_takes_reports_only_from_the_task_a_certi
     let assignment =
         tokio::time::timeout(Duration::from_secs(10), watch.next()).await.unwrap().unwrap().unwrap();
     // Task 1's first slice, in the generation the binary published.
-    let start = assignment.slices().iter().find(|s| s.replicas.contains(&1)).unwrap().start.0;
+    let start = assignment.slices().iter().find(|s| s.replicas().contains(&1)).unwrap().start.0;
     let report = |task| LoadReport {
         version: 1,
         job: "users".into(),

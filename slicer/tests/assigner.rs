@@ -84,7 +84,7 @@ impl Job {
     fn report(&self, a: &Assignment, rate: impl Fn(u32) -> f64) {
         for task in 0..64u32 {
             let mine: Vec<SliceKey> =
-                a.slices().iter().filter(|s| s.replicas.contains(&task)).map(|s| s.start).collect();
+                a.slices().iter().filter(|s| s.replicas().contains(&task)).map(|s| s.start).collect();
             if mine.is_empty() {
                 continue;
             }
@@ -104,7 +104,7 @@ impl Job {
 
 fn share_of(a: &Assignment, task: u32) -> f64 {
     (0..a.slices().len())
-        .filter(|&i| a.slices()[i].replicas.contains(&task))
+        .filter(|&i| a.slices()[i].replicas().contains(&task))
         .map(|i| a.range(i).fraction())
         .sum()
 }
@@ -142,7 +142,8 @@ async fn a_draining_task_loses_its_slices_at_once_and_publications_are_rate_limi
             .unwrap(),
     );
     // The cadence is an hour: only the task-set change can have caused this run.
-    let drained = job.until("task 3 drained", |a| a.slices().iter().all(|s| !s.replicas.contains(&3))).await;
+    let drained =
+        job.until("task 3 drained", |a| a.slices().iter().all(|s| !s.replicas().contains(&3))).await;
     assert!(drained.generation() > first.generation());
     assert!(changed.elapsed() < Duration::from_secs(2), "{:?}", changed.elapsed());
     // Ten changes in quick succession: at most one publication per 200 ms.
@@ -183,9 +184,9 @@ async fn with_handover_a_drained_task_keeps_its_slices_while_their_new_owners_wa
         (0..4096u64).map(|i| SliceKey(i.wrapping_mul(0x9E37_79B9_7F4A_7C15))).collect();
     for &key in &probes {
         let (before, now) = (first.slice_for(key), warming.slice_for(key));
-        assert_eq!(now.replicas, before.replicas, "key {key}: the old owners serve until the switch");
-        assert_eq!(now.warming.is_empty(), !before.replicas.contains(&3), "key {key}");
-        assert!(!now.warming.contains(&3));
+        assert_eq!(now.replicas(), before.replicas(), "key {key}: the old owners serve until the switch");
+        assert_eq!(now.warming().is_empty(), !before.replicas().contains(&3), "key {key}");
+        assert!(!now.warming().contains(&3));
     }
     // The switch waits for the warm-up.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -196,10 +197,10 @@ async fn with_handover_a_drained_task_keeps_its_slices_while_their_new_owners_wa
     assert!(!switched.has_warming());
     for &key in &probes {
         let (step, now) = (warming.slice_for(key), switched.slice_for(key));
-        if !step.warming.is_empty() {
-            assert_eq!(now.replicas, step.warming, "key {key}: the warmed owner takes over");
+        if !step.warming().is_empty() {
+            assert_eq!(now.replicas(), step.warming(), "key {key}: the warmed owner takes over");
         }
-        assert!(!now.replicas.contains(&3));
+        assert!(!now.replicas().contains(&3));
     }
 }
 
@@ -225,7 +226,8 @@ async fn a_task_set_change_during_a_warm_up_is_acted_on_right_after_the_switch()
     // change itself can move task 2's slices.
     job.tasks.send_replace(draining(&[2, 3]));
     job.until("tasks 2 and 3 moved off", |a| {
-        !a.has_warming() && a.slices().iter().all(|s| !s.replicas.contains(&2) && !s.replicas.contains(&3))
+        !a.has_warming()
+            && a.slices().iter().all(|s| !s.replicas().contains(&2) && !s.replicas().contains(&3))
     })
     .await;
 }
@@ -267,7 +269,7 @@ async fn a_standby_takes_over_when_the_leader_dies() {
     // The standby leads and carries on from the stored generation.
     job.tasks.send_replace(Tasks::serving(0..5).unwrap());
     let next =
-        job.until("the standby's generation", |a| a.slices().iter().any(|s| s.replicas.contains(&4))).await;
+        job.until("the standby's generation", |a| a.slices().iter().any(|s| s.replicas().contains(&4))).await;
     assert!(next.generation() > first.generation());
     assert_eq!(standby.stats().terms(), 1);
 }
@@ -298,7 +300,7 @@ async fn on_etcd_a_standby_takes_over_within_the_lease() {
     leader.kill().await;
     job.tasks.send_replace(Tasks::serving(0..5).unwrap());
     let next =
-        job.until("the standby's generation", |a| a.slices().iter().any(|s| s.replicas.contains(&4))).await;
+        job.until("the standby's generation", |a| a.slices().iter().any(|s| s.replicas().contains(&4))).await;
     let failover = killed.elapsed();
     println!("etcd failover: the standby published {failover:?} after the leader was killed (lease {ttl:?})");
     assert!(next.generation() > first.generation());
@@ -335,8 +337,8 @@ async fn a_backend_that_drains_in_its_job_view_loses_its_slices() {
     let (views, view_rx) = watch::channel(JobView::serving((0..4).map(|i| format!("10.0.0.{i}:80"))));
     let assigner =
         job.service("a", config()).unwrap().spawn(steady_slicer::assigner_service::follow_job(view_rx));
-    job.until("task 2 holding slices", |a| a.slices().iter().any(|s| s.replicas.contains(&2))).await;
+    job.until("task 2 holding slices", |a| a.slices().iter().any(|s| s.replicas().contains(&2))).await;
     views.send_modify(|v| *v = v.clone().with_state(2, Seen::Draining));
-    job.until("task 2 drained", |a| a.slices().iter().all(|s| !s.replicas.contains(&2))).await;
+    job.until("task 2 drained", |a| a.slices().iter().all(|s| !s.replicas().contains(&2))).await;
     assert!(assigner.is_running());
 }

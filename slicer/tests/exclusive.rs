@@ -366,8 +366,7 @@ async fn what_exclusive_mode_cannot_hold_is_refused_by_name() {
         .unwrap();
     let refused = store.write_exclusive(&leader, &empty, &two).await;
     assert!(matches!(refused, Err(StoreError::NotExclusive { slice: 1, tasks: 2 })), "{refused:?}");
-    let mut warming = Slice::new(SliceKey(0), vec![0]);
-    warming.warming = vec![1];
+    let warming = Slice::new(SliceKey(0), vec![0]).with_warming([1]);
     let warming = Assignment::new(1, vec![warming]).unwrap();
     let refused = store.write_exclusive(&leader, &empty, &warming).await;
     assert!(matches!(refused, Err(StoreError::NotExclusive { slice: 0, tasks: 2 })), "{refused:?}");
@@ -495,7 +494,7 @@ async fn the_service_in_exclusive_mode_grants_each_generation_it_publishes() {
     .unwrap()
     .spawn(tasks_rx);
     let owners = |a: &Assignment| {
-        let mut o: Vec<u32> = a.slices().iter().flat_map(|s| s.replicas.iter().copied()).collect();
+        let mut o: Vec<u32> = a.slices().iter().flat_map(|s| s.replicas().iter().copied()).collect();
         o.sort_unstable();
         o.dedup();
         o
@@ -542,7 +541,7 @@ async fn the_service_in_exclusive_mode_grants_each_generation_it_publishes() {
     let seen = seen.lock().unwrap().clone();
     assert!(seen.len() >= generations.len(), "{} assignments seen", seen.len());
     for a in &seen {
-        assert!(a.slices().iter().all(|s| s.replicas.len() == 1 && s.warming.is_empty()), "{a:?}");
+        assert!(a.slices().iter().all(|s| s.replicas().len() == 1 && s.warming().is_empty()), "{a:?}");
     }
     // The followers bridged each recall and held each grant: two holds per generation
     // after the first (when there was nothing to bridge from) for each task that follows.

@@ -59,7 +59,7 @@ fn spread_spec() -> JobSpec {
 
 /// Whether every slice has two replicas in two zones.
 fn spread_over_zones(a: &Assignment) -> bool {
-    a.slices().iter().all(|s| s.replicas.len() == 2 && zone_of(s.replicas[0]) != zone_of(s.replicas[1]))
+    a.slices().iter().all(|s| s.replicas().len() == 2 && zone_of(s.replicas()[0]) != zone_of(s.replicas()[1]))
 }
 
 /// Waits (bounded) until the Distributor holds an assignment that satisfies `test`.
@@ -104,11 +104,11 @@ async fn replicas_spread_over_the_view_s_zones_a_zone_outage_is_named_and_repair
     // stays on the tasks left, and the service names the constraint it cannot meet.
     views.send_replace(view(0..2));
     let outage = until(&distributor, "every slice on tasks 0 and 1", |a| {
-        a.slices().iter().all(|s| s.replicas.iter().all(|&t| t < 2))
+        a.slices().iter().all(|s| s.replicas().iter().all(|&t| t < 2))
     })
     .await;
     assert!(outage.generation() > first.generation());
-    assert!(outage.slices().iter().all(|s| !s.replicas.is_empty()));
+    assert!(outage.slices().iter().all(|s| !s.replicas().is_empty()));
     eventually("spread-zones named infeasible", || {
         assigner.stats().placement().infeasible.is_some_and(|why| why.constraint() == Constraint::SpreadZones)
     })
@@ -132,7 +132,7 @@ async fn replicas_spread_over_the_view_s_zones_a_zone_outage_is_named_and_repair
     })
     .await;
     let kept = distributor.current(JOB).expect("the assignment in force stays");
-    assert!(kept.slices().iter().all(|s| !s.replicas.is_empty() && s.replicas.iter().all(|&t| t < 2)));
+    assert!(kept.slices().iter().all(|s| !s.replicas().is_empty() && s.replicas().iter().all(|&t| t < 2)));
 
     // They come back: the next runs repair the spread, and the violations go.
     views.send_replace(view(0..6));

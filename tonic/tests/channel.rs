@@ -65,13 +65,13 @@ async fn keyed_requests_land_on_the_servers_their_assignment_names() {
     for i in 0..200 {
         let key = format!("user-{i}");
         let task = echo(&mut client, Some(&key), b"k").await.unwrap();
-        let replicas = &assignment.slice_for(SliceKey::of(&key)).replicas;
+        let replicas = assignment.slice_for(SliceKey::of(&key)).replicas();
         assert!(replicas.contains(&task), "{key} served by {task}, assigned to {replicas:?}");
     }
     // The servers saw only their own keys.
     for b in &backends {
         for key in b.backend.keys.lock().unwrap().iter() {
-            assert!(assignment.slice_for(SliceKey::of(key)).replicas.contains(&b.backend.task));
+            assert!(assignment.slice_for(SliceKey::of(key)).replicas().contains(&b.backend.task));
         }
     }
     // A key set in code, as a request extension, wins over metadata.

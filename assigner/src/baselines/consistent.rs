@@ -67,7 +67,7 @@ impl ConsistentHashing {
         let base = self.vnodes;
         let Some(previous) = previous.filter(|_| self.load_aware) else { return vec![base; serving.len()] };
         let starts: HashMap<u64, &[u32]> =
-            previous.slices().iter().map(|s| (s.start.get(), s.replicas.as_slice())).collect();
+            previous.slices().iter().map(|s| (s.start.get(), s.replicas())).collect();
         let loads = task_loads(&pieces_of(previous, load), serving);
         let mean = loads.iter().sum::<f64>() / serving.len() as f64;
         serving

@@ -224,7 +224,7 @@ impl Placement {
             let share = (end - u128::from(s.start.get())) as f64 / SPACE;
             positions.clear();
             positions.extend(
-                s.replicas.iter().filter_map(|t| layout.serving.binary_search(t).ok().map(|p| p as u32)),
+                s.replicas().iter().filter_map(|t| layout.serving.binary_search(t).ok().map(|p| p as u32)),
             );
             let (spread, missing) = layout.misses(&positions);
             let mut note = |c: Constraint| {

@@ -9,13 +9,13 @@ pub fn check_placement(a: &Assignment, tasks: &Tasks, limits: ReplicaLimits) {
     let serving = tasks.serving_ids().len();
     let (min, max) = (limits.min().min(serving), limits.max().min(serving));
     for (i, s) in a.slices().iter().enumerate() {
-        for &t in &s.replicas {
+        for &t in s.replicas() {
             assert_eq!(tasks.state(t), TaskState::Serving, "slice {i} on task {t}");
         }
         assert!(
-            s.replicas.len() >= min && s.replicas.len() <= max,
+            s.replicas().len() >= min && s.replicas().len() <= max,
             "slice {i} has {} replicas, limits {min}..={max}",
-            s.replicas.len()
+            s.replicas().len()
         );
     }
     // Valid by steady-slice's rules (the constructor already checked; this re-checks).
@@ -25,8 +25,8 @@ pub fn check_placement(a: &Assignment, tasks: &Tasks, limits: ReplicaLimits) {
 /// Every slice on serving tasks only, with at least one replica.
 pub fn check_serving(a: &Assignment, tasks: &Tasks) {
     for (i, s) in a.slices().iter().enumerate() {
-        assert!(!s.replicas.is_empty(), "slice {i} has no replica");
-        for &t in &s.replicas {
+        assert!(!s.replicas().is_empty(), "slice {i} has no replica");
+        for &t in s.replicas() {
             assert_eq!(tasks.state(t), TaskState::Serving, "slice {i} on task {t}");
         }
     }

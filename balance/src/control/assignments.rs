@@ -157,7 +157,7 @@ impl Assignments {
                     "assignment in force"
                 );
                 let mut tasks: Vec<u32> =
-                    assignment.slices().iter().flat_map(|s| s.replicas.iter().copied()).collect();
+                    assignment.slices().iter().flat_map(|s| s.replicas().iter().copied()).collect();
                 tasks.sort_unstable();
                 tasks.dedup();
                 self.replica_tasks = tasks;

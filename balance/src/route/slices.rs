@@ -204,7 +204,7 @@ impl<S> SliceTable<S> {
         let usable = |t: u32| endpoint(t).is_some() || reachable(t);
         for slice in assignment.slices() {
             table.starts.push(slice.start.get());
-            let choice = choose(&slice.replicas, frontend, fan_out.max(1), preference, usable);
+            let choice = choose(slice.replicas(), frontend, fan_out.max(1), preference, usable);
             table.chosen.extend(&choice.asked);
             table.missing.push(choice.asked.iter().any(|&t| endpoint(t).is_none()));
             let start = table.ready.len();

@@ -41,7 +41,7 @@ pub(crate) fn consistent_hashing(tasks: &Tasks, generation: u64) -> Option<Assig
         if point == u64::MAX {
             break;
         }
-        if slices.last().is_some_and(|s| s.replicas[0] == owner) {
+        if slices.last().is_some_and(|s| s.replicas()[0] == owner) {
             continue;
         }
         slices.push(Slice::new(SliceKey(point + 1), vec![owner]));
@@ -55,13 +55,13 @@ mod tests {
     use steady_assigner::TaskState;
 
     fn owner(a: &Assignment, key: u64) -> u32 {
-        a.slice_for(SliceKey(key)).replicas[0]
+        a.slice_for(SliceKey(key)).replicas()[0]
     }
 
     fn shares(a: &Assignment, tasks: u32) -> Vec<f64> {
         let mut share = vec![0.0; tasks as usize];
         for i in 0..a.slices().len() {
-            share[a.slices()[i].replicas[0] as usize] += a.range(i).fraction();
+            share[a.slices()[i].replicas()[0] as usize] += a.range(i).fraction();
         }
         share
     }

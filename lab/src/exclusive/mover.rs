@@ -104,7 +104,7 @@ fn next_assignment(previous: Option<&Assignment>, live: &[u32], rng: &mut SplitM
     let step = u64::MAX / SLICES;
     let slices = (0..SLICES)
         .map(|i| {
-            let owner = previous.map(|a| a.slice_for(SliceKey(i * step)).replicas[0]);
+            let owner = previous.map(|a| a.slice_for(SliceKey(i * step)).replicas()[0]);
             let owner = match owner {
                 Some(o) if live.contains(&o) && rng.below(4) != 0 => o,
                 _ => live[rng.below(live.len() as u64) as usize],

@@ -360,8 +360,8 @@ impl KeySpace {
                 load += rates[key];
                 key += 1;
             }
-            let share = load / slice.replicas.len() as f64;
-            for r in &slice.replicas {
+            let share = load / slice.replicas().len() as f64;
+            for r in slice.replicas() {
                 if let Ok(t) = serving.binary_search(r) {
                     loads[t] += share;
                 }

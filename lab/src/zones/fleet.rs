@@ -189,7 +189,7 @@ impl Backends {
             .iter()
             .map(|slice| {
                 let mut zones = [0; 3];
-                for &r in slice.replicas.iter().filter(|&&r| self.serving(r as usize)) {
+                for &r in slice.replicas().iter().filter(|&&r| self.serving(r as usize)) {
                     zones[zone_of_backend(r as usize)] += 1;
                 }
                 zones
@@ -371,7 +371,9 @@ fn assignments(
     let replica = |s: usize, z: usize| (s + z) % BACKENDS_PER_ZONE % in_view[z].max(1);
     let start = |s: usize| SliceKey(s as u64 * width);
     let global = (0..SLICES)
-        .map(|s| Slice::new(start(s), (0..3).map(|z| backend_of(z, replica(s, z)) as u32).collect()))
+        .map(|s| {
+            Slice::new(start(s), (0..3).map(|z| backend_of(z, replica(s, z)) as u32).collect::<Vec<_>>())
+        })
         .collect();
     let global = Assignment::new(generation, global)?;
     let mut per_zone = Vec::new();
@@ -390,7 +392,7 @@ mod tests {
     #[test]
     fn every_backend_in_the_view_holds_an_even_share_of_the_slices() {
         let count =
-            |a: &Assignment, task: u32| a.slices().iter().filter(|s| s.replicas.contains(&task)).count();
+            |a: &Assignment, task: u32| a.slices().iter().filter(|s| s.replicas().contains(&task)).count();
         let (global, per_zone) = assignments(1, [4, 4, 4]).unwrap();
         for task in 0..12 {
             assert_eq!(count(&global, task), SLICES / 4, "task {task}");
@@ -398,8 +400,8 @@ mod tests {
         for (z, a) in per_zone.iter().enumerate() {
             for (s, slice) in a.slices().iter().enumerate() {
                 // The zone's assignment names the same backend as the global one.
-                let named = backend_of(z, slice.replicas[0] as usize) as u32;
-                assert_eq!(global.slices()[s].replicas[z], named);
+                let named = backend_of(z, slice.replicas()[0] as usize) as u32;
+                assert_eq!(global.slices()[s].replicas()[z], named);
             }
         }
         // Zone c halved: its two backends hold half of the slices each.

@@ -498,7 +498,7 @@ impl Driver {
             }
         };
         if let Some(slice) =
-            assignment.slices().iter().find(|s| s.replicas.len() > 1 || !s.warming.is_empty())
+            assignment.slices().iter().find(|s| s.replicas().len() > 1 || !s.warming().is_empty())
         {
             tracing::warn!(job = %self.job, generation = assignment.generation(), start = %slice.start, "exclusive: an assignment with more than one owner for a slice grants nothing");
             return;

@@ -60,12 +60,12 @@ pub(crate) fn render(s: &Snapshot) -> String {
     }
     if let Some(a) = &s.assignment {
         for (i, slice) in a.slices().iter().enumerate() {
-            let share = a.range(i).fraction() / slice.replicas.len() as f64;
-            for &task in &slice.replicas {
+            let share = a.range(i).fraction() / slice.replicas().len() as f64;
+            for &task in slice.replicas() {
                 let row = rows.entry(task).or_default();
                 row.slices += 1;
                 row.share += share;
-                if slice.replicas.len() > 1 {
+                if slice.replicas().len() > 1 {
                     row.replicas_shared += 1;
                 }
             }
@@ -215,7 +215,7 @@ fn key_space(html: &mut String, a: &Assignment) {
         while slice + 1 < slices.len() && slices[slice + 1].start.0 <= middle {
             slice += 1;
         }
-        let replicas = &slices[slice].replicas;
+        let replicas = slices[slice].replicas();
         let _ = write!(
             html,
             "<rect x=\"{column}\" y=\"0\" width=\"1\" height=\"30\" fill=\"{}\"/>",

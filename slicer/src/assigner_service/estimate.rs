@@ -31,7 +31,7 @@ pub fn estimate(fresh: &[Received], current: Option<&Assignment>, serving: &[u32
         for &(start, slice_rate) in received.report.slices() {
             let i = a.slice_index(start);
             let slice = &a.slices()[i];
-            if slice.start != start || !slice.replicas.contains(&task) {
+            if slice.start != start || !slice.replicas().contains(&task) {
                 // Not a slice of that generation this task held: the report is
                 // inconsistent (or forged); its claim is ignored.
                 continue;
@@ -47,7 +47,7 @@ pub fn estimate(fresh: &[Received], current: Option<&Assignment>, serving: &[u32
                 if inside_rate > 0.0 { inside_rate / inside.iter().map(|h| h.1).sum::<f64>() } else { 0.0 };
             points.extend(inside.into_iter().map(|(k, r)| (k, r * scale)));
             rate += slice_rate;
-            covered += range.fraction() / slice.replicas.len() as f64;
+            covered += range.fraction() / slice.replicas().len() as f64;
         }
     }
     if let Some(current) = current {
@@ -56,10 +56,10 @@ pub fn estimate(fresh: &[Received], current: Option<&Assignment>, serving: &[u32
         let reported: Vec<u32> = fresh.iter().map(|r| r.report.task()).collect();
         let unreported = |t: &u32| serving.binary_search(t).is_ok() && reported.binary_search(t).is_err();
         for (i, slice) in current.slices().iter().enumerate() {
-            let missing = slice.replicas.iter().filter(|t| unreported(t)).count();
+            let missing = slice.replicas().iter().filter(|t| unreported(t)).count();
             if missing > 0 && density > 0.0 {
                 let range = current.range(i);
-                let share = density * range.fraction() / slice.replicas.len() as f64;
+                let share = density * range.fraction() / slice.replicas().len() as f64;
                 ranges.push((range, share * missing as f64));
             }
         }

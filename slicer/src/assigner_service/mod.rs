@@ -544,7 +544,7 @@ impl AssignerService {
 fn known_tasks(tasks: &Tasks, assignment: Option<&Assignment>) -> Vec<u32> {
     let mut known: Vec<u32> = tasks.iter().map(|(t, _)| t).collect();
     if let Some(a) = assignment {
-        known.extend(a.slices().iter().flat_map(|s| s.replicas.iter().copied()));
+        known.extend(a.slices().iter().flat_map(|s| s.replicas().iter().copied()));
     }
     known.sort_unstable();
     known.dedup();

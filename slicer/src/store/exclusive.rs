@@ -55,10 +55,10 @@ pub struct ExclusiveWrite {
 ///
 /// [`StoreError::NotExclusive`] naming the first such slice.
 pub(crate) fn check_exclusive(next: &Assignment) -> Result<(), StoreError> {
-    match next.slices().iter().position(|s| s.replicas.len() + s.warming.len() > 1) {
+    match next.slices().iter().position(|s| s.replicas().len() + s.warming().len() > 1) {
         Some(slice) => {
             let s = &next.slices()[slice];
-            Err(StoreError::NotExclusive { slice, tasks: s.replicas.len() + s.warming.len() })
+            Err(StoreError::NotExclusive { slice, tasks: s.replicas().len() + s.warming().len() })
         }
         None => Ok(()),
     }
@@ -81,8 +81,7 @@ mod tests {
             check_exclusive(&two.unwrap()),
             Err(StoreError::NotExclusive { slice: 1, tasks: 2 })
         ));
-        let mut warming = Slice::new(SliceKey(0), vec![1]);
-        warming.warming = vec![2];
+        let warming = Slice::new(SliceKey(0), vec![1]).with_warming([2]);
         let warming = Assignment::new(4, vec![warming]).unwrap();
         assert!(warming.has_warming());
         assert!(matches!(check_exclusive(&warming), Err(StoreError::NotExclusive { slice: 0, tasks: 2 })));

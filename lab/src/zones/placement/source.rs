@@ -77,7 +77,7 @@ pub(crate) struct Lost {
 pub(crate) fn without_live_replica(assignment: &Assignment, live: impl Fn(usize) -> bool) -> Lost {
     let mut lost = Lost::default();
     for (slice, share) in slices_with_shares(assignment) {
-        if !slice.replicas.iter().any(|&r| live(r as usize)) {
+        if !slice.replicas().iter().any(|&r| live(r as usize)) {
             lost.slices += 1;
             lost.key_share += share;
         }
@@ -97,7 +97,7 @@ pub(crate) fn keyed_lowest(
     let (mut sum, mut weight) = (0.0, 0.0);
     for (slice, share) in slices_with_shares(assignment) {
         let mut replicas = [0usize; 3];
-        for &r in slice.replicas.iter().filter(|&&r| live(r as usize)) {
+        for &r in slice.replicas().iter().filter(|&&r| live(r as usize)) {
             replicas[zone_of_backend(r as usize)] += 1;
         }
         let zones: Vec<(usize, usize)> = (0..3).map(|z| (frontends[z], replicas[z])).collect();
@@ -326,7 +326,7 @@ mod tests {
             let (a, run) = SourceAssigner::start(source, uniform(), 100).unwrap();
             assert!(run.violations.is_empty() && run.infeasible.is_none(), "{source:?}: {run:?}");
             assert_eq!(a.current().slices().len(), 1200, "about 100 slices per task");
-            assert!(a.current().slices().iter().all(|s| s.replicas.len() == source.replicas()));
+            assert!(a.current().slices().iter().all(|s| s.replicas().len() == source.replicas()));
             lost.push(without_live_replica(a.current(), zone_a_down).slices);
         }
         // Weighted-move's initial assignment puts slice k on tasks k and k + 1 (mod 12):
