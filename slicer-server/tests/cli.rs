@@ -479,7 +479,7 @@ async fn the_binary_follows_a_registry_on_etcd_over_tls_as_a_user_with_the_store
             let next = tokio::time::timeout_at(deadline, watch.next()).await;
             let a = next.expect("no assignment over the registered tasks within 20 s").unwrap().unwrap();
             let owners: std::collections::BTreeSet<u32> =
-                a.slices().iter().flat_map(|s| s.replicas.iter().copied()).collect();
+                a.slices().iter().flat_map(|s| s.replicas().iter().copied()).collect();
             if owners.into_iter().collect::<Vec<_>>() == [0, 2, 5] {
                 break;
             }
