@@ -169,7 +169,7 @@ impl Slicelet {
 
     /// The slicelet of backend task `task` in an exclusive job (see `docs/exclusive.md`):
     /// it believes it owns a key only while the lease protocol says so, which takes
-    /// [`Slicelet::hold_leases`] (feature `exclusive`) on the job's etcd. Until then, and
+    /// `Slicelet::hold_leases` (feature `exclusive`) on the job's etcd. Until then, and
     /// whenever its lease cannot be renewed in time, it owns nothing: every keyed request
     /// is refused with the misroute status (or forwarded, with [`OnMisroute::Forward`]),
     /// and no [`KeyHandle`] is given. Assignments it is fed ([`Slicelet::follow`],
