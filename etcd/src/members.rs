@@ -20,9 +20,11 @@
 //! etcd's, an error status included, is not such a failure) marks its member *down*, and
 //! a probe task of its own connects to it again (after 100 ms, doubling up to 2 s between
 //! tries) until a connection is made; the member is up again with that connection. While
-//! every member is down, calls go round-robin over all of them, so that a single-member
-//! etcd behaves as before: calls fail fast while it is away, and go through once it is
-//! back.
+//! every member is down, each call tries to connect to them in turn before it is handed
+//! over, and goes out on the first that answers (so a member back before its probe noticed
+//! serves at once); when none answers it goes out on the next one and fails fast, so that
+//! a single-member etcd behaves as before: calls fail while it is away, and go through
+//! once it is back.
 //!
 //! The cost of a member's death is one failed call per client (the one that found it
 //! dead), which the caller retries as it retries any unanswered call, instead of a share
@@ -116,7 +118,8 @@ struct Pick {
     endpoint: Endpoint,
     channel: Channel,
     epoch: u64,
-    verified: bool,
+    /// Its connection is known to work: it was made, and no call on it failed since.
+    trusted: bool,
 }
 
 impl Shared {
@@ -160,7 +163,7 @@ impl Shared {
                 endpoint: m.endpoint.clone(),
                 channel: m.channel.clone(),
                 epoch: m.epoch,
-                verified: m.state != State::Unverified,
+                trusted: m.state == State::Up,
             })
     }
 
@@ -189,13 +192,14 @@ impl Shared {
     }
 
     /// The connection a call goes out on: the next member's, connected first when it
-    /// never was (a member that cannot be connected to is marked down and the next one
-    /// tried, the request still in hand); with its URI and epoch.
+    /// never was, or when every member is down (a member that cannot be connected to is
+    /// marked down and the next one tried, the request still in hand; one that can is up
+    /// again at once, without waiting for its probe); with its URI and epoch.
     async fn connection(self: &Arc<Self>) -> Result<(Uri, Channel, u64), BoxError> {
         let tries = self.members.lock().unwrap_or_else(|p| p.into_inner()).len().max(1) + 1;
         for _ in 0..tries {
             let Some(pick) = self.pick() else { break };
-            if pick.verified {
+            if pick.trusted {
                 return Ok((pick.uri, pick.channel, pick.epoch));
             }
             match pick.endpoint.connect().await {
