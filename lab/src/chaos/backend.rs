@@ -106,8 +106,8 @@ async fn serve(args: &BackendArgs) -> LabResult {
             command = commands.recv() => {
                 let Some(command) = command else { break };
                 let (what, done) = match command {
-                    Command::Drain => ("drain", registration.drain().await),
-                    Command::Undrain => ("undrain", registration.undrain().await),
+                    Command::Drain => ("drain", write_state(&registration, true).await),
+                    Command::Undrain => ("undrain", write_state(&registration, false).await),
                     Command::Rotate => ("rotate", Ok(())),
                 };
                 match done {
@@ -157,6 +157,24 @@ async fn register(
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             Err(error) => return Err(format!("task {index}: cannot register: {error}").into()),
+        }
+    }
+}
+
+/// Drains the task in the registry, or makes it serve again, retrying (for up to
+/// [`REGISTER_WITHIN`]) while etcd does not answer: `Registration::drain` leaves the
+/// state unknown then, and asks for a retry. (A member of the cluster that came back
+/// can fail one request with the connect error of its outage: etcd-client's connection
+/// to it reports it to the next request that picks it.)
+async fn write_state(registration: &Registration, drain: bool) -> Result<(), RegistryError> {
+    let deadline = tokio::time::Instant::now() + REGISTER_WITHIN;
+    loop {
+        let done = if drain { registration.drain().await } else { registration.undrain().await };
+        match done {
+            Err(RegistryError::Unavailable(_)) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            done => return done,
         }
     }
 }

@@ -15,7 +15,7 @@ use steady_discovery::Discovery;
 use steady_subset::prng::SplitMix64;
 use steady_testing::echo::echo_client::EchoClient;
 use steady_testing::echo::EchoRequest;
-use steady_tonic::SteadyChannel;
+use steady_tonic::{EndpointTemplate, SteadyChannel};
 use tokio::task::JoinHandle;
 use tonic::transport::Endpoint;
 
@@ -23,6 +23,8 @@ use crate::slicer_demo::workload::Popularity;
 
 /// Latency buckets: bucket `i` holds latencies below `2^((i+1)/4)` µs (the last, the rest).
 const BUCKETS: usize = 100;
+/// How long past its deadline a call is waited for (the channel ends it at the deadline).
+const NET: Duration = Duration::from_millis(500);
 /// The errors kept per window, to show what failed.
 const ERRORS_KEPT: usize = 3;
 /// The hot keys move this often (through a few rankings, over and over: the lab's own
@@ -38,13 +40,15 @@ pub(super) struct Frontends {
 
 impl Frontends {
     /// `count` frontends of `backends` backend tasks of `job`: each follows the job in the
-    /// registry on `etcd` (a watch of its own) and the assignments of `slicers`.
+    /// registry on `etcd` (a watch of its own) and the assignments of `slicers`, and
+    /// gives every call `deadline`.
     pub(super) async fn start(
         etcd: &[String],
         job: &str,
         slicers: &[String],
         count: usize,
         backends: usize,
+        deadline: Duration,
     ) -> Result<Self, Box<dyn std::error::Error>> {
         let registry = Registry::connect(RegistryConfig::new(etcd.to_vec())).await?;
         let slicers: Vec<Endpoint> =
@@ -53,9 +57,12 @@ impl Frontends {
         let mut views = Vec::new();
         for m in 0..count {
             let view = registry::watch_job(&registry, job).await?;
-            // k = every backend: each frontend keeps a connection to each.
-            let channel =
-                SteadyChannel::builder(BalanceConfig::new(m, backends)).from_addresses(view.views())?;
+            // k = every backend: each frontend keeps a connection to each. The deadline
+            // is the channel's own: a call that passes it is a timeout the balancer sees
+            // (outlier ejection), where a call its caller gives up on says nothing.
+            let channel = SteadyChannel::builder(BalanceConfig::new(m, backends))
+                .endpoint_template(EndpointTemplate::new().timeout(deadline))
+                .from_addresses(view.views())?;
             channel.follow_assignments(steady_proto::watch_assignments_any(
                 slicers.clone(),
                 job,
@@ -82,6 +89,8 @@ pub(super) struct Counts {
     pub(super) failed: u64,
     /// No answer within the deadline.
     pub(super) timed_out: u64,
+    /// Of the failed and timed out, keyed requests.
+    pub(super) lost_keyed: u64,
     /// The answered requests' latencies (see [`BUCKETS`]).
     latency: Vec<u64>,
     /// The first few errors, as text.
@@ -90,7 +99,15 @@ pub(super) struct Counts {
 
 impl Default for Counts {
     fn default() -> Self {
-        Self { sent: 0, ok: 0, failed: 0, timed_out: 0, latency: vec![0; BUCKETS], errors: Vec::new() }
+        Self {
+            sent: 0,
+            ok: 0,
+            failed: 0,
+            timed_out: 0,
+            lost_keyed: 0,
+            latency: vec![0; BUCKETS],
+            errors: Vec::new(),
+        }
     }
 }
 
@@ -114,7 +131,7 @@ impl Counts {
         Duration::ZERO
     }
 
-    fn record(&mut self, answer: Result<Duration, String>, timed_out: bool) {
+    fn record(&mut self, answer: Result<Duration, String>, timed_out: bool, keyed: bool) {
         match answer {
             Ok(took) => {
                 self.ok += 1;
@@ -122,6 +139,7 @@ impl Counts {
                 self.latency[((micros.log2() * 4.0) as usize).min(BUCKETS - 1)] += 1;
             }
             Err(error) => {
+                self.lost_keyed += u64::from(keyed);
                 if timed_out {
                     self.timed_out += 1;
                 } else {
@@ -228,15 +246,18 @@ pub(super) fn start(
                         (client.clone(), in_flight.clone(), windows.clone());
                     tokio::spawn(async move {
                         let sent = Instant::now();
-                        let answer = tokio::time::timeout(deadline, client.echo(request)).await;
+                        // The channel ends a call at the deadline; this bound is a net
+                        // under it (a call the channel never ended is counted too).
+                        let answer = tokio::time::timeout(deadline + NET, client.echo(request)).await;
                         let (answer, timed_out) = match answer {
                             Ok(Ok(_)) => (Ok(sent.elapsed()), false),
                             Ok(Err(status)) => {
-                                (Err(format!("{:?}: {}", status.code(), status.message())), false)
+                                let timed_out = sent.elapsed() >= deadline;
+                                (Err(format!("{:?}: {}", status.code(), status.message())), timed_out)
                             }
-                            Err(_) => (Err(format!("no answer within {deadline:?}")), true),
+                            Err(_) => (Err(format!("no answer within {:?}", deadline + NET)), true),
                         };
-                        windows.lock()[window].record(answer, timed_out);
+                        windows.lock()[window].record(answer, timed_out, is_keyed);
                         in_flight.fetch_sub(1, Ordering::Relaxed);
                     });
                 }

@@ -147,6 +147,7 @@ pub fn run(out: &mut impl Write, args: &ChaosArgs) -> LabResult {
         &slicers,
         args.frontends,
         args.backends as usize,
+        Duration::from_millis(args.deadline_ms),
     ))?;
     let first = newest().unwrap_or(0);
     wait_until(START_WITHIN, || frontends.generations().iter().all(|g| *g >= first))
@@ -173,7 +174,12 @@ pub fn run(out: &mut impl Write, args: &ChaosArgs) -> LabResult {
     );
     std::thread::sleep(Duration::from_secs(args.warm_up));
     let until = Instant::now() + Duration::from_secs(seconds);
-    let injected = schedule::Schedule::new(&mut fleet, &traffic.windows, &published, began).run(
+    let load = schedule::Load {
+        rate: f64::from(args.keyed_rate + args.unkeyed_rate) * args.frontends as f64,
+        deadline,
+        backends: args.backends,
+    };
+    let injected = schedule::Schedule::new(&mut fleet, &traffic.windows, &published, began, load).run(
         &args.faults,
         until,
         out,

@@ -3,7 +3,8 @@
 //! * the **sampler** (every 50 ms): which slices of the newest assignment have no serving
 //!   replica (the newest as the lab follows the store on etcd, serving as the schedule
 //!   left each backend: up, not stalled, not drained); how long each publication took to
-//!   reach every frontend; whether each running backend keeps beating and reporting load;
+//!   reach every frontend and each running instance's Distributor; whether each running
+//!   backend keeps beating and reporting load;
 //! * the **prober** (every second): each running steady-slicer instance's `/metrics` page
 //!   (answered at all; who leads; whether the leader's Assigner runs; whether its load
 //!   collector accepts reports), and every process's resident memory.
@@ -93,6 +94,7 @@ impl Monitors {
         observations: Arc<Mutex<Observations>>,
         began: Instant,
     ) -> Self {
+        lock(&observations).began = Some(began);
         let stop = Arc::new(AtomicBool::new(false));
         let (r, o, flag) = (roster.clone(), observations.clone(), stop.clone());
         let sampler = std::thread::spawn(move || sample(&r, &published, &generations, &o, &flag));
@@ -122,17 +124,23 @@ fn sample(
 ) {
     // Per backend: its pid, its reports count and when it last grew.
     let mut reports: BTreeMap<usize, (u32, u64, Instant)> = BTreeMap::new();
+    // Per instance: since when its Distributor is behind the store.
+    let mut behind: Vec<Option<Instant>> = Vec::new();
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(50));
         let now = Instant::now();
-        let members = roster.lock().backends.clone();
+        let (members, slicers) = {
+            let roster = roster.lock();
+            (roster.backends.clone(), roster.slicers.clone())
+        };
         let serving: Vec<u32> =
             members.iter().enumerate().filter(|(_, m)| m.serving()).map(|(i, _)| i as u32).collect();
         // The slices of the newest assignment with no serving replica, as a share of
-        // the key space.
-        let (uncovered, resolved) = {
+        // the key space; the publications every frontend now routes by.
+        let (uncovered, newest, resolved, waiting) = {
             let mut p = lock(published);
             let uncovered = p.newest.as_ref().map_or(0.0, |a| uncovered_share(a, &serving));
+            let newest = p.newest.as_ref().map_or(0, Assignment::generation);
             let reached = generations().into_iter().min().unwrap_or(0);
             let mut resolved = Vec::new();
             while p.pending.front().is_some_and(|(g, _)| *g <= reached) {
@@ -140,12 +148,23 @@ fn sample(
                 resolved.push(now - seen);
             }
             let waiting = p.pending.front().map(|(_, seen)| now - *seen);
-            (uncovered, (resolved, waiting))
+            (uncovered, newest, resolved, waiting)
         };
+        // Each running instance's Distributor (its status line, once a second, says
+        // which generation it serves) against the store's newest.
+        behind.resize(slicers.len(), None);
+        for (i, m) in slicers.iter().enumerate() {
+            let held = m.beat.map_or(0, |b| b.generation);
+            if m.life != Life::Up || now - m.since < GRACE || held >= newest {
+                behind[i] = None;
+            } else {
+                let since = *behind[i].get_or_insert(now);
+                lock(observations).distributor_gap.observe(now - since, &m.name);
+            }
+        }
         let mut o = lock(observations);
         o.uncovered.observe(uncovered > 0.0, now);
         o.uncovered_share = o.uncovered_share.max(uncovered);
-        let (resolved, waiting) = resolved;
         for lag in resolved {
             o.lag.push(lag);
         }

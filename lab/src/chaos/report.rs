@@ -13,9 +13,9 @@ pub(super) fn faults(out: &mut impl Write, faults: &[Injected], windows: &[Count
     writeln!(out, "\n## Faults\n")?;
     writeln!(
         out,
-        "| # | at (s) | fault | target | recovered (s) | sent | lost | bound | p99 (ms) | first error |"
+        "| # | at (s) | fault | target | recovered (s) | sent | lost | of them keyed | bound | p99 (ms) | first error |"
     )?;
-    writeln!(out, "|---|---|---|---|---|---|---|---|---|---|")?;
+    writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|")?;
     if let Some(quiet) = windows.first() {
         row(out, "0", "0", "(none: warm-up)", "", "", quiet, 0)?;
     }
@@ -24,22 +24,14 @@ pub(super) fn faults(out: &mut impl Write, faults: &[Injected], windows: &[Count
         let recovered =
             f.recovered.map_or_else(|| "not in 20".to_owned(), |r| format!("{:.2}", r.as_secs_f64()));
         let at = format!("{:.0}", f.at.as_secs_f64());
-        row(
-            out,
-            &(i + 1).to_string(),
-            &at,
-            f.fault.name(),
-            &f.target,
-            &recovered,
-            counts,
-            f.fault.lost_bound(),
-        )?;
+        row(out, &(i + 1).to_string(), &at, f.fault.name(), &f.target, &recovered, counts, f.bound)?;
     }
     let total = windows.iter().fold(Counts::default(), |mut t, c| {
         t.sent += c.sent;
         t.ok += c.ok;
         t.failed += c.failed;
         t.timed_out += c.timed_out;
+        t.lost_keyed += c.lost_keyed;
         t
     });
     writeln!(
@@ -67,9 +59,10 @@ fn row(
     let error = counts.errors.first().map_or(String::new(), |e| e.chars().take(60).collect::<String>());
     writeln!(
         out,
-        "| {n} | {at} | {fault} | {target} | {recovered} | {} | {} | {bound} | {:.1} | {} |",
+        "| {n} | {at} | {fault} | {target} | {recovered} | {} | {} | {} | {bound} | {:.1} | {} |",
         counts.sent,
         counts.lost(),
+        counts.lost_keyed,
         counts.latency(0.99).as_secs_f64() * 1000.0,
         error.replace('|', "/"),
     )
@@ -102,7 +95,12 @@ pub(super) fn memory(out: &mut impl Write, lives: &[Growth]) -> std::io::Result<
     for g in lives {
         let (first, ratio) = match (g.first_mib, g.ratio()) {
             (Some(first), Some(ratio)) => {
-                (format!("{first:.1}"), format!("{ratio:.2}{}", if g.violated() { " GREW" } else { "" }))
+                let note = match (g.judged(), g.violated()) {
+                    (false, _) => " (not judged)",
+                    (true, true) => " GREW",
+                    (true, false) => "",
+                };
+                (format!("{first:.1}"), format!("{ratio:.2}{note}"))
             }
             _ => ("-".to_owned(), "(short life)".to_owned()),
         };

@@ -59,18 +59,37 @@ impl Fault {
         }
     }
 
-    /// The most requests it may lose (failed or timed out, over its window), at the
-    /// soak's default load (see `docs/failures.md`, "The chaos soak").
-    pub(super) fn lost_bound(self) -> u64 {
+    /// The most requests it may lose (failed or timed out, over its window) under `load`
+    /// (see `docs/failures.md`, "The chaos soak").
+    pub(super) fn lost_bound(self, load: &Load) -> u64 {
         match self {
-            // The calls in flight on the killed task's connections.
-            Fault::BackendKill => 30,
-            // A stalled task holds the calls it was sent until the deadline; the
-            // balancer's load-aware choice sends it no more once they pile up.
-            Fault::BackendStall => 60,
+            // The calls in flight on the killed task's connections when it dies, and those
+            // sent to it before the frontends see the connections break: 50 ms of the
+            // load (at least 10).
+            Fault::BackendKill => ((load.rate * 0.05).ceil() as u64).max(10),
+            // A stalled task holds every call it is sent until the call's deadline; only
+            // then do timeouts reach the balancer (five in a row eject it) while its
+            // calls in flight count against it at once: its share of the load for one
+            // deadline.
+            Fault::BackendStall => {
+                (load.rate * load.deadline.as_secs_f64() / f64::from(load.backends.max(1))).ceil() as u64
+            }
+            // Drains move load before the task stops taking it; the control plane and etcd
+            // are off the request path.
             Fault::BackendDrain | Fault::SlicerKill | Fault::EtcdKill | Fault::CertRotate => 0,
         }
     }
+}
+
+/// The load the bounds are stated for.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Load {
+    /// Requests a second, every frontend's together.
+    pub(super) rate: f64,
+    /// Each request's deadline.
+    pub(super) deadline: Duration,
+    /// Backend tasks.
+    pub(super) backends: u32,
 }
 
 /// One fault as it was done.
@@ -86,6 +105,8 @@ pub(super) struct Injected {
     /// How long the fleet took to recover, from the fault (see [`Schedule::inject`]);
     /// `None`: not within [`RECOVERY`].
     pub(super) recovered: Option<Duration>,
+    /// The most requests its window may lose.
+    pub(super) bound: u64,
 }
 
 /// The schedule's state.
@@ -94,6 +115,7 @@ pub(super) struct Schedule<'a> {
     pub(super) windows: &'a Windows,
     pub(super) published: &'a SharedPublished,
     pub(super) began: Instant,
+    load: Load,
     /// How many times each fault ran so far.
     done: Vec<(Fault, usize)>,
 }
@@ -104,8 +126,9 @@ impl<'a> Schedule<'a> {
         windows: &'a Windows,
         published: &'a SharedPublished,
         began: Instant,
+        load: Load,
     ) -> Self {
-        Self { fleet, windows, published, began, done: Vec::new() }
+        Self { fleet, windows, published, began, load, done: Vec::new() }
     }
 
     /// Runs `faults` in turn until `until`, printing a line per fault to `out`.
@@ -134,7 +157,8 @@ impl<'a> Schedule<'a> {
                     .map_or_else(|| "not within 20 s".to_owned(), |r| format!("in {:.2} s", r.as_secs_f64()))
             )?;
             out.flush()?;
-            injected.push(Injected { fault: *fault, target, window, at, recovered });
+            let bound = fault.lost_bound(&self.load);
+            injected.push(Injected { fault: *fault, target, window, at, recovered, bound });
             std::thread::sleep(SETTLE);
         }
         Ok(injected)
