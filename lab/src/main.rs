@@ -20,6 +20,10 @@
 //!   prints a table per phase and writes a figure per phase.
 //! * `steady-lab consistent [--seconds S]` measures exclusive ownership's availability on
 //!   real tonic servers and a real etcd: with the bridge, without it, and eventual mode.
+//! * `steady-lab chaos [--minutes N | --seconds S]` soaks the whole system on real
+//!   processes (a three-member etcd, two `steady-slicer` instances, backend processes,
+//!   frontends under load) while a schedule of faults runs, checks invariants throughout
+//!   and exits non-zero when one is violated.
 //! * `steady-lab assign --algorithm NAME --tasks T --load FILE [--previous FILE]
 //!   [--max-replicas R | --spec FILE]` runs one assigner run: the next assignment as one
 //!   line of JSON on stdout (with a job spec: the assignment with every constraint it
@@ -50,6 +54,7 @@ use steady_subset::Algorithm;
 
 mod assign;
 mod cache;
+mod chaos;
 mod consistent;
 mod exclusive;
 mod grid;
@@ -122,6 +127,16 @@ enum Command {
     /// skewed keyed workload with the lease protocol's bridge, without it, and in eventual
     /// mode; prints a row per mode (requests satisfied, refused, rerouted, p50/p99, recalls).
     Consistent(consistent::ConsistentArgs),
+    /// A soak on real processes: a three-member etcd, two steady-slicer instances (one
+    /// leading), backend processes and frontends under keyed and unkeyed load, while a
+    /// schedule kills, drains and stalls backends, kills the leading instance and etcd
+    /// members; invariants (requests lost per fault, slices without a serving replica,
+    /// memory growth, control tasks alive, frontends on the newest generation) are
+    /// checked throughout and printed with their bounds; a violated one exits non-zero.
+    Chaos(chaos::ChaosArgs),
+    /// (The chaos soak's backend task.)
+    #[command(hide = true)]
+    ChaosBackend(chaos::backend::BackendArgs),
     /// Run one assigner run: the next assignment as one line of JSON on stdout (with
     /// --spec, with the constraints it misses), the run's report on stderr.
     Assign(assign::AssignArgs),
@@ -247,6 +262,8 @@ fn main() -> ExitCode {
         Command::ExclusiveNode(args) => exclusive::node::run(&args),
         Command::ExclusiveMover(args) => exclusive::mover::run(&args),
         Command::Consistent(args) => consistent::run(&mut out, &args),
+        Command::Chaos(args) => chaos::run(&mut out, &args),
+        Command::ChaosBackend(args) => chaos::backend::run(&args),
         Command::Figures { out: dir, run } => run.measure().and_then(|results| {
             for f in figures::draw_all(&results, &dir)? {
                 writeln!(out, "{}", dir.join(&f.file).display())?;

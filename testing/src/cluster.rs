@@ -122,6 +122,16 @@ impl EtcdCluster {
         self.members[member].endpoint()
     }
 
+    /// Member `member`'s process id while it runs (`None` after [`EtcdCluster::kill`]):
+    /// for a caller that samples the members' memory.
+    ///
+    /// # Panics
+    ///
+    /// When there is no such member.
+    pub fn pid(&self, member: usize) -> Option<u32> {
+        self.members[member].child.as_ref().map(std::process::Child::id)
+    }
+
     /// Which member leads now, by the members' own word (`etcd_server_is_leader` on their
     /// metrics port); `None` while no running member says it leads.
     pub fn leader(&self) -> Option<usize> {

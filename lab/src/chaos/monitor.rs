@@ -1,0 +1,371 @@
+//! The monitors that watch the soak while the schedule runs, each on a thread of its own:
+//!
+//! * the **sampler** (every 50 ms): which slices of the newest assignment have no serving
+//!   replica (the newest as the lab follows the store on etcd, serving as the schedule
+//!   left each backend: up, not stalled, not drained); how long each publication took to
+//!   reach every frontend and each running instance's Distributor; whether each running
+//!   backend keeps beating and reporting load;
+//! * the **prober** (every second): each running steady-slicer instance's `/metrics` page
+//!   (answered at all; who leads; whether the leader's Assigner runs; whether its load
+//!   collector accepts reports), and every process's resident memory.
+//!
+//! What they see is folded into [`Observations`] as it happens (longest gaps, one lag per
+//! publication): memory stays bounded over a run of any length but for one sample a
+//! second per process.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use steady_slice::Assignment;
+use steady_slicer::store::{AssignmentStore, EtcdConfig, EtcdStore};
+
+use super::memory::rss_kib;
+use super::roster::{Life, Roster};
+use super::Observations;
+
+/// A process just started (or resumed) is given this long before it must beat, report
+/// or answer.
+const GRACE: Duration = Duration::from_secs(2);
+
+/// The assignments the store holds, as the lab follows them on etcd: the newest, and the
+/// publications not yet seen by every frontend.
+#[derive(Debug, Default)]
+pub(super) struct Published {
+    pub(super) newest: Option<Assignment>,
+    /// (generation, when the lab saw it), oldest first.
+    pending: VecDeque<(u64, Instant)>,
+    pub(super) count: u64,
+}
+
+/// The newest assignment, shared.
+pub(super) type SharedPublished = Arc<Mutex<Published>>;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Follows `job`'s assignment in the store on `etcd` (the backup distribution path, the
+/// truth the Distributors serve) on a task of its own.
+pub(super) async fn follow_store(
+    etcd: &[String],
+    job: &str,
+) -> Result<(SharedPublished, tokio::task::JoinHandle<()>), Box<dyn std::error::Error>> {
+    let store = EtcdStore::connect(EtcdConfig::new(etcd.to_vec())).await?;
+    let mut watch = store.watch(job, 0)?;
+    let published = SharedPublished::default();
+    let shared = published.clone();
+    let task = tokio::spawn(async move {
+        let _store = store;
+        while let Some(item) = watch.next().await {
+            let Ok(assignment) = item else { continue };
+            let mut p = lock(&shared);
+            if p.newest.as_ref().is_none_or(|n| n.generation() < assignment.generation()) {
+                p.pending.push_back((assignment.generation(), Instant::now()));
+                p.count += 1;
+                p.newest = Some(assignment);
+            }
+        }
+    });
+    Ok((published, task))
+}
+
+/// What the sampler reads besides the roster: the frontends' generations.
+pub(super) type Generations = Box<dyn Fn() -> Vec<u64> + Send>;
+
+/// The running monitors; [`Monitors::stop`] ends them.
+pub(super) struct Monitors {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Monitors {
+    /// Starts the sampler and the prober, folding what they see into `observations`.
+    pub(super) fn start(
+        roster: Roster,
+        published: SharedPublished,
+        generations: Generations,
+        metrics: Vec<SocketAddr>,
+        observations: Arc<Mutex<Observations>>,
+        began: Instant,
+    ) -> Self {
+        lock(&observations).began = Some(began);
+        let stop = Arc::new(AtomicBool::new(false));
+        let (r, o, flag) = (roster.clone(), observations.clone(), stop.clone());
+        let sampler = std::thread::spawn(move || sample(&r, &published, &generations, &o, &flag));
+        let flag = stop.clone();
+        let prober = std::thread::spawn(move || probe(&roster, &metrics, &observations, &flag, began));
+        Self { stop, threads: vec![sampler, prober] }
+    }
+
+    /// Stops the monitors and waits for them (a probe in progress ends within its
+    /// timeouts).
+    pub(super) fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The sampler's loop: coverage, the frontends' generations, the backends' beats and
+/// reports.
+fn sample(
+    roster: &Roster,
+    published: &SharedPublished,
+    generations: &Generations,
+    observations: &Mutex<Observations>,
+    stop: &AtomicBool,
+) {
+    // Per backend: its pid, its reports count and when it last grew.
+    let mut reports: BTreeMap<usize, (u32, u64, Instant)> = BTreeMap::new();
+    // Per instance: since when its Distributor is behind the store.
+    let mut behind: Vec<Option<Instant>> = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(50));
+        let now = Instant::now();
+        let (members, slicers) = {
+            let roster = roster.lock();
+            (roster.backends.clone(), roster.slicers.clone())
+        };
+        let serving: Vec<u32> =
+            members.iter().enumerate().filter(|(_, m)| m.serving()).map(|(i, _)| i as u32).collect();
+        // The slices of the newest assignment with no serving replica, as a share of
+        // the key space; the publications every frontend now routes by.
+        let (uncovered, newest, resolved, waiting) = {
+            let mut p = lock(published);
+            let uncovered = p.newest.as_ref().map_or(0.0, |a| uncovered_share(a, &serving));
+            let newest = p.newest.as_ref().map_or(0, Assignment::generation);
+            let reached = generations().into_iter().min().unwrap_or(0);
+            let mut resolved = Vec::new();
+            while p.pending.front().is_some_and(|(g, _)| *g <= reached) {
+                let (_, seen) = p.pending.pop_front().expect("checked");
+                resolved.push(now - seen);
+            }
+            let waiting = p.pending.front().map(|(_, seen)| now - *seen);
+            (uncovered, newest, resolved, waiting)
+        };
+        // Each running instance's Distributor (its status line, once a second, says
+        // which generation it serves) against the store's newest.
+        behind.resize(slicers.len(), None);
+        for (i, m) in slicers.iter().enumerate() {
+            let held = m.beat.map_or(0, |b| b.generation);
+            if m.life != Life::Up || now - m.since < GRACE || held >= newest {
+                behind[i] = None;
+            } else {
+                let since = *behind[i].get_or_insert(now);
+                lock(observations).distributor_gap.observe(now - since, &m.name);
+            }
+        }
+        let mut o = lock(observations);
+        o.uncovered.observe(uncovered > 0.0, now);
+        o.uncovered_share = o.uncovered_share.max(uncovered);
+        for lag in resolved {
+            o.lag.push(lag);
+        }
+        // A publication not yet everywhere counts as late as it is now.
+        if let Some(waiting) = waiting {
+            o.lag_waiting = o.lag_waiting.max(waiting);
+        }
+        for (i, m) in members.iter().enumerate() {
+            let Some(pid) = m.pid else { continue };
+            if m.life != Life::Up || now - m.since < GRACE {
+                continue;
+            }
+            let beat_at = m.beat.map_or(m.since, |b| b.at.max(m.since));
+            o.beat_gap.observe(now - beat_at, &m.name);
+            let count = m.beat.map_or(0, |b| b.reports);
+            let entry = reports.entry(i).or_insert((pid, count, now));
+            if entry.0 != pid || count > entry.1 {
+                *entry = (pid, count, now);
+            }
+            o.report_gap.observe(now - entry.2.max(m.since), &m.name);
+        }
+    }
+}
+
+/// The share of the key space whose slices have no replica in `serving`.
+fn uncovered_share(assignment: &Assignment, serving: &[u32]) -> f64 {
+    let slices = assignment.slices();
+    let mut share = 0.0;
+    for (i, slice) in slices.iter().enumerate() {
+        if slice.replicas.iter().any(|r| serving.contains(r)) {
+            continue;
+        }
+        let end = slices.get(i + 1).map_or(u64::MAX as f64 + 1.0, |next| next.start.0 as f64);
+        share += (end - slice.start.0 as f64) / (u64::MAX as f64 + 1.0);
+    }
+    share
+}
+
+/// What the prober last saw of one steady-slicer instance's life.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    pid: u32,
+    answered: Instant,
+    /// Since when it leads, by its page (`None`: it does not).
+    leading: Option<Instant>,
+    accepted: u64,
+    accepted_at: Instant,
+}
+
+/// The prober's loop: the instances' pages, and every process's memory.
+fn probe(
+    roster: &Roster,
+    metrics: &[SocketAddr],
+    observations: &Mutex<Observations>,
+    stop: &AtomicBool,
+    began: Instant,
+) {
+    let mut seen: Vec<Option<Seen>> = vec![None; metrics.len()];
+    let mut runs: Vec<u64> = vec![0; metrics.len()];
+    let (mut led_at, mut ran_at) = (Instant::now(), Instant::now());
+    let mut next = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        if Instant::now() < next {
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        next += Duration::from_secs(1);
+        let slicers = roster.lock().slicers.clone();
+        let mut gaps = Vec::new();
+        for (i, m) in slicers.iter().enumerate() {
+            let (Some(pid), Life::Up) = (m.pid, m.life) else { continue };
+            let page = http_get(metrics[i], "/metrics");
+            let now = Instant::now();
+            let mut s = seen[i].filter(|s| s.pid == pid).unwrap_or(Seen {
+                pid,
+                answered: m.since,
+                leading: None,
+                accepted: 0,
+                accepted_at: m.since,
+            });
+            // The time since its last answer, at each probe (a probe a second: a
+            // healthy page shows about a second).
+            let unanswered = now - s.answered;
+            if let Some(page) = page {
+                s.answered = now;
+                if metric(&page, "steady_assigner_leader", "").unwrap_or(0.0) >= 1.0 {
+                    led_at = now;
+                    s.leading.get_or_insert(now);
+                } else {
+                    s.leading = None;
+                }
+                let r = metric(&page, "steady_assigner_runs_total", "").unwrap_or(0.0) as u64;
+                if r != runs[i] {
+                    runs[i] = r;
+                    ran_at = now;
+                }
+                let accepted =
+                    metric(&page, "steady_collector_reports_total", "accepted").unwrap_or(0.0) as u64;
+                if accepted > s.accepted {
+                    s.accepted = accepted;
+                    s.accepted_at = now;
+                }
+            }
+            // A standby's collector drops every report (its book knows the job only
+            // once it publishes): only the leader's must accept them.
+            let collected =
+                s.leading.filter(|since| now - *since >= GRACE).map(|since| now - s.accepted_at.max(since));
+            if now - m.since >= GRACE {
+                gaps.push((m.name.clone(), unanswered, collected));
+            }
+            seen[i] = Some(s);
+        }
+        let processes = roster.lock().processes();
+        let at = began.elapsed().as_secs_f64();
+        let mut samples: Vec<(String, u32, u64)> =
+            processes.into_iter().filter_map(|(name, pid)| Some((name, pid, rss_kib(pid)?))).collect();
+        if let Some(kib) = rss_kib(std::process::id()) {
+            samples.push(("lab".to_owned(), std::process::id(), kib));
+        }
+        let now = Instant::now();
+        let mut o = lock(observations);
+        for (name, page, collected) in gaps {
+            o.page_gap.observe(page, &name);
+            if let Some(collected) = collected {
+                o.collector_gap.observe(collected, &name);
+            }
+        }
+        o.leaderless.observe(now - led_at, "control plane");
+        o.runless.observe(now - ran_at, "control plane");
+        for (name, pid, kib) in samples {
+            o.memory.record(&name, pid, at, kib);
+        }
+    }
+}
+
+/// Whether the steady-slicer instance whose pages are at `metrics` says it leads.
+pub(super) fn leads(metrics: SocketAddr) -> bool {
+    http_get(metrics, "/metrics").and_then(|page| metric(&page, "steady_assigner_leader", "")).unwrap_or(0.0)
+        >= 1.0
+}
+
+/// The value of the first sample of `name` whose labels contain `label` (a Prometheus
+/// text page).
+fn metric(page: &str, name: &str, label: &str) -> Option<f64> {
+    page.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' ')))
+        .find(|l| l.contains(label))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// The body of `GET path` at `addr` over plain HTTP/1.1, or `None` when it does not
+/// answer 200 within two seconds.
+fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    stream.set_write_timeout(Some(Duration::from_secs(1))).ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut response = String::new();
+    stream.take(8 << 20).read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use steady_slice::{Slice, SliceKey};
+
+    use super::*;
+
+    #[test]
+    fn a_slice_is_uncovered_when_none_of_its_replicas_serves() {
+        let half = 1u64 << 63;
+        let quarter = 1u64 << 62;
+        let assignment = Assignment::new(
+            3,
+            vec![
+                Slice::new(SliceKey(0), vec![0, 1]),
+                Slice::new(SliceKey(half), vec![1, 2]),
+                Slice::new(SliceKey(half + quarter), vec![2, 3]),
+            ],
+        )
+        .unwrap();
+        assert_eq!(uncovered_share(&assignment, &[0, 1, 2, 3]), 0.0);
+        assert_eq!(uncovered_share(&assignment, &[1, 3]), 0.0);
+        assert_eq!(uncovered_share(&assignment, &[0, 3]), 0.25);
+        assert_eq!(uncovered_share(&assignment, &[3]), 0.75);
+        assert_eq!(uncovered_share(&assignment, &[]), 1.0);
+    }
+
+    #[test]
+    fn a_metric_is_read_by_name_and_label() {
+        let page = "# TYPE steady_assigner_runs_total counter\n\
+                    steady_assigner_runs_total{steady_job=\"chaos\"} 17\n\
+                    steady_assigner_leader{steady_job=\"chaos\"} 1\n\
+                    steady_collector_reports_total{steady_outcome=\"dropped\"} 4\n\
+                    steady_collector_reports_total{steady_outcome=\"accepted\"} 40\n";
+        assert_eq!(metric(page, "steady_assigner_runs_total", ""), Some(17.0));
+        assert_eq!(metric(page, "steady_assigner_leader", ""), Some(1.0));
+        assert_eq!(metric(page, "steady_collector_reports_total", "accepted"), Some(40.0));
+        assert_eq!(metric(page, "steady_assigner_runs", ""), None);
+    }
+}
