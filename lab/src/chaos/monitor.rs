@@ -194,7 +194,7 @@ fn uncovered_share(assignment: &Assignment, serving: &[u32]) -> f64 {
     let slices = assignment.slices();
     let mut share = 0.0;
     for (i, slice) in slices.iter().enumerate() {
-        if slice.replicas.iter().any(|r| serving.contains(r)) {
+        if slice.replicas().iter().any(|r| serving.contains(r)) {
             continue;
         }
         let end = slices.get(i + 1).map_or(u64::MAX as f64 + 1.0, |next| next.start.0 as f64);
