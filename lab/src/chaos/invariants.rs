@@ -14,8 +14,10 @@ pub(super) const UNCOVERED: Duration = Duration::from_secs(2);
 /// the store.
 pub(super) const LAG: Duration = Duration::from_secs(3);
 /// A running instance's Distributor serves the store's newest generation within this
-/// long (its status line, which says which it serves, comes once a second).
-pub(super) const DISTRIBUTOR_LAG: Duration = Duration::from_secs(4);
+/// long (a standby's follows the store's etcd watch, the backup path).
+pub(super) const DISTRIBUTOR_LAG: Duration = Duration::from_secs(3);
+/// A running instance prints its status line (once a second) at least this often.
+pub(super) const STATUS_GAP: Duration = Duration::from_secs(3);
 /// A running backend beats (four times a second) at least this often.
 pub(super) const BEAT_GAP: Duration = Duration::from_secs(2);
 /// A running backend sends a load report at least this often (two reporters, one every
@@ -87,6 +89,8 @@ pub(super) struct Observations {
     pub(super) lag_waiting: Duration,
     /// A running instance's Distributor behind the store.
     pub(super) distributor_gap: Gap,
+    /// A running instance without a status line.
+    pub(super) status_gap: Gap,
     pub(super) beat_gap: Gap,
     pub(super) report_gap: Gap,
     pub(super) page_gap: Gap,
@@ -188,6 +192,7 @@ pub(super) fn judge(
         &o.distributor_gap,
         DISTRIBUTOR_LAG,
     ));
+    rows.push(gap_row(o, "a running instance's status line silent", &o.status_gap, STATUS_GAP));
     rows.push(gap_row(o, "a running backend silent (heartbeat)", &o.beat_gap, BEAT_GAP));
     rows.push(gap_row(o, "a running backend sending no load report", &o.report_gap, REPORT_GAP));
     rows.push(gap_row(o, "a running instance not answering /metrics", &o.page_gap, PAGE_GAP));

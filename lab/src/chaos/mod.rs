@@ -159,15 +159,25 @@ pub fn run(out: &mut impl Write, args: &ChaosArgs) -> LabResult {
         load::start(&frontends, args.keyed_rate, args.unkeyed_rate, args.keys, deadline)
     };
     let began = Instant::now();
+    writeln!(
+        out,
+        "# load from {:.1} s on the logs' clock; times below count from there",
+        processes::since_start().as_secs_f64()
+    )?;
     let observations = Arc::new(Mutex::new(Observations::default()));
     let channels = frontends.channels.clone();
     let generations: monitor::Generations =
         Box::new(move || channels.iter().map(|c| c.balance().assignment_generation().unwrap_or(0)).collect());
     let metrics = fleet.slicers.iter().map(|s| s.metrics).collect();
+    let (served, watchers) = {
+        let _entered = runtime.enter();
+        monitor::watch_distributors(&slicers, JOB)?
+    };
     let monitors = monitor::Monitors::start(
         fleet.roster.clone(),
         published.clone(),
         generations,
+        served,
         metrics,
         observations.clone(),
         began,
@@ -175,9 +185,11 @@ pub fn run(out: &mut impl Write, args: &ChaosArgs) -> LabResult {
     std::thread::sleep(Duration::from_secs(args.warm_up));
     let until = Instant::now() + Duration::from_secs(seconds);
     let load = schedule::Load {
-        rate: f64::from(args.keyed_rate + args.unkeyed_rate) * args.frontends as f64,
+        keyed: f64::from(args.keyed_rate) * args.frontends as f64,
+        unkeyed: f64::from(args.unkeyed_rate) * args.frontends as f64,
         deadline,
         backends: args.backends,
+        replicas: processes::REPLICAS,
     };
     let injected = schedule::Schedule::new(&mut fleet, &traffic.windows, &published, began, load).run(
         &args.faults,
@@ -201,6 +213,9 @@ pub fn run(out: &mut impl Write, args: &ChaosArgs) -> LabResult {
     out.flush()?;
 
     follower.abort();
+    for watcher in watchers {
+        watcher.abort();
+    }
     runtime.block_on(async { drop(frontends) });
     drop(fleet);
     runtime.shutdown_timeout(Duration::from_secs(2));

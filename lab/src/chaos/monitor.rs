@@ -16,14 +16,16 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use steady_core::Backoff;
 use steady_slice::Assignment;
 use steady_slicer::store::{AssignmentStore, EtcdConfig, EtcdStore};
+use tonic::transport::Endpoint;
 
 use super::memory::rss_kib;
 use super::roster::{Life, Roster};
@@ -75,6 +77,35 @@ pub(super) async fn follow_store(
     Ok((published, task))
 }
 
+/// The generation each instance's Distributor serves, as the lab watches it (0: none
+/// seen yet), by instance.
+pub(super) type Served = Arc<Vec<AtomicU64>>;
+
+/// Watches each instance's Distributor at `slicers` (`http://host:port`) for `job`, as a
+/// frontend would but one instance at a time, reconnecting within half a second of a
+/// failure (a restarted instance is watched again at once).
+pub(super) fn watch_distributors(
+    slicers: &[String],
+    job: &str,
+) -> Result<(Served, Vec<tokio::task::JoinHandle<()>>), Box<dyn std::error::Error>> {
+    let served: Served = Arc::new(slicers.iter().map(|_| AtomicU64::new(0)).collect());
+    let backoff = Backoff { base: Duration::from_millis(50), max: Duration::from_millis(500), jitter: 0.5 };
+    let mut tasks = Vec::new();
+    for (i, slicer) in slicers.iter().enumerate() {
+        let endpoint = Endpoint::from_shared(slicer.clone())?;
+        let mut watch = Box::pin(steady_proto::watch_assignments(endpoint, job, backoff)?);
+        let served = served.clone();
+        tasks.push(tokio::spawn(async move {
+            while let Some(item) = watch.next().await {
+                if let Ok(assignment) = item {
+                    served[i].fetch_max(assignment.generation(), Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    Ok((served, tasks))
+}
+
 /// What the sampler reads besides the roster: the frontends' generations.
 pub(super) type Generations = Box<dyn Fn() -> Vec<u64> + Send>;
 
@@ -90,6 +121,7 @@ impl Monitors {
         roster: Roster,
         published: SharedPublished,
         generations: Generations,
+        served: Served,
         metrics: Vec<SocketAddr>,
         observations: Arc<Mutex<Observations>>,
         began: Instant,
@@ -97,7 +129,7 @@ impl Monitors {
         lock(&observations).began = Some(began);
         let stop = Arc::new(AtomicBool::new(false));
         let (r, o, flag) = (roster.clone(), observations.clone(), stop.clone());
-        let sampler = std::thread::spawn(move || sample(&r, &published, &generations, &o, &flag));
+        let sampler = std::thread::spawn(move || sample(&r, &published, &generations, &served, &o, &flag));
         let flag = stop.clone();
         let prober = std::thread::spawn(move || probe(&roster, &metrics, &observations, &flag, began));
         Self { stop, threads: vec![sampler, prober] }
@@ -119,6 +151,7 @@ fn sample(
     roster: &Roster,
     published: &SharedPublished,
     generations: &Generations,
+    served: &Served,
     observations: &Mutex<Observations>,
     stop: &AtomicBool,
 ) {
@@ -150,12 +183,17 @@ fn sample(
             let waiting = p.pending.front().map(|(_, seen)| now - *seen);
             (uncovered, newest, resolved, waiting)
         };
-        // Each running instance's Distributor (its status line, once a second, says
-        // which generation it serves) against the store's newest.
+        // Each running instance's Distributor (as the lab watches it) against the
+        // store's newest; its status line (once a second) as its heartbeat.
         behind.resize(slicers.len(), None);
         for (i, m) in slicers.iter().enumerate() {
-            let held = m.beat.map_or(0, |b| b.generation);
-            if m.life != Life::Up || now - m.since < GRACE || held >= newest {
+            if m.life != Life::Up || now - m.since < GRACE {
+                behind[i] = None;
+                continue;
+            }
+            let status_at = m.beat.map_or(m.since, |b| b.at.max(m.since));
+            lock(observations).status_gap.observe(now - status_at, &m.name);
+            if served.get(i).map_or(0, |g| g.load(Ordering::Relaxed)) >= newest {
                 behind[i] = None;
             } else {
                 let since = *behind[i].get_or_insert(now);

@@ -9,7 +9,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::time::Instant;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use steady_testing::EtcdCluster;
 
@@ -22,7 +23,16 @@ const CADENCE_MS: &str = "1000";
 /// The election's lease: a standby leads about this long after the leader dies.
 const ELECTION_TTL_SECS: &str = "2";
 /// Two replicas per slice: one backend down leaves every slice a serving replica.
+pub(super) const REPLICAS: u32 = 2;
 const SPEC: &str = r#"{ "replicas": { "min": 2, "max": 2 } }"#;
+
+/// When the soak's first process started: the logs' lines are stamped from it.
+static START: OnceLock<Instant> = OnceLock::new();
+
+/// The time since the soak's first process started (the logs' clock).
+pub(super) fn since_start() -> Duration {
+    START.get_or_init(Instant::now).elapsed()
+}
 
 /// A child process, killed when dropped; its stdout is read line by line by a thread of
 /// its own (so that it never blocks on a full pipe), its stderr goes to its log.
@@ -42,7 +52,7 @@ impl Proc {
         on_line: impl Fn(u32, &str) + Send + 'static,
     ) -> Result<Self, Failure> {
         let mut file = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
-        writeln!(file, "=== {} {}", program.display(), args.join(" "))?;
+        writeln!(file, "[{:8.2}] === {} {}", since_start().as_secs_f64(), program.display(), args.join(" "))?;
         let mut child = Command::new(program)
             .args(args)
             .stdin(Stdio::piped())
@@ -56,7 +66,7 @@ impl Proc {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
                 if log_line(&line) {
-                    let _ = writeln!(file, "{line}");
+                    let _ = writeln!(file, "[{:8.2}] {line}", since_start().as_secs_f64());
                 }
                 on_line(pid, &line);
             }

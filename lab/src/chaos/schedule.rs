@@ -62,17 +62,19 @@ impl Fault {
     /// The most requests it may lose (failed or timed out, over its window) under `load`
     /// (see `docs/failures.md`, "The chaos soak").
     pub(super) fn lost_bound(self, load: &Load) -> u64 {
+        let backends = f64::from(load.backends.max(1));
         match self {
             // The calls in flight on the killed task's connections when it dies, and those
             // sent to it before the frontends see the connections break: 50 ms of the
             // load (at least 10).
-            Fault::BackendKill => ((load.rate * 0.05).ceil() as u64).max(10),
+            Fault::BackendKill => (((load.keyed + load.unkeyed) * 0.05).ceil() as u64).max(10),
             // A stalled task holds every call it is sent until the call's deadline; only
-            // then do timeouts reach the balancer (five in a row eject it) while its
-            // calls in flight count against it at once: its share of the load for one
-            // deadline.
+            // then do timeouts reach the balancer (five in a row eject it). So at most
+            // what may be routed to it within one deadline: the keyed load of the slices
+            // it is a replica of, and its share of the unkeyed.
             Fault::BackendStall => {
-                (load.rate * load.deadline.as_secs_f64() / f64::from(load.backends.max(1))).ceil() as u64
+                let keyed = load.keyed * f64::from(load.replicas) / backends;
+                ((keyed + load.unkeyed / backends) * load.deadline.as_secs_f64()).ceil() as u64
             }
             // Drains move load before the task stops taking it; the control plane and etcd
             // are off the request path.
@@ -84,12 +86,16 @@ impl Fault {
 /// The load the bounds are stated for.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Load {
-    /// Requests a second, every frontend's together.
-    pub(super) rate: f64,
+    /// Keyed requests a second, every frontend's together.
+    pub(super) keyed: f64,
+    /// Unkeyed requests a second, every frontend's together.
+    pub(super) unkeyed: f64,
     /// Each request's deadline.
     pub(super) deadline: Duration,
     /// Backend tasks.
     pub(super) backends: u32,
+    /// Replicas per slice.
+    pub(super) replicas: u32,
 }
 
 /// One fault as it was done.
