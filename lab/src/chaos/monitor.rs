@@ -77,6 +77,9 @@ pub(super) async fn follow_store(
     Ok((published, task))
 }
 
+/// A task of the lab's that follows something (dropping the handle leaves it running).
+pub(super) type Watcher = tokio::task::JoinHandle<()>;
+
 /// The generation each instance's Distributor serves, as the lab watches it (0: none
 /// seen yet), by instance.
 pub(super) type Served = Arc<Vec<AtomicU64>>;
@@ -87,7 +90,7 @@ pub(super) type Served = Arc<Vec<AtomicU64>>;
 pub(super) fn watch_distributors(
     slicers: &[String],
     job: &str,
-) -> Result<(Served, Vec<tokio::task::JoinHandle<()>>), Box<dyn std::error::Error>> {
+) -> Result<(Served, Vec<Watcher>), Box<dyn std::error::Error>> {
     let served: Served = Arc::new(slicers.iter().map(|_| AtomicU64::new(0)).collect());
     let backoff = Backoff { base: Duration::from_millis(50), max: Duration::from_millis(500), jitter: 0.5 };
     let mut tasks = Vec::new();
