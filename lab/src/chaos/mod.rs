@@ -139,8 +139,9 @@ pub fn run(out: &mut impl Write, args: &ChaosArgs) -> LabResult {
                 && members.slicers.iter().all(|m| m.life == roster::Life::Up)
         })
     };
-    wait_until(START_WITHIN, || ready(&fleet))
-        .map_err(|()| format!("the fleet did not come up: see {}", dir.display()))?;
+    if !runtime.block_on(steady_testing::holds_within(START_WITHIN, || ready(&fleet))) {
+        return Err(format!("the fleet did not come up: see {}", dir.display()).into());
+    }
     let frontends = runtime.block_on(load::Frontends::start(
         &etcd,
         JOB,
@@ -150,8 +151,11 @@ pub fn run(out: &mut impl Write, args: &ChaosArgs) -> LabResult {
         Duration::from_millis(args.deadline_ms),
     ))?;
     let first = newest().unwrap_or(0);
-    wait_until(START_WITHIN, || frontends.generations().iter().all(|g| *g >= first))
-        .map_err(|()| "the frontends did not follow the first assignment")?;
+    if !runtime.block_on(steady_testing::holds_within(START_WITHIN, || {
+        frontends.generations().iter().all(|g| *g >= first)
+    })) {
+        return Err("the frontends did not follow the first assignment".into());
+    }
 
     let deadline = Duration::from_millis(args.deadline_ms);
     let traffic = {
@@ -229,18 +233,6 @@ pub fn run(out: &mut impl Write, args: &ChaosArgs) -> LabResult {
     }
     if args.dir.is_none() {
         let _ = std::fs::remove_dir_all(&dir);
-    }
-    Ok(())
-}
-
-/// Waits (at most `within`) until `done` holds.
-fn wait_until(within: Duration, mut done: impl FnMut() -> bool) -> Result<(), ()> {
-    let deadline = Instant::now() + within;
-    while !done() {
-        if Instant::now() >= deadline {
-            return Err(());
-        }
-        std::thread::sleep(Duration::from_millis(20));
     }
     Ok(())
 }
