@@ -91,9 +91,11 @@ pub(super) struct Counts {
     pub(super) timed_out: u64,
     /// Of the failed and timed out, keyed requests.
     pub(super) lost_keyed: u64,
+    /// Sent and not ended yet.
+    in_flight: u64,
     /// The answered requests' latencies (see [`BUCKETS`]).
     latency: Vec<u64>,
-    /// The first few errors, as text.
+    /// The first few errors: which kind of request, when it was sent, what it got.
     pub(super) errors: Vec<String>,
 }
 
@@ -105,6 +107,7 @@ impl Default for Counts {
             failed: 0,
             timed_out: 0,
             lost_keyed: 0,
+            in_flight: 0,
             latency: vec![0; BUCKETS],
             errors: Vec::new(),
         }
@@ -132,6 +135,7 @@ impl Counts {
     }
 
     fn record(&mut self, answer: Result<Duration, String>, timed_out: bool, keyed: bool) {
+        self.in_flight = self.in_flight.saturating_sub(1);
         match answer {
             Ok(took) => {
                 self.ok += 1;
@@ -156,21 +160,36 @@ impl Counts {
 /// The windows requests are counted in; window 0 is before the first fault.
 #[derive(Debug)]
 pub(super) struct Windows {
+    /// When the load started: errors are stamped from it.
+    started: Instant,
     current: AtomicUsize,
     counts: Mutex<Vec<Counts>>,
 }
 
 impl Windows {
     fn new() -> Self {
-        Self { current: AtomicUsize::new(0), counts: Mutex::new(vec![Counts::default()]) }
+        Self {
+            started: Instant::now(),
+            current: AtomicUsize::new(0),
+            counts: Mutex::new(vec![Counts::default()]),
+        }
     }
 
-    /// Opens the next window; requests sent from now on count in it. Returns its index.
-    pub(super) fn open(&self) -> usize {
-        let mut counts = self.lock();
-        counts.push(Counts::default());
-        let index = counts.len() - 1;
-        self.current.store(index, Ordering::Release);
+    /// Opens the next window; requests sent from now on count in it. Then waits (at most
+    /// `within`) until the requests of the window before have all ended, so that a fault
+    /// done next does not harm requests counted before it. Returns the new window's index.
+    pub(super) fn open(&self, within: Duration) -> usize {
+        let index = {
+            let mut counts = self.lock();
+            counts.push(Counts::default());
+            let index = counts.len() - 1;
+            self.current.store(index, Ordering::Release);
+            index
+        };
+        let deadline = Instant::now() + within;
+        while self.lock()[index - 1].in_flight > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
         index
     }
 
@@ -239,8 +258,15 @@ pub(super) fn start(
                         let key = format!("key-{}", popularity.index(u));
                         request.metadata_mut().insert("x-slice-key", key.parse().expect("an ascii key"));
                     }
-                    let window = windows.current.load(Ordering::Acquire);
-                    windows.lock()[window].sent += 1;
+                    // Counted under the lock `Windows::open` switches windows under: a
+                    // window's requests in flight are known once the next one is open.
+                    let window = {
+                        let mut counts = windows.lock();
+                        let window = windows.current.load(Ordering::Acquire);
+                        counts[window].sent += 1;
+                        counts[window].in_flight += 1;
+                        window
+                    };
                     in_flight.fetch_add(1, Ordering::Relaxed);
                     let (mut client, in_flight, windows) =
                         (client.clone(), in_flight.clone(), windows.clone());
@@ -256,6 +282,15 @@ pub(super) fn start(
                                 (Err(format!("{:?}: {}", status.code(), status.message())), timed_out)
                             }
                             Err(_) => (Err(format!("no answer within {:?}", deadline + NET)), true),
+                        };
+                        // Which request, sent when (from the load's start).
+                        let answer = match answer {
+                            Ok(took) => Ok(took),
+                            Err(error) => Err(format!(
+                                "{} sent at {:.2} s: {error}",
+                                if is_keyed { "keyed" } else { "unkeyed" },
+                                (sent - windows.started).as_secs_f64()
+                            )),
                         };
                         windows.lock()[window].record(answer, timed_out, is_keyed);
                         in_flight.fetch_sub(1, Ordering::Relaxed);

@@ -12,7 +12,7 @@
 //! a deadline.
 //!
 //! The schedule ([`schedule`]) kills, drains and stalls backends, kills the leading
-//! instance and etcd members, over and over; the monitors ([`monitor`]) watch coverage,
+//! instance and etcd members, over and over; the monitors ([`monitor`], [`prober`]) watch coverage,
 //! the frontends' generations, the control tasks' liveness and every process's memory;
 //! the invariants ([`invariants`]) and their bounds turn what they saw into a verdict.
 //! A violated invariant is a non-zero exit.
@@ -31,6 +31,7 @@ mod invariants;
 mod load;
 mod memory;
 mod monitor;
+mod prober;
 mod processes;
 mod report;
 mod roster;

@@ -56,7 +56,7 @@ fn row(
     counts: &Counts,
     bound: u64,
 ) -> std::io::Result<()> {
-    let error = counts.errors.first().map_or(String::new(), |e| e.chars().take(60).collect::<String>());
+    let error = counts.errors.first().map_or(String::new(), |e| e.chars().take(90).collect::<String>());
     writeln!(
         out,
         "| {n} | {at} | {fault} | {target} | {recovered} | {} | {} | {} | {bound} | {:.1} | {} |",

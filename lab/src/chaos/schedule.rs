@@ -1,6 +1,7 @@
 //! The schedule of faults: the chosen faults one after another, over and over, until the
 //! soak's time is up. Each fault opens a window of the load's counts (its failed requests
-//! are those sent from its start to the next fault's), does its harm, waits (bounded)
+//! are those sent from its start to the next fault's; the requests of the window before
+//! have all ended when it begins), does its harm, waits (bounded)
 //! for the fleet to recover, and lets it settle for [`SETTLE`]. The targets rotate: each
 //! occurrence of a backend fault takes the next backend, every other etcd fault kills
 //! the leading member.
@@ -13,7 +14,8 @@ use std::time::{Duration, Instant};
 use clap::ValueEnum;
 
 use super::load::Windows;
-use super::monitor::{leads, SharedPublished};
+use super::monitor::SharedPublished;
+use super::prober::leads;
 use super::processes::Fleet;
 use super::roster::Life;
 
@@ -149,7 +151,8 @@ impl<'a> Schedule<'a> {
             if Instant::now() >= until || faults.is_empty() {
                 break;
             }
-            let window = self.windows.open();
+            // Every request of the last window ends before this fault begins.
+            let window = self.windows.open(self.load.deadline + Duration::from_secs(1));
             let at = self.began.elapsed();
             let (target, recovered) = self.inject(*fault)?;
             writeln!(
