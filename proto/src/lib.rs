@@ -40,7 +40,7 @@ mod watch;
 
 pub use encoded::{EncodedWatch, EncodedWatchServer, EncodedWatchStream};
 pub use update::{decode_update, encode_update, UpdateError};
-pub use watch::{watch_assignments, watch_assignments_any, WatchError};
+pub use watch::{watch_assignments, watch_assignments_any, WatchEndpoint, WatchError};
 
 /// The metadata key a request's slice key is read from by default, by the client
 /// channel (`steady_tonic::SteadyChannel`) and by the backends' Slicelets alike: the key

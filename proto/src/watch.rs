@@ -71,6 +71,69 @@ fn refused_for_good(code: Code) -> bool {
     matches!(code, Code::InvalidArgument | Code::Unimplemented)
 }
 
+/// Where a watch connects: an [`Endpoint`] and, with the `tls` feature, TLS settings
+/// that may be replaced while it runs ([`crate::tls::ClientTlsSource`]), read afresh at
+/// each connection. An `Endpoint` converts into one (its own TLS settings, if any, fixed
+/// for the watch's life).
+///
+/// A watch keeps its stream for as long as the distributor keeps it: a replaced client
+/// identity is presented from the next connection (after the stream or the connection
+/// broke), and a stream open before the rotation stays open.
+///
+/// ```
+/// # #[cfg(feature = "tls")]
+/// # fn example(tls: steady_proto::tls::ClientTlsSource) -> Result<(), Box<dyn std::error::Error>> {
+/// use steady_proto::WatchEndpoint;
+/// use tonic::transport::Endpoint;
+///
+/// let target = WatchEndpoint::new(Endpoint::from_static("https://slicer.example:7070")).tls(tls);
+/// let assignments = steady_proto::watch_assignments(target, "users", Default::default())?;
+/// # drop(assignments);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct WatchEndpoint {
+    endpoint: Endpoint,
+    #[cfg(feature = "tls")]
+    tls: Option<crate::tls::ClientTlsSource>,
+}
+
+impl WatchEndpoint {
+    /// A watch of `endpoint`, with the TLS settings it carries (if any).
+    pub fn new(endpoint: Endpoint) -> Self {
+        Self {
+            endpoint,
+            #[cfg(feature = "tls")]
+            tls: None,
+        }
+    }
+
+    /// Connects with the settings `tls` holds at each connection (they replace the
+    /// endpoint's own).
+    #[cfg(feature = "tls")]
+    #[must_use]
+    pub fn tls(mut self, tls: crate::tls::ClientTlsSource) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// The endpoint for the next connection, with the TLS settings in force now.
+    fn current(&self) -> Result<Endpoint, tonic::transport::Error> {
+        #[cfg(feature = "tls")]
+        if let Some(tls) = &self.tls {
+            return tls.apply(self.endpoint.clone());
+        }
+        Ok(self.endpoint.clone())
+    }
+}
+
+impl From<Endpoint> for WatchEndpoint {
+    fn from(endpoint: Endpoint) -> Self {
+        Self::new(endpoint)
+    }
+}
+
 /// The assignments of `job` from the distributor at `endpoint` (a `steady_slicer::Distributor`,
 /// or any server of `AssignmentDistributor.Watch`), as a
 /// stream for `steady_tonic::SteadyChannel::follow_assignments` (or any
@@ -94,7 +157,7 @@ fn refused_for_good(code: Code) -> bool {
 /// A [`ConfigError`] naming the `backoff` field out of its range (see
 /// [`Backoff::validate`]); nothing is started.
 pub fn watch_assignments(
-    endpoint: Endpoint,
+    endpoint: impl Into<WatchEndpoint>,
     job: impl Into<String>,
     backoff: Backoff,
 ) -> Result<impl Stream<Item = Result<Assignment, WatchError>> + Send + 'static, ConfigError> {
@@ -102,7 +165,7 @@ pub fn watch_assignments(
     let job = job.into();
     let seed = steady_subset::hash::mix64(job.len() as u64 ^ std::process::id() as u64);
     let state = State {
-        endpoint,
+        endpoint: endpoint.into(),
         job,
         known: 0,
         stream: None,
@@ -176,8 +239,8 @@ pub fn watch_assignments(
 ///
 /// A [`ConfigError`] for no endpoint at all, or as [`watch_assignments`] for `backoff`;
 /// nothing is started.
-pub fn watch_assignments_any(
-    endpoints: impl IntoIterator<Item = Endpoint>,
+pub fn watch_assignments_any<E: Into<WatchEndpoint>>(
+    endpoints: impl IntoIterator<Item = E>,
     job: impl Into<String>,
     backoff: Backoff,
 ) -> Result<impl Stream<Item = Result<Assignment, WatchError>> + Send + 'static, ConfigError> {
@@ -205,7 +268,7 @@ pub fn watch_assignments_any(
 
 /// The watch between two items of the stream.
 struct State {
-    endpoint: Endpoint,
+    endpoint: WatchEndpoint,
     job: String,
     known: u64,
     stream: Option<Updates>,
@@ -234,7 +297,8 @@ impl State {
 /// Connects to `endpoint` and calls Watch, as the generated client does, but with a codec
 /// that reads each message straight into an assignment (the generated one reads it into
 /// prost's messages first, several times its size: see [`crate::decode_update`]).
-async fn open(endpoint: &Endpoint, request: WatchRequest) -> Result<Updates, Failure> {
+async fn open(endpoint: &WatchEndpoint, request: WatchRequest) -> Result<Updates, Failure> {
+    let endpoint = endpoint.current().map_err(Failure::Transport)?;
     let channel = endpoint.connect().await.map_err(Failure::Transport)?;
     let mut grpc = tonic::client::Grpc::new(channel);
     grpc.ready()

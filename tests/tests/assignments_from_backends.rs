@@ -183,7 +183,7 @@ async fn a_backend_serves_only_its_job_within_its_watcher_bound_and_closes_its_w
 
 #[test]
 fn watching_no_endpoint_is_a_typed_error() {
-    let Err(error) = watch_assignments_any(Vec::new(), JOB, Backoff::default()) else {
+    let Err(error) = watch_assignments_any(Vec::<Endpoint>::new(), JOB, Backoff::default()) else {
         panic!("no endpoint accepted");
     };
     assert_eq!(error.field(), "endpoints");

@@ -24,6 +24,7 @@ use steady_slicer::Distributor;
 use steady_testing::echo::echo_client::EchoClient;
 use steady_testing::echo::echo_server::EchoServer;
 use steady_testing::echo::{echo, RecordingEcho};
+use steady_testing::proxy::FaultProxy;
 use steady_testing::tls::{Leaf, TestPki};
 use steady_tonic::{EndpointTemplate, SteadyChannel};
 use tokio::sync::watch;
@@ -346,4 +347,69 @@ async fn every_certificate_rotates_under_load_with_no_failed_request_and_open_wa
     };
     assert!(refused, "the control plane took the old certificate");
     eprintln!("rotation under load: {sent} requests and {fresh} fresh connections, 0 failed");
+}
+
+/// A watcher given its TLS settings through a `ClientTlsSource` (`WatchEndpoint::tls`)
+/// presents the identity in force at each connection: once the control plane's bundle
+/// drops its CA, its reconnections are refused until the source holds a certificate of
+/// the new CA, and then it is back on the stream and gets the next generation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_presents_a_replaced_client_identity_when_it_reconnects() {
+    let (old_ca, new_ca) = (TestPki::new("old CA"), TestPki::new("new CA"));
+    let control = Tls::new(&old_ca.issue(&["127.0.0.1"]), &old_ca, ClientAuth::Required);
+    let distributor = Distributor::new();
+    distributor.publish("users", assignment(1));
+    let (addr, incoming) = control.incoming().await;
+    let handshakes = incoming.counter();
+    let server = Server::builder().add_service(distributor.service());
+    let _served = Served {
+        addr,
+        task: tokio::spawn(async move {
+            let _ = server.serve_with_incoming(incoming).await;
+        }),
+    };
+    // The watch goes through a proxy that can break its connection.
+    let proxy = FaultProxy::start(addr).await;
+
+    let source = ClientTlsSource::new(client_tls(&[&old_ca], &old_ca.issue(&["web-frontend"]))).unwrap();
+    let target =
+        steady_proto::WatchEndpoint::new(Endpoint::from_shared(format!("https://{}", proxy.addr())).unwrap())
+            .tls(source.clone());
+    let backoff = Backoff { base: Duration::from_millis(20), max: Duration::from_millis(100), jitter: 0.5 };
+    // Polled throughout (a stream does nothing between polls), its assignments passed on.
+    let mut watch = Box::pin(steady_proto::watch_assignments(target, "users", backoff).unwrap());
+    let (passed, mut assignments) = tokio::sync::mpsc::unbounded_channel();
+    let _polled = Served {
+        addr,
+        task: tokio::spawn(async move {
+            while let Some(item) = tokio_stream::StreamExt::next(&mut watch).await {
+                let _ = passed.send(item.unwrap());
+            }
+        }),
+    };
+    let first = tokio::time::timeout(WAIT, assignments.recv()).await.unwrap().unwrap();
+    assert_eq!(first.generation(), 1);
+
+    // The old CA leaves the bundle and the connection breaks: the watch's next
+    // connection, with the old certificate, is refused.
+    control.clients.replace_pem(new_ca.ca_pem().as_bytes()).unwrap();
+    let refused = handshakes().failed;
+    proxy.cut();
+    until("the watch's connection closed", || {
+        let open = proxy.counts().open;
+        async move { open == 0 }
+    })
+    .await;
+    proxy.restore();
+    until("a reconnection refused", || {
+        let failed = handshakes().failed;
+        async move { failed > refused }
+    })
+    .await;
+    distributor.publish("users", assignment(2));
+
+    // A certificate of the new CA in the source: the next connection presents it.
+    source.replace(client_tls(&[&old_ca], &new_ca.issue(&["web-frontend"]))).unwrap();
+    let second = tokio::time::timeout(WAIT, assignments.recv()).await.unwrap().unwrap();
+    assert_eq!(second.generation(), 2);
 }
