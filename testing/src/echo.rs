@@ -96,6 +96,18 @@ pub struct RecordingServer {
     _server: ServerGuard,
 }
 
+impl RecordingServer {
+    /// Stops the server and waits until it has (see [`ServerGuard::stop`]): its
+    /// listener is closed and its connections ended.
+    ///
+    /// # Panics
+    ///
+    /// As [`ServerGuard::stop`].
+    pub async fn stop(self) {
+        self._server.stop().await;
+    }
+}
+
 /// Tasks `0..n`, each a [`RecordingEcho`] on a loopback port of its own.
 ///
 /// # Panics
