@@ -12,17 +12,31 @@
 //! It talks to the lab over its standard streams. It prints `ready addr=A` once it
 //! serves and is registered, then `beat gen=G reports=R state=S` every 250 ms (the
 //! generation it holds, the load reports its reporters sent, `serving` or `draining`);
-//! it reads commands, one a line, on stdin: `drain`, `undrain`, and `rotate` (the hook
-//! for certificates rotated: acknowledged, nothing to rotate on a plaintext fleet). It
+//! it reads commands, one a line, on stdin: `drain`, `undrain`, and `rotate`. It
 //! ends when stdin closes (the lab is gone) or its stdout does. A registration that etcd
 //! lost (its lease lapsed while the task was stalled, say) is taken back
 //! (`Registration::reclaim`), keeping its state.
+//!
+//! With `--tls-dir` it runs on mutual TLS with the files the lab writes there
+//! (`super::pki`): it serves with its certificate (`<job>-<task>.pem`), requires a client
+//! certificate of the bundle (`ca.pem`), and presents its certificate to the instances
+//! (the Watch and the load reports, which accept reports only from the task it names).
+//! `rotate` reads the files again: the next handshakes, served or made, use them; the
+//! connections open keep theirs. It answers `done rotate`, or `failed rotate: why` with
+//! the material in force kept. On a plaintext fleet `rotate` has nothing to do.
 
 use std::io::{BufRead, Write};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
+use steady_core::Backoff;
 use steady_discovery::registry::{Registration, Registry, RegistryConfig, RegistryError};
+use steady_proto::tls::rustls::server::danger::ClientCertVerifier;
+use steady_proto::tls::{server_config, ClientAuth, ClientCas, ClientTlsSource, ServerIdentity, TlsIncoming};
+use steady_proto::WatchEndpoint;
 use steady_slicelet::Slicelet;
 use steady_testing::echo::echo_server::EchoServer;
 use steady_testing::echo::EchoTask;
@@ -30,6 +44,7 @@ use steady_testing::loopback::Loopback;
 use tokio::sync::mpsc;
 use tonic::transport::{Endpoint, Server};
 
+use super::pki;
 use crate::LabResult;
 
 /// How often the task says it is alive.
@@ -58,6 +73,48 @@ pub struct BackendArgs {
     /// How often load is reported, milliseconds.
     #[arg(long, default_value_t = 500)]
     report_ms: u64,
+    /// Run on mutual TLS with the files in this directory (see the module's doc); the
+    /// `--slicers` are then `https://` addresses.
+    #[arg(long)]
+    tls_dir: Option<PathBuf>,
+}
+
+/// A backend's TLS material, replaceable from its files.
+struct Tls {
+    dir: PathBuf,
+    /// Its identity's name (`<job>-<task>`): what the instances accept its reports as.
+    name: String,
+    identity: ServerIdentity,
+    clients: ClientCas,
+    client: ClientTlsSource,
+}
+
+impl Tls {
+    fn load(dir: &Path, name: String) -> Result<Self, Box<dyn std::error::Error>> {
+        let (cert, key) = pki::files(dir, &name);
+        let identity = ServerIdentity::from_pem(&std::fs::read(cert)?, &std::fs::read(key)?)?;
+        let clients = ClientCas::from_pem(&std::fs::read(dir.join("ca.pem"))?, ClientAuth::Required)?;
+        let client = ClientTlsSource::new(pki::client_from_files(dir, &name)?)?;
+        Ok(Self { dir: dir.to_owned(), name, identity, clients, client })
+    }
+
+    /// Reads the files again; each piece is checked before it replaces anything.
+    fn reload(&self) -> Result<(), Box<dyn std::error::Error>> {
+        let (cert, key) = pki::files(&self.dir, &self.name);
+        self.identity.replace_pem(&std::fs::read(cert)?, &std::fs::read(key)?)?;
+        self.clients.replace_pem(&std::fs::read(self.dir.join("ca.pem"))?)?;
+        self.client.replace(pki::client_from_files(&self.dir, &self.name)?)?;
+        Ok(())
+    }
+
+    /// The TLS connections to a fresh loopback port, served with this material as it
+    /// is at each handshake; the port's address.
+    async fn incoming(&self) -> Result<(SocketAddr, TlsIncoming), Box<dyn std::error::Error>> {
+        let verifier: Arc<dyn ClientCertVerifier> = Arc::new(self.clients.clone());
+        let config = server_config(Arc::new(self.identity.clone()), Some(verifier))?;
+        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        Ok((listener.local_addr()?, TlsIncoming::new(listener, config)))
+    }
 }
 
 /// A command from the lab.
@@ -74,23 +131,55 @@ pub(crate) fn run(args: &BackendArgs) -> LabResult {
 
 async fn serve(args: &BackendArgs) -> LabResult {
     let slicelet = Slicelet::new(args.task);
+    let tls = match &args.tls_dir {
+        Some(dir) => Some(Tls::load(dir, format!("{}-{}", args.job, args.task))?),
+        None => None,
+    };
     let slicers: Vec<Endpoint> =
         args.slicers.iter().map(|s| Endpoint::from_shared(s.clone())).collect::<Result<_, _>>()?;
-    let source = steady_proto::watch_assignments_any(slicers.clone(), args.job.as_str(), Default::default())?;
+    let targets = slicers.iter().map(|e| {
+        let target = WatchEndpoint::new(e.clone());
+        match &tls {
+            Some(tls) => target.tls(tls.client.clone()),
+            None => target,
+        }
+    });
+    let source = steady_proto::watch_assignments_any(targets, args.job.as_str(), Default::default())?;
     let _follow = slicelet.follow(source);
     let every = Duration::from_millis(args.report_ms);
-    let reporters: Vec<_> =
-        slicers.into_iter().map(|e| slicelet.report_to(e, args.job.as_str(), every)).collect();
-    let port = Loopback::bind().await;
-    let addr = port.addr();
-    let layer = slicelet.layer();
-    let task = args.task;
-    let _server = port.serve_with(|incoming, stopped| {
-        Server::builder()
-            .layer(layer)
-            .add_service(EchoServer::new(EchoTask(task)))
-            .serve_with_incoming_shutdown(incoming, stopped)
-    });
+    let reporters = slicers
+        .into_iter()
+        .map(|e| match &tls {
+            Some(tls) => {
+                slicelet.report_to_tls(e, tls.client.clone(), args.job.as_str(), every, Backoff::default())
+            }
+            None => Ok(slicelet.report_to(e, args.job.as_str(), every)),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let router = Server::builder().layer(slicelet.layer()).add_service(EchoServer::new(EchoTask(args.task)));
+    let (addr, _server) =
+        match &tls {
+            Some(tls) => {
+                let (addr, incoming) = tls.incoming().await?;
+                // Served until the process ends.
+                tokio::spawn(async move {
+                    if let Err(error) = router.serve_with_incoming(incoming).await {
+                        eprintln!("chaos-backend: the server stopped: {error}");
+                    }
+                });
+                (addr, None)
+            }
+            None => {
+                let port = Loopback::bind().await;
+                let addr = port.addr();
+                (
+                    addr,
+                    Some(port.serve_with(|incoming, stopped| {
+                        router.serve_with_incoming_shutdown(incoming, stopped)
+                    })),
+                )
+            }
+        };
     let config = RegistryConfig::new(args.etcd.clone())
         .lease_ttl(Duration::from_secs(args.registry_ttl))
         .request_timeout(Duration::from_secs(2));
@@ -106,9 +195,11 @@ async fn serve(args: &BackendArgs) -> LabResult {
             command = commands.recv() => {
                 let Some(command) = command else { break };
                 let (what, done) = match command {
-                    Command::Drain => ("drain", write_state(&registration, true).await),
-                    Command::Undrain => ("undrain", write_state(&registration, false).await),
-                    Command::Rotate => ("rotate", Ok(())),
+                    Command::Drain => ("drain", write_state(&registration, true).await.map_err(|e| e.to_string())),
+                    Command::Undrain => {
+                        ("undrain", write_state(&registration, false).await.map_err(|e| e.to_string()))
+                    }
+                    Command::Rotate => ("rotate", tls.as_ref().map_or(Ok(()), Tls::reload).map_err(|e| e.to_string())),
                 };
                 match done {
                     Ok(()) => writeln!(out, "done {what}")?,

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::load::Counts;
 use super::memory::{Growth, MemoryLog, MAX_GROWTH, SLACK_MIB};
-use super::schedule::Injected;
+use super::schedule::{Fault, Injected};
 
 /// No slice of the newest assignment without a serving replica for longer than this
 /// (with two replicas per slice and one fault at a time, none should be).
@@ -159,6 +159,19 @@ pub(super) fn judge(
             bound: format!("<= {bound}"),
             observed: format!("{worst} (at {:.0} s)", at.as_secs_f64()),
             holds: worst <= bound,
+        });
+    }
+    let rotations: Vec<&Injected> = faults.iter().filter(|f| f.fault == Fault::CertRotate).collect();
+    if !rotations.is_empty() {
+        let violations: Vec<&String> = rotations.iter().flat_map(|f| &f.violations).collect();
+        rows.push(Row {
+            invariant: "a rotation taken by every process; the dropped CA refused by every server".into(),
+            bound: "every rotation".into(),
+            observed: match violations.first() {
+                None => format!("{} of {} rotations", rotations.len(), rotations.len()),
+                Some(first) => format!("{} violations; first: {first}", violations.len()),
+            },
+            holds: violations.is_empty(),
         });
     }
     rows.push(Row {

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use steady_balance::BalanceConfig;
 use steady_discovery::registry::{self, Registry, RegistryConfig};
 use steady_discovery::Discovery;
+use steady_proto::tls::ClientTlsSource;
+use steady_proto::WatchEndpoint;
 use steady_subset::prng::SplitMix64;
 use steady_testing::echo::echo_client::EchoClient;
 use steady_testing::echo::EchoRequest;
@@ -49,10 +51,18 @@ impl Frontends {
         count: usize,
         backends: usize,
         deadline: Duration,
+        tls: Option<ClientTlsSource>,
     ) -> Result<Self, Box<dyn std::error::Error>> {
         let registry = Registry::connect(RegistryConfig::new(etcd.to_vec())).await?;
-        let slicers: Vec<Endpoint> =
-            slicers.iter().map(|s| Endpoint::from_shared(s.clone())).collect::<Result<_, _>>()?;
+        let mut slicers: Vec<WatchEndpoint> = slicers
+            .iter()
+            .map(|s| Endpoint::from_shared(s.clone()).map(WatchEndpoint::new))
+            .collect::<Result<_, _>>()?;
+        let mut template = EndpointTemplate::new().timeout(deadline);
+        if let Some(tls) = tls {
+            slicers = slicers.into_iter().map(|s| s.tls(tls.clone())).collect();
+            template = template.tls_source(tls);
+        }
         let mut channels = Vec::new();
         let mut views = Vec::new();
         for m in 0..count {
@@ -61,7 +71,7 @@ impl Frontends {
             // is the channel's own: a call that passes it is a timeout the balancer sees
             // (outlier ejection), where a call its caller gives up on says nothing.
             let channel = SteadyChannel::builder(BalanceConfig::new(m, backends))
-                .endpoint_template(EndpointTemplate::new().timeout(deadline))
+                .endpoint_template(template.clone())
                 .from_addresses(view.views())?;
             channel.follow_assignments(steady_proto::watch_assignments_any(
                 slicers.clone(),

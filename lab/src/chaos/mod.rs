@@ -11,8 +11,12 @@
 //! instances' assignments, sending keyed and unkeyed requests at a fixed rate, each with
 //! a deadline.
 //!
+//! With `--tls` the instances and backends serve mutual TLS only ([`pki`]), and the
+//! frontends, backends and monitors present client certificates.
+//!
 //! The schedule ([`schedule`]) kills, drains and stalls backends, kills the leading
-//! instance and etcd members, over and over; the monitors ([`monitor`], [`prober`]) watch coverage,
+//! instance and etcd members, rotates every certificate to a new CA (on TLS), over and
+//! over; the monitors ([`monitor`], [`prober`]) watch coverage,
 //! the frontends' generations, the control tasks' liveness and every process's memory;
 //! the invariants ([`invariants`]) and their bounds turn what they saw into a verdict.
 //! A violated invariant is a non-zero exit.
@@ -31,6 +35,7 @@ mod invariants;
 mod load;
 mod memory;
 mod monitor;
+mod pki;
 mod prober;
 mod processes;
 mod report;
@@ -76,8 +81,12 @@ pub struct ChaosArgs {
     /// Load without faults before the schedule starts, seconds.
     #[arg(long, default_value_t = 5)]
     warm_up: u64,
-    /// The faults, run in this order over and over (cert-rotate, a hook, is not in the
-    /// default list).
+    /// Run the instances and backends on mutual TLS only, with certificates of a CA made
+    /// for the run (etcd stays plaintext). Needed by cert-rotate.
+    #[arg(long)]
+    tls: bool,
+    /// The faults, run in this order over and over (cert-rotate, with --tls only, is not
+    /// in the default list).
     #[arg(
         long,
         value_enum,
@@ -104,6 +113,11 @@ pub fn run(out: &mut impl Write, args: &ChaosArgs) -> LabResult {
     if args.keyed_rate == 0 && args.unkeyed_rate == 0 {
         return Err("--keyed-rate or --unkeyed-rate must be above 0".into());
     }
+    if args.faults.contains(&Fault::CertRotate) && !args.tls {
+        return Err(
+            "--faults cert-rotate needs --tls (a plaintext fleet has no certificate to rotate)".into()
+        );
+    }
     let slicer_bin = processes::slicer_binary(args.slicer_bin.as_deref())?;
     let dir = match &args.dir {
         Some(dir) => dir.clone(),
@@ -111,12 +125,12 @@ pub fn run(out: &mut impl Write, args: &ChaosArgs) -> LabResult {
     };
     std::fs::create_dir_all(&dir)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let mut fleet = processes::Fleet::start(JOB, args.backends, &dir, slicer_bin)?;
+    let mut fleet = processes::Fleet::start(JOB, args.backends, &dir, slicer_bin, args.tls)?;
     let etcd = fleet.etcd.endpoints();
     let slicers = fleet.slicer_endpoints();
     writeln!(
         out,
-        "# steady-lab chaos: {seconds} s of faults ({}); etcd x{}, steady-slicer x{}, {} backends, {} frontends x ({} keyed + {} unkeyed) req/s, deadline {} ms; logs in {}",
+        "# steady-lab chaos: {seconds} s of faults ({}); etcd x{}, steady-slicer x{}, {} backends, {} frontends x ({} keyed + {} unkeyed) req/s, deadline {} ms{}; logs in {}",
         args.faults.iter().map(|f| f.name()).collect::<Vec<_>>().join(", "),
         etcd.len(),
         slicers.len(),
@@ -125,6 +139,7 @@ pub fn run(out: &mut impl Write, args: &ChaosArgs) -> LabResult {
         args.keyed_rate,
         args.unkeyed_rate,
         args.deadline_ms,
+        if args.tls { ", mutual TLS" } else { "" },
         dir.display()
     )?;
     out.flush()?;
@@ -150,6 +165,7 @@ pub fn run(out: &mut impl Write, args: &ChaosArgs) -> LabResult {
         args.frontends,
         args.backends as usize,
         Duration::from_millis(args.deadline_ms),
+        fleet.client.clone(),
     ))?;
     let first = newest().unwrap_or(0);
     if !runtime.block_on(steady_testing::holds_within(START_WITHIN, || {
@@ -176,7 +192,7 @@ pub fn run(out: &mut impl Write, args: &ChaosArgs) -> LabResult {
     let metrics = fleet.slicers.iter().map(|s| s.metrics).collect();
     let (served, watchers) = {
         let _entered = runtime.enter();
-        monitor::watch_distributors(&slicers, JOB)?
+        monitor::watch_distributors(&slicers, JOB, fleet.client.as_ref())?
     };
     let monitors = monitor::Monitors::start(
         fleet.roster.clone(),
@@ -196,11 +212,8 @@ pub fn run(out: &mut impl Write, args: &ChaosArgs) -> LabResult {
         backends: args.backends,
         replicas: processes::REPLICAS,
     };
-    let injected = schedule::Schedule::new(&mut fleet, &traffic.windows, &published, began, load).run(
-        &args.faults,
-        until,
-        out,
-    )?;
+    let injected = schedule::Schedule::new(&mut fleet, &runtime, &traffic.windows, &published, began, load)
+        .run(&args.faults, until, out)?;
 
     let windows = runtime.block_on(traffic.finish(deadline + Duration::from_secs(2)));
     monitors.stop();

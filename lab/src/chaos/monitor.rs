@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use steady_core::Backoff;
+use steady_proto::tls::ClientTlsSource;
+use steady_proto::WatchEndpoint;
 use steady_slice::Assignment;
 use steady_slicer::store::{AssignmentStore, EtcdConfig, EtcdStore};
 use tonic::transport::Endpoint;
@@ -88,13 +90,17 @@ pub(super) type Served = Arc<Vec<AtomicU64>>;
 pub(super) fn watch_distributors(
     slicers: &[String],
     job: &str,
+    tls: Option<&ClientTlsSource>,
 ) -> Result<(Served, Vec<Watcher>), Box<dyn std::error::Error>> {
     let served: Served = Arc::new(slicers.iter().map(|_| AtomicU64::new(0)).collect());
     let backoff = Backoff { base: Duration::from_millis(50), max: Duration::from_millis(500), jitter: 0.5 };
     let mut tasks = Vec::new();
     for (i, slicer) in slicers.iter().enumerate() {
-        let endpoint = Endpoint::from_shared(slicer.clone())?;
-        let mut watch = Box::pin(steady_proto::watch_assignments(endpoint, job, backoff)?);
+        let mut target = WatchEndpoint::new(Endpoint::from_shared(slicer.clone())?);
+        if let Some(tls) = tls {
+            target = target.tls(tls.clone());
+        }
+        let mut watch = Box::pin(steady_proto::watch_assignments(target, job, backoff)?);
         let served = served.clone();
         tasks.push(tokio::spawn(async move {
             while let Some(item) = watch.next().await {

@@ -1,12 +1,18 @@
 //! The prober: every second, each running steady-slicer instance's `/metrics` page
 //! (answered at all; who leads; whether the leader's Assigner runs; whether its load
-//! collector accepts reports), and every process's resident memory.
+//! collector accepts reports), and every process's resident memory; and, after a
+//! certificate rotation, whether a server lets in a certificate of the dropped CA.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use steady_testing::echo::echo_client::EchoClient;
+use steady_testing::echo::EchoRequest;
+use tonic::transport::{ClientTlsConfig, Endpoint};
+use tonic::Code;
 
 use super::memory::rss_kib;
 use super::monitor::{lock, GRACE};
@@ -138,6 +144,28 @@ fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
     stream.take(8 << 20).read_to_string(&mut response).ok()?;
     let (head, body) = response.split_once("\r\n\r\n")?;
     head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
+}
+
+/// Whether the server at `addr` (an instance or a backend, on TLS) lets in a client
+/// presenting `tls`: what it answered when it did (an echo, or the status of a service
+/// it does not serve: its TLS let the call through), `None` when the handshake or the
+/// first call on the connection failed.
+pub(super) async fn accepts(addr: &str, tls: ClientTlsConfig) -> Option<String> {
+    let endpoint = Endpoint::from_shared(format!("https://{addr}"))
+        .ok()?
+        .tls_config(tls)
+        .ok()?
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(Duration::from_secs(2));
+    let channel = endpoint.connect().await.ok()?;
+    let request = EchoRequest { payload: b"stale".to_vec() };
+    match EchoClient::new(channel).echo(request).await {
+        Ok(_) => Some("an echo".to_owned()),
+        // In TLS 1.3 the server checks the client's certificate after the client's half
+        // of the handshake: a refusal shows on the first call, as a transport error.
+        Err(status) if status.code() == Code::Unimplemented => Some(format!("{:?}", status.code())),
+        Err(_) => None,
+    }
 }
 
 #[cfg(test)]

@@ -12,8 +12,10 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use steady_proto::tls::ClientTlsSource;
 use steady_testing::EtcdCluster;
 
+use super::pki::{FleetTls, Step};
 use super::roster::{Beat, Group, Life, Roster};
 
 type Failure = Box<dyn std::error::Error>;
@@ -25,6 +27,8 @@ const ELECTION_TTL_SECS: &str = "2";
 /// Two replicas per slice: one backend down leaves every slice a serving replica.
 pub(super) const REPLICAS: u32 = 2;
 const SPEC: &str = r#"{ "replicas": { "min": 2, "max": 2 } }"#;
+/// The lab's own clients' identity on a TLS fleet (the frontends, the monitors).
+pub(super) const FRONTEND: &str = "frontend";
 
 /// When the soak's first process started: the logs' lines are stamped from it.
 static START: OnceLock<Instant> = OnceLock::new();
@@ -42,14 +46,15 @@ struct Proc {
 }
 
 impl Proc {
-    /// Spawns `program args`, appending its stderr and the stdout lines `log_line` keeps
-    /// to `log`, and giving every stdout line to `on_line` with the child's pid.
+    /// Spawns `program args`, appending its stderr lines and the stdout lines `log_line`
+    /// keeps to `log`, each stamped, and giving every line of both to `on_line` with the
+    /// child's pid.
     fn spawn(
         program: &Path,
         args: &[String],
         log: &Path,
         log_line: fn(&str) -> bool,
-        on_line: impl Fn(u32, &str) + Send + 'static,
+        on_line: impl Fn(u32, &str) + Send + Sync + 'static,
     ) -> Result<Self, Failure> {
         let mut file = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
         writeln!(file, "[{:8.2}] === {} {}", since_start().as_secs_f64(), program.display(), args.join(" "))?;
@@ -57,20 +62,29 @@ impl Proc {
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(file.try_clone()?)
+            .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| format!("cannot run {}: {e}", program.display()))?;
         let pid = child.id();
+        let on_line = std::sync::Arc::new(on_line);
         let stdout = child.stdout.take().ok_or("no stdout")?;
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if log_line(&line) {
-                    let _ = writeln!(file, "[{:8.2}] {line}", since_start().as_secs_f64());
+        let stderr = child.stderr.take().ok_or("no stderr")?;
+        let log = std::sync::Arc::new(std::sync::Mutex::new(file));
+        let read = |stream: Box<dyn std::io::Read + Send>, keep: fn(&str) -> bool| {
+            let (log, on_line) = (log.clone(), on_line.clone());
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines() {
+                    let Ok(line) = line else { break };
+                    if keep(&line) {
+                        let mut file = log.lock().unwrap_or_else(|p| p.into_inner());
+                        let _ = writeln!(file, "[{:8.2}] {line}", since_start().as_secs_f64());
+                    }
+                    on_line(pid, &line);
                 }
-                on_line(pid, &line);
-            }
-        });
+            });
+        };
+        read(Box::new(stdout), log_line);
+        read(Box::new(stderr), |_| true);
         Ok(Self { stdin: child.stdin.take(), child })
     }
 
@@ -78,7 +92,7 @@ impl Proc {
         self.child.id()
     }
 
-    /// Sends `signal` (`STOP`, `CONT`) with kill(1): the lab has no unsafe code.
+    /// Sends `signal` (`STOP`, `CONT`, `HUP`) with kill(1): the lab has no unsafe code.
     fn signal(&self, signal: &str) {
         let _ = Command::new("kill").arg(format!("-{signal}")).arg(self.pid().to_string()).status();
     }
@@ -121,18 +135,46 @@ pub(super) struct Fleet {
     job: String,
     dir: PathBuf,
     slicer_bin: PathBuf,
+    /// The certificates, on a TLS fleet.
+    pub(super) tls: Option<FleetTls>,
+    /// The lab's clients' TLS settings (the frontends, the monitors), on a TLS fleet:
+    /// replaced at each step of a rotation.
+    pub(super) client: Option<ClientTlsSource>,
     pub(super) etcd: EtcdCluster,
 }
 
 impl Fleet {
     /// Starts etcd (three members), the two steady-slicer instances and `backends`
-    /// backend tasks of `job`, logging into `dir`; waits for nothing but etcd.
-    pub(super) fn start(job: &str, backends: u32, dir: &Path, slicer_bin: PathBuf) -> Result<Self, Failure> {
+    /// backend tasks of `job`, logging into `dir`; waits for nothing but etcd. With
+    /// `tls`, the instances and backends serve mutual TLS only, with certificates of a
+    /// CA made for the run ([`FleetTls`]; etcd stays plaintext).
+    pub(super) fn start(
+        job: &str,
+        backends: u32,
+        dir: &Path,
+        slicer_bin: PathBuf,
+        tls: bool,
+    ) -> Result<Self, Failure> {
         let etcd = EtcdCluster::start().ok_or(
             "etcd is not installed: the soak starts three etcd members (apt-get install etcd-server)",
         )?;
         std::fs::write(dir.join("spec.json"), SPEC)?;
         let names = ["slicer-a".to_owned(), "slicer-b".to_owned()];
+        let tls = if tls {
+            let identities: Vec<String> = names
+                .iter()
+                .cloned()
+                .chain((0..backends).map(|i| format!("{job}-{i}")))
+                .chain([FRONTEND.to_owned()])
+                .collect();
+            Some(FleetTls::start(dir, &identities)?)
+        } else {
+            None
+        };
+        let client = match &tls {
+            Some(tls) => Some(ClientTlsSource::new(tls.client(FRONTEND)?)?),
+            None => None,
+        };
         let roster = Roster::new(&names, backends as usize, etcd.len());
         let slicers = names
             .iter()
@@ -146,6 +188,8 @@ impl Fleet {
             job: job.to_owned(),
             dir: dir.to_owned(),
             slicer_bin,
+            tls,
+            client,
         };
         for member in 0..fleet.etcd.len() {
             fleet.note_etcd(member, Life::Up);
@@ -159,9 +203,11 @@ impl Fleet {
         Ok(fleet)
     }
 
-    /// The control plane's endpoints, `http://host:port`, for watchers and reporters.
+    /// The control plane's endpoints, `http://host:port` (`https://` on TLS), for
+    /// watchers and reporters.
     pub(super) fn slicer_endpoints(&self) -> Vec<String> {
-        self.slicers.iter().map(|s| format!("http://{}", s.listen)).collect()
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        self.slicers.iter().map(|s| format!("{scheme}://{}", s.listen)).collect()
     }
 
     /// How many backend tasks.
@@ -173,7 +219,7 @@ impl Fleet {
     pub(super) fn spawn_slicer(&mut self, i: usize) -> Result<(), Failure> {
         let etcd = self.etcd.endpoints().join(",");
         let slicer = &self.slicers[i];
-        let args: Vec<String> = [
+        let mut args: Vec<String> = [
             "--job",
             &self.job,
             "--registry",
@@ -198,9 +244,26 @@ impl Fleet {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        if let Some(tls) = &self.tls {
+            let (cert, key) = tls.files(&slicer.name);
+            let path = |p: &Path| p.display().to_string();
+            args.extend([
+                "--tls-cert".into(),
+                path(&cert),
+                "--tls-key".into(),
+                path(&key),
+                "--tls-client-ca".into(),
+                path(&tls.ca_file()),
+                "--require-client-cert".into(),
+                // Rotations are signalled (SIGHUP), once every file of a step is written.
+                "--tls-reload-ms".into(),
+                "3600000".into(),
+            ]);
+        }
         let roster = self.roster.clone();
         let log = self.dir.join(format!("{}.log", slicer.name));
-        // Its status lines come once a second: logged; they are its heartbeat.
+        // Its status lines come once a second: logged; they are its heartbeat. Its
+        // stderr says what it did with rotated certificates.
         let proc = Proc::spawn(
             &self.slicer_bin,
             &args,
@@ -221,7 +284,7 @@ impl Fleet {
 
     /// Starts backend task `i` (again).
     pub(super) fn spawn_backend(&mut self, i: usize) -> Result<(), Failure> {
-        let args: Vec<String> = vec![
+        let mut args: Vec<String> = vec![
             "chaos-backend".into(),
             "--etcd".into(),
             self.etcd.endpoints().join(","),
@@ -232,6 +295,9 @@ impl Fleet {
             "--slicers".into(),
             self.slicer_endpoints().join(","),
         ];
+        if let Some(tls) = &self.tls {
+            args.extend(["--tls-dir".into(), tls.dir().display().to_string()]);
+        }
         let roster = self.roster.clone();
         let log = self.dir.join(format!("backend-{i}.log"));
         let lab = std::env::current_exe()?;
@@ -285,13 +351,33 @@ impl Fleet {
         }
     }
 
-    /// Asks every running backend to pick up new certificates (the hook: see
-    /// `Fault::CertificatesRotated`).
-    pub(super) fn rotate_backend_certificates(&mut self) -> Result<(), Failure> {
-        for proc in self.backends.iter_mut().flatten() {
-            proc.send("rotate")?;
+    /// Writes the files of `step` of a rotation and has every running process take them:
+    /// SIGHUP to each instance, `rotate` to each backend, and the lab's clients'
+    /// settings replaced. Returns who must acknowledge it, with the acknowledgements each
+    /// had before (`Member::rotations`).
+    pub(super) fn rotate_certificates(&mut self, step: Step) -> Result<Vec<(Group, usize, u64)>, Failure> {
+        let tls = self.tls.as_mut().ok_or("the fleet runs without TLS: start it with --tls")?;
+        tls.step(step)?;
+        if let Some(client) = &self.client {
+            client.replace(tls.client(FRONTEND)?)?;
         }
-        Ok(())
+        let mut acks = Vec::new();
+        let members = self.roster.lock();
+        for (i, slicer) in self.slicers.iter().enumerate() {
+            if let Some(proc) = &slicer.proc {
+                acks.push((Group::Slicers, i, members.slicers[i].rotations));
+                proc.signal("HUP");
+            }
+        }
+        let backends: Vec<u64> = members.backends.iter().map(|m| m.rotations).collect();
+        drop(members);
+        for (i, proc) in self.backends.iter_mut().enumerate() {
+            if let Some(proc) = proc {
+                acks.push((Group::Backends, i, backends[i]));
+                proc.send("rotate")?;
+            }
+        }
+        Ok(acks)
     }
 
     /// Kills etcd member `member` (SIGKILL).
@@ -316,9 +402,14 @@ impl Fleet {
 }
 
 /// Reads one line of steady-slicer instance `i`: the first says it serves, each status
-/// line (once a cadence) is its heartbeat.
+/// line (once a cadence) is its heartbeat, a TLS line on stderr says it took (or refused)
+/// rotated files.
 fn slicer_line(roster: &Roster, i: usize, pid: u32, line: &str) {
-    if line.starts_with("steady-slicer: job ") {
+    if line.starts_with("steady-slicer: TLS: reloaded ") {
+        roster.update(Group::Slicers, i, pid, |m| m.rotations += 1);
+    } else if line.starts_with("steady-slicer: TLS: refused ") {
+        roster.update(Group::Slicers, i, pid, |m| m.rotations_failed += 1);
+    } else if line.starts_with("steady-slicer: job ") {
         roster.update(Group::Slicers, i, pid, |m| m.set(Life::Up));
     } else if let Some(rest) = line.strip_prefix("generation ") {
         let generation = rest.split_whitespace().next().and_then(|g| g.parse().ok()).unwrap_or(0);
@@ -332,12 +423,17 @@ fn slicer_line(roster: &Roster, i: usize, pid: u32, line: &str) {
 /// Reads one line of backend task `i`: `ready ...` once it serves and is registered,
 /// `beat gen=G reports=R ...` as its heartbeat.
 fn backend_line(roster: &Roster, i: usize, pid: u32, line: &str) {
-    if line.starts_with("ready ") {
+    if let Some(addr) = line.strip_prefix("ready addr=") {
         roster.update(Group::Backends, i, pid, |m| {
+            m.addr = Some(addr.trim().to_owned());
             if m.life == Life::Starting {
                 m.set(Life::Up);
             }
         });
+    } else if line == "done rotate" {
+        roster.update(Group::Backends, i, pid, |m| m.rotations += 1);
+    } else if line.starts_with("failed rotate") {
+        roster.update(Group::Backends, i, pid, |m| m.rotations_failed += 1);
     } else if line.starts_with("beat ") {
         let generation = field(line, "gen=").unwrap_or(0);
         let reports = field(line, "reports=").unwrap_or(0);

@@ -43,11 +43,28 @@ pub(super) struct Member {
     pub(super) draining: bool,
     /// A backend's last heartbeat in this life; a steady-slicer's last status line.
     pub(super) beat: Option<Beat>,
+    /// Rotated certificates taken in this life (a backend's `done rotate`, an
+    /// instance's `TLS: reloaded` lines).
+    pub(super) rotations: u64,
+    /// Rotated certificates refused in this life.
+    pub(super) rotations_failed: u64,
+    /// A backend's serving address in this life, once it said it.
+    pub(super) addr: Option<String>,
 }
 
 impl Member {
     fn new(name: String) -> Self {
-        Self { name, pid: None, life: Life::Starting, since: Instant::now(), draining: false, beat: None }
+        Self {
+            name,
+            pid: None,
+            life: Life::Starting,
+            since: Instant::now(),
+            draining: false,
+            beat: None,
+            rotations: 0,
+            rotations_failed: 0,
+            addr: None,
+        }
     }
 
     /// Whether it serves now: up, and not drained.
@@ -67,6 +84,9 @@ impl Member {
     pub(super) fn spawned(&mut self, pid: u32) {
         self.pid = Some(pid);
         self.beat = None;
+        self.rotations = 0;
+        self.rotations_failed = 0;
+        self.addr = None;
         self.set(Life::Starting);
     }
 }
@@ -93,6 +113,13 @@ impl Members {
         match group {
             Group::Slicers => &mut self.slicers,
             Group::Backends => &mut self.backends,
+        }
+    }
+
+    pub(super) fn get(&self, group: Group) -> &[Member] {
+        match group {
+            Group::Slicers => &self.slicers,
+            Group::Backends => &self.backends,
         }
     }
 

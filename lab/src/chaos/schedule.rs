@@ -15,8 +15,9 @@ use clap::ValueEnum;
 
 use super::load::Windows;
 use super::monitor::SharedPublished;
-use super::prober::leads;
-use super::processes::Fleet;
+use super::pki::Step;
+use super::prober::{self, leads};
+use super::processes::{Fleet, FRONTEND};
 use super::roster::Life;
 
 /// After a fault's recovery, quiet for this long before the next.
@@ -40,11 +41,10 @@ pub enum Fault {
     /// An etcd member killed and restarted on its data 3 s later: the leader every
     /// other time.
     EtcdKill,
-    /// Certificates rotated. A hook: the soak's fleet is plaintext until the binary
-    /// reloads its certificates; today it asks each backend to rotate (which it
-    /// acknowledges) and counts the window like any other. To make it real: start the
-    /// fleet on TLS (`steady_testing::tls`), rewrite the files here, send the instances
-    /// SIGHUP, and have `chaos-backend` reload its identity on `rotate`.
+    /// Every certificate moved to a new CA (a TLS fleet only, `--tls`), in three steps
+    /// each taken by every process before the next (see `super::pki`): the bundles
+    /// trust the new CA, every leaf is reissued, the old CA is dropped. Then a client
+    /// presenting a certificate of the dropped CA must be refused by every server.
     CertRotate,
 }
 
@@ -115,11 +115,16 @@ pub(super) struct Injected {
     pub(super) recovered: Option<Duration>,
     /// The most requests its window may lose.
     pub(super) bound: u64,
+    /// What went wrong that the fault checks itself (a rotation: a step not taken, or
+    /// a dropped CA's certificate accepted).
+    pub(super) violations: Vec<String>,
 }
 
 /// The schedule's state.
 pub(super) struct Schedule<'a> {
     pub(super) fleet: &'a mut Fleet,
+    /// Where the probes of a rotation run.
+    runtime: &'a tokio::runtime::Runtime,
     pub(super) windows: &'a Windows,
     pub(super) published: &'a SharedPublished,
     pub(super) began: Instant,
@@ -131,12 +136,13 @@ pub(super) struct Schedule<'a> {
 impl<'a> Schedule<'a> {
     pub(super) fn new(
         fleet: &'a mut Fleet,
+        runtime: &'a tokio::runtime::Runtime,
         windows: &'a Windows,
         published: &'a SharedPublished,
         began: Instant,
         load: Load,
     ) -> Self {
-        Self { fleet, windows, published, began, load, done: Vec::new() }
+        Self { fleet, runtime, windows, published, began, load, done: Vec::new() }
     }
 
     /// Runs `faults` in turn until `until`, printing a line per fault to `out`.
@@ -154,7 +160,8 @@ impl<'a> Schedule<'a> {
             // Every request of the last window ends before this fault begins.
             let window = self.windows.open(self.load.deadline + Duration::from_secs(1));
             let at = self.began.elapsed();
-            let (target, recovered) = self.inject(*fault)?;
+            let mut violations = Vec::new();
+            let (target, recovered) = self.inject(*fault, &mut violations)?;
             writeln!(
                 out,
                 "fault {:>3} at {:>6.1} s: {:<13} {:<18} recovered {}",
@@ -165,9 +172,12 @@ impl<'a> Schedule<'a> {
                 recovered
                     .map_or_else(|| "not within 20 s".to_owned(), |r| format!("in {:.2} s", r.as_secs_f64()))
             )?;
+            for violation in &violations {
+                writeln!(out, "          violated: {violation}")?;
+            }
             out.flush()?;
             let bound = fault.lost_bound(&self.load);
-            injected.push(Injected { fault: *fault, target, window, at, recovered, bound });
+            injected.push(Injected { fault: *fault, target, window, at, recovered, bound, violations });
             std::thread::sleep(SETTLE);
         }
         Ok(injected)
@@ -191,7 +201,11 @@ impl<'a> Schedule<'a> {
     /// until a killed backend serves the newest generation again, a drained one holds no
     /// slice, a stalled one beats again, a leader leads after the leader was killed, or
     /// a killed etcd member is healthy again.
-    fn inject(&mut self, fault: Fault) -> Result<(String, Option<Duration>), Box<dyn std::error::Error>> {
+    fn inject(
+        &mut self,
+        fault: Fault,
+        violations: &mut Vec<String>,
+    ) -> Result<(String, Option<Duration>), Box<dyn std::error::Error>> {
         let nth = self.nth(fault);
         let backends = self.fleet.backend_count();
         let start = Instant::now();
@@ -271,10 +285,68 @@ impl<'a> Schedule<'a> {
                 (format!("etcd-{member} ({role})"), Some(start.elapsed()))
             }
             Fault::CertRotate => {
-                self.fleet.rotate_backend_certificates()?;
-                ("every backend (hook)".to_owned(), Some(start.elapsed()))
+                let mut taken = true;
+                for step in Step::ALL {
+                    let acks = self.fleet.rotate_certificates(step)?;
+                    taken &= self.wait(|s| {
+                        let members = s.fleet.roster.lock();
+                        acks.iter().all(|(group, i, before)| {
+                            let m = &members.get(*group)[*i];
+                            // A process that died meanwhile reads the files when it starts.
+                            m.rotations > *before || m.life == Life::Killed
+                        })
+                    });
+                    let members = self.fleet.roster.lock();
+                    for (group, i, _) in &acks {
+                        let m = &members.get(*group)[*i];
+                        if m.rotations_failed > 0 {
+                            violations.push(format!(
+                                "{} refused the files of step '{}'",
+                                m.name,
+                                step.name()
+                            ));
+                        }
+                    }
+                    if !taken {
+                        violations.push(format!("step '{}' not taken by every process in time", step.name()));
+                        break;
+                    }
+                }
+                let recovered = taken.then(|| start.elapsed());
+                if taken {
+                    violations.extend(self.probe_stale()?);
+                }
+                (format!("CA {}", nth + 2), recovered)
             }
         })
+    }
+
+    /// Every server (instance and backend) that lets in a client certificate of the CA
+    /// the last rotation dropped, or shuts out the lab's current one (which would make
+    /// the first check say nothing): a line for each.
+    fn probe_stale(&self) -> Result<Vec<String>, Box<dyn std::error::Error>> {
+        let tls = self.fleet.tls.as_ref().ok_or("no TLS")?;
+        let stale = tls.stale().ok_or("no CA dropped yet")?;
+        let current = tls.client(FRONTEND)?;
+        let servers: Vec<(String, String)> = {
+            let members = self.fleet.roster.lock();
+            let slicers = self.fleet.slicers.iter().zip(&members.slicers).filter(|(_, m)| m.life == Life::Up);
+            let backends = members.backends.iter().filter(|m| m.life == Life::Up);
+            slicers
+                .map(|(s, m)| (m.name.clone(), s.listen.to_string()))
+                .chain(backends.filter_map(|m| Some((m.name.clone(), m.addr.clone()?))))
+                .collect()
+        };
+        let mut violations = Vec::new();
+        for (name, addr) in servers {
+            if self.runtime.block_on(prober::accepts(&addr, current.clone())).is_none() {
+                violations.push(format!("{name} refused the current client certificate"));
+            }
+            if let Some(answer) = self.runtime.block_on(prober::accepts(&addr, stale.clone())) {
+                violations.push(format!("{name} let in a certificate of the dropped CA ({answer})"));
+            }
+        }
+        Ok(violations)
     }
 
     /// The newest generation in the store (0 before the first).
