@@ -7,60 +7,14 @@
 //! 4.3 times a valid input, 5.6 times one announcing as many empty slices as its bytes
 //! could hold.
 //!
-//! One test in its own binary: the counting allocator is this file's, and no other test
-//! allocates while it measures.
-
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+//! One test in its own binary: the counting allocator (steady-testing's) is this binary's,
+//! and no other test allocates while it measures.
 
 use steady_slice::{Assignment, AssignmentError, DecodeError, Malformed, Slice, SliceKey, MAX_SLICES};
-
-/// The system allocator, counting the bytes allocated and their peak. A reallocation
-/// counts both blocks at its peak (the old one may be copied into the new).
-struct Counting;
-
-static CURRENT: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: every call goes to `System` unchanged; only counters are added.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: the caller's contract, passed on.
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            PEAK.fetch_max(CURRENT.fetch_add(layout.size(), Relaxed) + layout.size(), Relaxed);
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
-        // SAFETY: as above.
-        unsafe { System.dealloc(p, layout) };
-        CURRENT.fetch_sub(layout.size(), Relaxed);
-    }
-
-    unsafe fn realloc(&self, p: *mut u8, layout: Layout, size: usize) -> *mut u8 {
-        // SAFETY: as above.
-        let q = unsafe { System.realloc(p, layout, size) };
-        if !q.is_null() {
-            PEAK.fetch_max(CURRENT.fetch_add(size, Relaxed) + size, Relaxed);
-            CURRENT.fetch_sub(layout.size(), Relaxed);
-        }
-        q
-    }
-}
+use steady_testing::alloc_count::{peak_of, CountingAllocator};
 
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
-
-/// `f`'s result and the most bytes it had allocated at once, beyond what was allocated
-/// before it.
-fn peak_of<T>(f: impl FnOnce() -> T) -> (T, usize) {
-    let base = CURRENT.load(Relaxed);
-    PEAK.store(base, Relaxed);
-    let out = f();
-    (out, PEAK.load(Relaxed) - base)
-}
+static ALLOCATOR: CountingAllocator = CountingAllocator;
 
 /// What decoding may take whatever the input: scratch of a few KiB.
 const SLACK: usize = 64 << 10;
@@ -75,6 +29,9 @@ fn check(what: &str, input: usize, peak: usize, times: usize) {
 
 #[test]
 fn decoding_takes_at_most_three_times_the_input() {
+    // The allocator counts (a binary without it would measure nothing).
+    let (_, peak) = peak_of(|| vec![0u8; 1 << 20]);
+    assert!(peak >= 1 << 20, "the counting allocator is not installed: {peak}");
     // The largest assignment, one replica a slice: the densest valid encoding.
     let step = u64::MAX / MAX_SLICES as u64;
     let a = Assignment::new(

@@ -64,15 +64,20 @@
 //! `rcgen` (on ring) to make certificates; `tokio` adds tokio for the async waits;
 //! `grpc` adds tonic and prost, and generates the echo service's code at build time with
 //! a protoc that cargo installs (`protoc-bin-vendored`), as steady-proto does; `proxy`
-//! adds tokio's networking; `clock` adds `rustix` (its safe `clock_gettime`).
+//! adds tokio's networking; `clock` adds `rustix` (its safe `clock_gettime`);
+//! `alloc-count` adds nothing but the crate's one unsafe module, a counting allocator.
 //!
 //! A dev-dependency of the published crates only (it is never published); the
 //! unpublished ones (the lab, the benchmarks, the examples, the workspace's tests)
 //! depend on it normally.
 
-#![forbid(unsafe_code)]
+// Unsafe code nowhere but in the counting allocator, which needs it (feature `alloc-count`).
+#![cfg_attr(not(feature = "alloc-count"), forbid(unsafe_code))]
+#![cfg_attr(feature = "alloc-count", deny(unsafe_code))]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
 
+#[cfg(feature = "alloc-count")]
+pub mod alloc_count;
 mod browser;
 #[cfg(feature = "clock")]
 pub mod clock;
