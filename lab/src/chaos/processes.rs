@@ -364,7 +364,9 @@ impl Fleet {
         let mut acks = Vec::new();
         let members = self.roster.lock();
         for (i, slicer) in self.slicers.iter().enumerate() {
-            if let Some(proc) = &slicer.proc {
+            // Only an instance that said it serves: SIGHUP ends one that has not taken
+            // the signal over yet (one starting reads the files as they are then).
+            if let (Some(proc), Life::Up) = (&slicer.proc, members.slicers[i].life) {
                 acks.push((Group::Slicers, i, members.slicers[i].rotations));
                 proc.signal("HUP");
             }
