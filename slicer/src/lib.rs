@@ -18,6 +18,8 @@
 //!   campaigns in a store, runs a `steady-assigner` algorithm on the estimated load on a
 //!   cadence and at once on a task-set change, and writes and distributes each new
 //!   generation, rate-limited.
+//! * [`spread`]: which instance of a control-plane fleet runs each job's Assigner: the
+//!   jobs spread evenly over the live instances, few moved when one joins or dies.
 //!
 //! # Dependencies and features
 //!
@@ -64,6 +66,7 @@ mod distributor;
 pub mod load;
 #[cfg(feature = "metrics")]
 mod metrics;
+pub mod spread;
 pub mod store;
 
 pub use distributor::{Distributor, DistributorServer, WatchStream};
