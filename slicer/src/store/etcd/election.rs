@@ -107,13 +107,15 @@ pub(super) async fn campaign(
             };
         }
         let id = lease.as_ref().expect("granted above").id();
-        let txn = Txn::new()
-            .when([Compare::create_revision(leader_key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(leader_key.clone(), candidate, Some(PutOptions::new().with_lease(id)))])
-            .or_else([TxnOp::get(leader_key.clone(), None)]);
-        let mut kv = client.kv_client();
-        let response = match bounded(timeout, "campaign transaction", kv.txn(txn)).await {
-            Ok(response) => response,
+        let (leader, revision) = match try_lead(client, timeout, &leader_key, candidate, id).await {
+            Ok(Attempt::Led { fence }) => {
+                let lease = lease.take().expect("granted above");
+                let held = lease.held();
+                tracing::info!(job, candidate, lease = id, fence, "campaign: leading");
+                let term = EtcdTerm { lease, leader_key: leader_key.into_bytes(), fence };
+                return Ok(Leadership::new(job, candidate, held, term));
+            }
+            Ok(Attempt::Held { leader, revision }) => (leader, revision),
             Err(error) => {
                 failures += 1;
                 tracing::warn!(job, %error, "campaign: transaction failed");
@@ -121,22 +123,6 @@ pub(super) async fn campaign(
             }
         };
         failures = 0;
-        let revision = response.header().map_or(0, |h| h.revision());
-        if response.succeeded() {
-            // The put created the key in this transaction, so its create_revision is the
-            // transaction's revision.
-            let lease = lease.take().expect("granted above");
-            let held = lease.held();
-            tracing::info!(job, candidate, lease = id, fence = revision, "campaign: leading");
-            let term = EtcdTerm { lease, leader_key: leader_key.into_bytes(), fence: revision };
-            return Ok(Leadership::new(job, candidate, held, term));
-        }
-        let leader = response.op_responses().into_iter().find_map(|op| match op {
-            TxnOpResponse::Get(get) => {
-                get.kvs().first().map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
-            }
-            _ => None,
-        });
         tracing::debug!(job, candidate, ?leader, "campaign: another candidate leads; waiting");
         let lease_alive = lease.as_ref().expect("granted above").held();
         // Bounded so that a watch that silently stalls cannot stall the campaign: at
@@ -147,6 +133,53 @@ pub(super) async fn campaign(
             tracing::warn!(job, %error, "campaign: cannot watch the leader");
         }
     }
+}
+
+/// What one try to take the leader key found.
+#[derive(Debug, PartialEq, Eq)]
+enum Attempt {
+    /// The key is ours: a term fenced by the key's `create_revision`.
+    Led { fence: i64 },
+    /// Another candidate holds it (`leader`, its name, when it could be read), as of
+    /// `revision`.
+    Held { leader: Option<String>, revision: i64 },
+}
+
+/// Creates the leader key on `lease` if it is absent, in one transaction; else reads it.
+///
+/// A key found on `lease` itself is ours too: an earlier try of this campaign created it
+/// and its answer was lost (it timed out, or the connection broke after etcd applied
+/// it). Taking it for another candidate's would wait for ourselves, for as long as we
+/// keep the lease alive, and every other candidate with us: no job led at all.
+async fn try_lead(
+    client: &Client,
+    timeout: Duration,
+    leader_key: &str,
+    candidate: &str,
+    lease: i64,
+) -> Result<Attempt, StoreError> {
+    let txn = Txn::new()
+        .when([Compare::create_revision(leader_key, CompareOp::Equal, 0)])
+        .and_then([TxnOp::put(leader_key, candidate, Some(PutOptions::new().with_lease(lease)))])
+        .or_else([TxnOp::get(leader_key, None)]);
+    let response = bounded(timeout, "campaign transaction", client.kv_client().txn(txn)).await?;
+    let revision = response.header().map_or(0, |h| h.revision());
+    if response.succeeded() {
+        // The put created the key in this transaction, so its create_revision is the
+        // transaction's revision.
+        return Ok(Attempt::Led { fence: revision });
+    }
+    let holder = response.op_responses().into_iter().find_map(|op| match op {
+        TxnOpResponse::Get(get) => get
+            .kvs()
+            .first()
+            .map(|kv| (String::from_utf8_lossy(kv.value()).into_owned(), kv.lease(), kv.create_revision())),
+        _ => None,
+    });
+    Ok(match holder {
+        Some((_, holder_lease, created)) if holder_lease == lease => Attempt::Led { fence: created },
+        holder => Attempt::Held { leader: holder.map(|(name, _, _)| name), revision },
+    })
 }
 
 /// Waits until `key` is deleted at or after revision `from`, or our own lease lapses.
@@ -168,5 +201,33 @@ async fn wait_for_deletion(
                 None => return Ok(()),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A try whose answer was lost (here: ignored) leaves the key on our lease; the next
+    /// try must find it ours, with the fence of the first. Another lease finds it held.
+    #[tokio::test]
+    async fn a_try_that_finds_the_key_on_its_own_lease_leads() {
+        let Some(etcd) = steady_testing::Etcd::start() else { return };
+        let client = Client::connect([etcd.endpoint()], None).await.unwrap();
+        let lease = |ttl| {
+            let mut client = client.clone();
+            async move { client.lease_grant(ttl, None).await.unwrap().id() }
+        };
+        let (ours, theirs) = (lease(30).await, lease(30).await);
+        let timeout = Duration::from_secs(5);
+        let Attempt::Led { fence } = try_lead(&client, timeout, "/job/leader", "a", ours).await.unwrap()
+        else {
+            panic!("the key was free");
+        };
+        // The first answer lost: the campaign tries again with the same lease.
+        let again = try_lead(&client, timeout, "/job/leader", "a", ours).await.unwrap();
+        assert_eq!(again, Attempt::Led { fence });
+        let other = try_lead(&client, timeout, "/job/leader", "b", theirs).await.unwrap();
+        assert!(matches!(other, Attempt::Held { leader: Some(ref name), .. } if name == "a"), "{other:?}");
     }
 }
