@@ -28,12 +28,8 @@ use steady_slicer::store::{AssignmentStore, EtcdConfig, EtcdStore};
 use tonic::transport::Endpoint;
 
 use super::prober::probe;
-use super::roster::{Life, Roster};
+use super::roster::{lock, Life, Roster, GRACE};
 use super::Observations;
-
-/// A process just started (or resumed) is given this long before it must beat, report
-/// or answer.
-pub(super) const GRACE: Duration = Duration::from_secs(2);
 
 /// The assignments the store holds, as the lab follows them on etcd: the newest, and the
 /// publications not yet seen by every frontend.
@@ -47,10 +43,6 @@ pub(super) struct Published {
 
 /// The newest assignment, shared.
 pub(super) type SharedPublished = Arc<Mutex<Published>>;
-
-pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// Follows `job`'s assignment in the store on `etcd` (the backup distribution path, the
 /// truth the Distributors serve) on a task of its own.

@@ -15,8 +15,7 @@ use tonic::transport::{ClientTlsConfig, Endpoint};
 use tonic::Code;
 
 use super::memory::rss_kib;
-use super::monitor::{lock, GRACE};
-use super::roster::{Life, Roster};
+use super::roster::{lock, Life, Roster, GRACE};
 use super::Observations;
 
 /// What the prober last saw of one steady-slicer instance's life.

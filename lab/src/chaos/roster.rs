@@ -3,7 +3,16 @@
 //! the monitors that judge the invariants.
 
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// A process just started (or resumed) is given this long before it must beat, report
+/// or answer.
+pub(super) const GRACE: Duration = Duration::from_secs(2);
+
+/// `m` locked; a poisoned lock is taken as it is (the soak's shared state is plain data).
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// Where a process is in its life, as the schedule made it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
