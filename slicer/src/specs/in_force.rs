@@ -144,6 +144,7 @@ impl Listing<'_> {
     /// The listing failed part way: the changes it made so far, without removals (a
     /// value not read yet is not gone). A first listing's are dropped with the specs
     /// they put in force, so that `Current` still comes first, from the next listing.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
     pub(super) fn abandon(self, first: bool) -> Vec<SpecItem> {
         if first {
             *self.in_force = InForce::default();
