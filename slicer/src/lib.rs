@@ -18,6 +18,10 @@
 //!   campaigns in a store, runs a `steady-assigner` algorithm on the estimated load on a
 //!   cadence and at once on a task-set change, and writes and distributes each new
 //!   generation, rate-limited.
+//! * [`specs`] (feature `assigner`): job specs as data: [`specs::JobConfig`], everything
+//!   that configures one job (validated in one place, a versioned JSON document), and
+//!   [`specs::SpecStore`], where the specs live (etcd beside the assignments, or a
+//!   directory of files) and are managed while the control plane runs.
 //! * [`spread`]: which instance of a control-plane fleet runs each job's Assigner: the
 //!   jobs spread evenly over the live instances, few moved when one joins or dies.
 //!
@@ -28,7 +32,8 @@
 //! or an HTTP server, which `tests/tests/layout.rs` checks. Default features `etcd` and
 //! `assigner`. `etcd` brings `etcd-client` (whose build runs protoc: the workspace's
 //! `.cargo/config.toml` points it at the protoc cargo fetched for `steady-proto`),
-//! `assigner` brings `steady-assigner`; `tls` serves and reports over TLS and accepts
+//! `assigner` brings `steady-assigner` (with its serde feature), serde and serde_json (the
+//! job spec documents); `tls` serves and reports over TLS and accepts
 //! reports only from the task a client certificate names; `metrics` registers
 //! OpenTelemetry instruments in the application's meter.
 //!
@@ -66,6 +71,8 @@ mod distributor;
 pub mod load;
 #[cfg(feature = "metrics")]
 mod metrics;
+#[cfg(feature = "assigner")]
+pub mod specs;
 pub mod spread;
 pub mod store;
 

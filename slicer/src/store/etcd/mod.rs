@@ -144,6 +144,9 @@ impl EtcdConfig {
 ///   etcd lease `L` (decimal), `v1 full G` or `v1 bridge G1 G2`
 ///   (`steady_slice::guard::Hold`), attached to `L`; written only by that Slicelet,
 ///   read and watched by this store.
+/// * `P .specs/J` (beside the store, not by it): job `J`'s spec, the JSON document of
+///   `steady_slicer::specs::JobConfig`, kept by `steady_slicer::specs::EtcdSpecs`. So
+///   that no job's keys fall among them, no job is named `.specs` or under `.specs/`.
 ///
 /// # Operations
 ///
@@ -246,8 +249,20 @@ impl EtcdStore {
         guard::holds_prefix(&self.config.key_prefix, job)
     }
 
-    fn timeout(&self) -> Duration {
+    pub(crate) fn timeout(&self) -> Duration {
         self.config.request_timeout
+    }
+
+    /// Its etcd client, for the job specs kept under the same prefix (`crate::specs`).
+    #[cfg_attr(not(feature = "assigner"), allow(dead_code))]
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Its key prefix.
+    #[cfg_attr(not(feature = "assigner"), allow(dead_code))]
+    pub(crate) fn prefix(&self) -> &str {
+        &self.config.key_prefix
     }
 
     /// `leadership`'s term, if it is a term of this store's job (else the writer is not
