@@ -22,8 +22,9 @@
 //!   that configures one job (validated in one place, a versioned JSON document), and
 //!   [`specs::SpecStore`], where the specs live (etcd beside the assignments, or a
 //!   directory of files) and are managed while the control plane runs.
-//! * [`spread`]: which instance of a control-plane fleet runs each job's Assigner: the
-//!   jobs spread evenly over the live instances, few moved when one joins or dies.
+//! * [`spread`]: which instance of a control-plane fleet is to run each job's Assigner:
+//!   the jobs spread evenly over the live instances, few moved when one joins or dies
+//!   (the rule only; the binary serves one job today).
 //!
 //! # Dependencies and features
 //!

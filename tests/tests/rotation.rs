@@ -51,6 +51,15 @@ impl Drop for Served {
     }
 }
 
+/// A task, aborted when dropped.
+struct Aborting(JoinHandle<()>);
+
+impl Drop for Aborting {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 impl Tls {
     fn new(server: &Leaf, ca: &TestPki, auth: ClientAuth) -> Self {
         Self {
@@ -379,14 +388,11 @@ async fn a_watch_presents_a_replaced_client_identity_when_it_reconnects() {
     // Polled throughout (a stream does nothing between polls), its assignments passed on.
     let mut watch = Box::pin(steady_proto::watch_assignments(target, "users", backoff).unwrap());
     let (passed, mut assignments) = tokio::sync::mpsc::unbounded_channel();
-    let _polled = Served {
-        addr,
-        task: tokio::spawn(async move {
-            while let Some(item) = tokio_stream::StreamExt::next(&mut watch).await {
-                let _ = passed.send(item.unwrap());
-            }
-        }),
-    };
+    let _polled = Aborting(tokio::spawn(async move {
+        while let Some(item) = tokio_stream::StreamExt::next(&mut watch).await {
+            let _ = passed.send(item.unwrap());
+        }
+    }));
     let first = tokio::time::timeout(WAIT, assignments.recv()).await.unwrap().unwrap();
     assert_eq!(first.generation(), 1);
 

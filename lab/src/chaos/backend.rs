@@ -98,12 +98,21 @@ impl Tls {
         Ok(Self { dir: dir.to_owned(), name, identity, clients, client })
     }
 
-    /// Reads the files again; each piece is checked before it replaces anything.
+    /// Reads the files again. All three pieces are read and checked before any replaces
+    /// what is in force: a bad file leaves the old material whole.
     fn reload(&self) -> Result<(), Box<dyn std::error::Error>> {
         let (cert, key) = pki::files(&self.dir, &self.name);
-        self.identity.replace_pem(&std::fs::read(cert)?, &std::fs::read(key)?)?;
-        self.clients.replace_pem(&std::fs::read(self.dir.join("ca.pem"))?)?;
-        self.client.replace(pki::client_from_files(&self.dir, &self.name)?)?;
+        let (cert, key, bundle) =
+            (std::fs::read(cert)?, std::fs::read(key)?, std::fs::read(self.dir.join("ca.pem"))?);
+        let identity = ServerIdentity::from_pem(&cert, &key)?;
+        let clients = ClientCas::from_pem(&bundle, ClientAuth::Required)?;
+        let client = pki::client_from_files(&self.dir, &self.name)?;
+        ClientTlsSource::new(client.clone())?;
+        // Checked: the replacements below take what was just built from the same bytes.
+        drop((identity, clients));
+        self.identity.replace_pem(&cert, &key)?;
+        self.clients.replace_pem(&bundle)?;
+        self.client.replace(client)?;
         Ok(())
     }
 

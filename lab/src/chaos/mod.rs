@@ -60,6 +60,10 @@ pub struct ChaosArgs {
     /// How long the schedule runs, seconds (default: 5 minutes).
     #[arg(long)]
     seconds: Option<u64>,
+    /// Run the faults this many times over and stop, however long that takes (instead of
+    /// a duration).
+    #[arg(long, conflicts_with_all = ["minutes", "seconds"])]
+    rounds: Option<u32>,
     /// Backend tasks (processes), at least 3.
     #[arg(long, default_value_t = 4)]
     backends: u32,
@@ -107,8 +111,15 @@ pub struct ChaosArgs {
 /// Runs the soak.
 pub fn run(out: &mut impl Write, args: &ChaosArgs) -> LabResult {
     let seconds = args.minutes.map_or(args.seconds.unwrap_or(300), |m| m.saturating_mul(60));
-    if seconds == 0 || args.backends < 3 || args.frontends == 0 || args.deadline_ms == 0 {
-        return Err("--seconds (or --minutes) and --frontends at least 1, --backends at least 3".into());
+    if seconds == 0
+        || args.rounds == Some(0)
+        || args.backends < 3
+        || args.frontends == 0
+        || args.deadline_ms == 0
+    {
+        return Err(
+            "--seconds (or --minutes, --rounds) and --frontends at least 1, --backends at least 3".into()
+        );
     }
     if args.keyed_rate == 0 && args.unkeyed_rate == 0 {
         return Err("--keyed-rate or --unkeyed-rate must be above 0".into());
@@ -130,7 +141,11 @@ pub fn run(out: &mut impl Write, args: &ChaosArgs) -> LabResult {
     let slicers = fleet.slicer_endpoints();
     writeln!(
         out,
-        "# steady-lab chaos: {seconds} s of faults ({}); etcd x{}, steady-slicer x{}, {} backends, {} frontends x ({} keyed + {} unkeyed) req/s, deadline {} ms{}; logs in {}",
+        "# steady-lab chaos: {} of faults ({}); etcd x{}, steady-slicer x{}, {} backends, {} frontends x ({} keyed + {} unkeyed) req/s, deadline {} ms{}; logs in {}",
+        match args.rounds {
+            Some(rounds) => format!("{rounds} round(s)"),
+            None => format!("{seconds} s"),
+        },
         args.faults.iter().map(|f| f.name()).collect::<Vec<_>>().join(", "),
         etcd.len(),
         slicers.len(),
@@ -204,7 +219,10 @@ pub fn run(out: &mut impl Write, args: &ChaosArgs) -> LabResult {
         began,
     );
     std::thread::sleep(Duration::from_secs(args.warm_up));
-    let until = Instant::now() + Duration::from_secs(seconds);
+    // With --rounds the rounds end the schedule, not the clock.
+    let until =
+        Instant::now() + Duration::from_secs(if args.rounds.is_some() { 365 * 86_400 } else { seconds });
+    let limit = args.rounds.map(|r| r as usize * args.faults.len());
     let load = schedule::Load {
         keyed: f64::from(args.keyed_rate) * args.frontends as f64,
         unkeyed: f64::from(args.unkeyed_rate) * args.frontends as f64,
@@ -213,7 +231,7 @@ pub fn run(out: &mut impl Write, args: &ChaosArgs) -> LabResult {
         replicas: processes::REPLICAS,
     };
     let injected = schedule::Schedule::new(&mut fleet, &runtime, &traffic.windows, &published, began, load)
-        .run(&args.faults, until, out)?;
+        .run(&args.faults, until, limit, out)?;
 
     let windows = runtime.block_on(traffic.finish(deadline + Duration::from_secs(2)));
     monitors.stop();

@@ -33,6 +33,23 @@ pub(super) const FRONTEND: &str = "frontend";
 /// When the soak's first process started: the logs' lines are stamped from it.
 static START: OnceLock<Instant> = OnceLock::new();
 
+/// A process asked to take a rotation step, and what it had answered before.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Ack {
+    pub(super) group: Group,
+    pub(super) index: usize,
+    /// Its `Member::rotations` when asked.
+    pub(super) taken: u64,
+    /// Its `Member::rotations_failed` when asked.
+    pub(super) refused: u64,
+}
+
+impl Ack {
+    fn of(group: Group, index: usize, member: &super::roster::Member) -> Self {
+        Self { group, index, taken: member.rotations, refused: member.rotations_failed }
+    }
+}
+
 /// The time since the soak's first process started (the logs' clock).
 pub(super) fn since_start() -> Duration {
     START.get_or_init(Instant::now).elapsed()
@@ -353,9 +370,9 @@ impl Fleet {
 
     /// Writes the files of `step` of a rotation and has every running process take them:
     /// SIGHUP to each instance, `rotate` to each backend, and the lab's clients'
-    /// settings replaced. Returns who must acknowledge it, with the acknowledgements each
-    /// had before (`Member::rotations`).
-    pub(super) fn rotate_certificates(&mut self, step: Step) -> Result<Vec<(Group, usize, u64)>, Failure> {
+    /// settings replaced. Returns who must answer it, with the answers each had given
+    /// before.
+    pub(super) fn rotate_certificates(&mut self, step: Step) -> Result<Vec<Ack>, Failure> {
         let tls = self.tls.as_mut().ok_or("the fleet runs without TLS: start it with --tls")?;
         tls.step(step)?;
         if let Some(client) = &self.client {
@@ -367,19 +384,27 @@ impl Fleet {
             // Only an instance that said it serves: SIGHUP ends one that has not taken
             // the signal over yet (one starting reads the files as they are then).
             if let (Some(proc), Life::Up) = (&slicer.proc, members.slicers[i].life) {
-                acks.push((Group::Slicers, i, members.slicers[i].rotations));
+                acks.push(Ack::of(Group::Slicers, i, &members.slicers[i]));
                 proc.signal("HUP");
             }
         }
-        let backends: Vec<u64> = members.backends.iter().map(|m| m.rotations).collect();
+        let backends: Vec<Ack> =
+            members.backends.iter().enumerate().map(|(i, m)| Ack::of(Group::Backends, i, m)).collect();
         drop(members);
         for (i, proc) in self.backends.iter_mut().enumerate() {
             if let Some(proc) = proc {
-                acks.push((Group::Backends, i, backends[i]));
+                acks.push(backends[i]);
                 proc.send("rotate")?;
             }
         }
         Ok(acks)
+    }
+
+    /// Whether every instance that has a process says it serves (a rotation signals only
+    /// those: one still starting would miss a step).
+    pub(super) fn slicers_up(&self) -> bool {
+        let members = self.roster.lock();
+        self.slicers.iter().zip(&members.slicers).all(|(s, m)| s.proc.is_none() || m.life == Life::Up)
     }
 
     /// Kills etcd member `member` (SIGKILL).

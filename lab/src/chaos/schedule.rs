@@ -145,16 +145,18 @@ impl<'a> Schedule<'a> {
         Self { fleet, runtime, windows, published, began, load, done: Vec::new() }
     }
 
-    /// Runs `faults` in turn until `until`, printing a line per fault to `out`.
+    /// Runs `faults` in turn until `until`, or until `limit` faults ran, printing a line
+    /// per fault to `out`.
     pub(super) fn run(
         &mut self,
         faults: &[Fault],
         until: Instant,
+        limit: Option<usize>,
         out: &mut impl Write,
     ) -> Result<Vec<Injected>, Box<dyn std::error::Error>> {
         let mut injected = Vec::new();
         for fault in faults.iter().cycle() {
-            if Instant::now() >= until || faults.is_empty() {
+            if Instant::now() >= until || faults.is_empty() || limit.is_some_and(|l| injected.len() >= l) {
                 break;
             }
             // Every request of the last window ends before this fault begins.
@@ -287,28 +289,42 @@ impl<'a> Schedule<'a> {
             Fault::CertRotate => {
                 let mut taken = true;
                 for step in Step::ALL {
+                    // Every instance serving first: one still starting has read the files
+                    // already and would miss the step.
+                    if !self.wait(|s| s.fleet.slicers_up()) {
+                        violations.push(format!("an instance not up for step '{}'", step.name()));
+                    }
                     let acks = self.fleet.rotate_certificates(step)?;
-                    taken &= self.wait(|s| {
+                    let answered = self.wait(|s| {
                         let members = s.fleet.roster.lock();
-                        acks.iter().all(|(group, i, before)| {
-                            let m = &members.get(*group)[*i];
+                        acks.iter().all(|ack| {
+                            let m = &members.get(ack.group)[ack.index];
                             // A process that died meanwhile reads the files when it starts.
-                            m.rotations > *before || m.life == Life::Killed
+                            m.rotations > ack.taken
+                                || m.rotations_failed > ack.refused
+                                || m.life == Life::Killed
                         })
                     });
-                    let members = self.fleet.roster.lock();
-                    for (group, i, _) in &acks {
-                        let m = &members.get(*group)[*i];
-                        if m.rotations_failed > 0 {
-                            violations.push(format!(
-                                "{} refused the files of step '{}'",
-                                m.name,
-                                step.name()
-                            ));
-                        }
-                    }
-                    if !taken {
+                    if !answered {
                         violations.push(format!("step '{}' not taken by every process in time", step.name()));
+                    }
+                    let members = self.fleet.roster.lock();
+                    let refused: Vec<&str> = acks
+                        .iter()
+                        .map(|ack| &members.get(ack.group)[ack.index])
+                        .zip(&acks)
+                        .filter(|(m, ack)| m.rotations_failed > ack.refused)
+                        .map(|(m, _)| m.name.as_str())
+                        .collect();
+                    if !refused.is_empty() {
+                        violations.push(format!(
+                            "{} refused the files of step '{}'",
+                            refused.join(", "),
+                            step.name()
+                        ));
+                    }
+                    taken = answered && refused.is_empty();
+                    if !taken {
                         break;
                     }
                 }

@@ -167,7 +167,8 @@ impl EtcdConfig {
 /// * A campaign grants a lease of [`EtcdConfig::lease_ttl`], keeps it alive (every third
 ///   of the TTL, a failed renewal retried within half a second), and creates the leader
 ///   key if absent (`If(create_revision(leader) == 0)`), else waits for its deletion and
-///   tries again. The lease is kept strictly ([`steady_etcd::LeaseMode::Strict`]): the
+///   tries again. A key found on the campaign's own lease is its term, fenced by the
+///   key's `create_revision` (an earlier try created it and its answer was lost). The lease is kept strictly ([`steady_etcd::LeaseMode::Strict`]): the
 ///   leader counts its term over when no renewal has been answered for a TTL, even if
 ///   etcd was merely down and restores the lease when it comes back.
 /// * A watch reads the key, then follows it with an etcd watch from the next revision,
