@@ -108,12 +108,18 @@ pub(crate) fn replayable(req: &mut http::Request<Body>) -> Option<Replay> {
     })
 }
 
-/// Whether `error` proves that its request never left: a connection that could not be
-/// made (tonic's `ConnectError`, anywhere in the chain of sources).
+/// Whether `error` proves that its request never left, anywhere in the chain of
+/// sources: a connection that could not be made (tonic's `ConnectError`), or a request
+/// hyper canceled before it started it (`hyper::Error::is_canceled`: the connection
+/// closed, or was not ready, while the request waited for it; hyper hands such a request
+/// back unsent). A request that was started and then failed proves nothing.
 pub(crate) fn never_sent(error: &(dyn Error + 'static)) -> bool {
     let mut next = Some(error);
     while let Some(error) = next {
         if error.is::<tonic::ConnectError>() {
+            return true;
+        }
+        if error.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_canceled) {
             return true;
         }
         next = error.source();
@@ -313,7 +319,7 @@ mod tests {
     }
 
     #[test]
-    fn only_a_connection_that_could_not_be_made_proves_a_request_unsent() {
+    fn a_connection_that_could_not_be_made_proves_a_request_unsent_and_other_errors_do_not() {
         let connect: Box<dyn Error + Send + Sync> = Box::new(tonic::ConnectError("refused".into()));
         // Wrapped as tower's buffer wraps it: the cause is found in the chain.
         #[derive(Debug)]
