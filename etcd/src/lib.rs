@@ -108,6 +108,18 @@ fn connect_options(timeout: Duration) -> etcd_client::ConnectOptions {
         .with_keep_alive_while_idle(true)
 }
 
+/// How long a watch waits before its `failures`-th attempt in a row to re-establish
+/// itself (`failures` >= 1; 0 waits nothing): 50 ms, doubling, at most 2 s. The store's,
+/// the registry's and the job specs' etcd watches all back off so.
+pub fn watch_backoff(failures: u32) -> Duration {
+    const FIRST: Duration = Duration::from_millis(50);
+    const MAX: Duration = Duration::from_secs(2);
+    match failures {
+        0 => Duration::ZERO,
+        n => (FIRST * 2u32.pow((n - 1).min(16))).min(MAX),
+    }
+}
+
 /// `request`, given up after `timeout`.
 ///
 /// # Errors
@@ -455,5 +467,17 @@ async fn renew(
     match client.lease_client().time_to_live(id, None).await {
         Ok(response) => granted(response.ttl()),
         Err(error) => Renewal::Failed(error.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod backoff_tests {
+    use super::*;
+
+    #[test]
+    fn a_watch_backs_off_from_50_ms_doubling_to_2_s() {
+        let waits: Vec<u128> = (0..8).map(|n| watch_backoff(n).as_millis()).collect();
+        assert_eq!(waits, [0, 50, 100, 200, 400, 800, 1600, 2000]);
+        assert_eq!(watch_backoff(u32::MAX), Duration::from_secs(2));
     }
 }

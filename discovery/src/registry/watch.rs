@@ -15,10 +15,6 @@ use super::record::{index_of, TaskRecord};
 use super::{bounded, check_job, Registry, RegistryError, MAX_TASKS};
 use crate::source::Discovery;
 
-/// The first wait after a failure; it doubles up to [`MAX_BACKOFF`].
-const FIRST_BACKOFF: Duration = Duration::from_millis(50);
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
-
 /// What a job watch has done so far; cheap to clone (clones share the counts).
 #[derive(Clone, Default)]
 pub struct WatchCounters(Arc<Counts>);
@@ -164,8 +160,7 @@ impl JobFollower {
         loop {
             if stream.is_none() {
                 if failures > 0 {
-                    let exponent = (failures - 1).min(16);
-                    tokio::time::sleep((FIRST_BACKOFF * 2u32.pow(exponent)).min(MAX_BACKOFF)).await;
+                    tokio::time::sleep(steady_etcd::watch_backoff(failures)).await;
                 }
                 match self.open(must_read).await {
                     Ok(opened) => (stream, must_read) = (Some(opened), false),

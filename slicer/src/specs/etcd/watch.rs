@@ -2,17 +2,12 @@
 //! watch from the revision after it; after an error, a listing again.
 
 use std::collections::VecDeque;
-use std::time::Duration;
 
 use etcd_client::{EventType, WatchOptions, WatchStream};
 
 use super::{bounded, EtcdSpecs, MAX_RESPONSE_BYTES};
 use crate::specs::in_force::{InForce, SpecItem};
 use crate::specs::{SpecStoreError, SpecWatch};
-
-/// The first wait after a failure; it doubles up to [`MAX_BACKOFF`].
-const FIRST_BACKOFF: Duration = Duration::from_millis(50);
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 /// The state of one watch between items.
 struct Follower {
@@ -49,8 +44,7 @@ pub(super) fn follow(specs: EtcdSpecs) -> SpecWatch {
             }
             if f.stream.is_none() {
                 if f.failures > 0 {
-                    let exponent = (f.failures - 1).min(16);
-                    tokio::time::sleep((FIRST_BACKOFF * 2u32.pow(exponent)).min(MAX_BACKOFF)).await;
+                    tokio::time::sleep(steady_etcd::watch_backoff(f.failures)).await;
                 }
                 if let Err(error) = f.open().await {
                     f.failures += 1;

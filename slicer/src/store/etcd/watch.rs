@@ -9,10 +9,6 @@ use steady_slice::Assignment;
 use super::bounded;
 use crate::store::{decode_value, AssignmentWatch, RejectedValue, Revision};
 
-/// The first wait after a failure; it doubles up to [`MAX_BACKOFF`].
-const FIRST_BACKOFF: Duration = Duration::from_millis(50);
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
-
 /// The state of one watch between items.
 struct Follower {
     client: Client,
@@ -55,8 +51,7 @@ pub(super) fn follow(
             }
             if f.stream.is_none() {
                 if f.failures > 0 {
-                    let exponent = (f.failures - 1).min(16);
-                    tokio::time::sleep((FIRST_BACKOFF * 2u32.pow(exponent)).min(MAX_BACKOFF)).await;
+                    tokio::time::sleep(steady_etcd::watch_backoff(f.failures)).await;
                 }
                 if let Err(error) = f.open().await {
                     f.failures += 1;
