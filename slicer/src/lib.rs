@@ -22,9 +22,12 @@
 //!   that configures one job (validated in one place, a versioned JSON document), and
 //!   [`specs::SpecStore`], where the specs live (etcd beside the assignments, or a
 //!   directory of files) and are managed while the control plane runs.
+//! * [`fleet`] (feature `assigner`; its etcd keys with `etcd`): a fleet of instances on
+//!   one etcd cluster: memberships, the live instances as they change, the operator's
+//!   run requests, who leads a job.
 //! * [`spread`]: which instance of a control-plane fleet is to run each job's Assigner:
 //!   the jobs spread evenly over the live instances, few moved when one joins or dies
-//!   (the rule only; the binary serves one job today).
+//!   (the rule; `steady-slicer-server`'s fleet applies it).
 //!
 //! # Dependencies and features
 //!
@@ -69,6 +72,8 @@
 #[cfg(feature = "assigner")]
 pub mod assigner_service;
 mod distributor;
+#[cfg(feature = "assigner")]
+pub mod fleet;
 pub mod load;
 #[cfg(feature = "metrics")]
 mod metrics;

@@ -1,6 +1,7 @@
 //! [`JobConfig`]: everything that configures one job in the control plane, and the one
 //! place its validation lives.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use steady_assigner::{
@@ -11,7 +12,7 @@ use steady_core::{valid_job_name, MAX_JOB_NAME_LEN};
 use steady_slice::guard::Consistency;
 use steady_slice::MAX_TASK;
 
-use super::{JobConfigError, MAX_SPEC_BYTES, SPECS_SEGMENT};
+use super::{JobConfigError, FLEET_SEGMENT, MAX_DRAINED, MAX_SPEC_BYTES, SPECS_SEGMENT};
 use crate::assigner_service::{estimate, AssignerConfig, MIN_CADENCE};
 use crate::store::MAX_ASSIGNMENT_BYTES;
 
@@ -86,6 +87,10 @@ pub struct JobConfig {
     pub handover: Option<Duration>,
     /// Where the job's tasks come from.
     pub tasks: TaskSource,
+    /// Tasks an operator drained (`steadyctl drain`): the Assigner treats each as
+    /// draining, whatever its source says (its slices move away; it gets none), until
+    /// undrained. At most [`MAX_DRAINED`] tasks, each at most `MAX_TASK`. Default: none.
+    pub drained: BTreeSet<u32>,
 }
 
 impl JobConfig {
@@ -102,6 +107,7 @@ impl JobConfig {
             lease_ttl: DEFAULT_LEASE_TTL,
             handover: None,
             tasks,
+            drained: BTreeSet::new(),
         }
     }
 
@@ -134,7 +140,10 @@ impl JobConfig {
             return bad("job", &format!("1 to {MAX_JOB_NAME_LEN} bytes"));
         }
         if reserved_job_name(&self.job) {
-            return bad("job", "a name other than .specs and those under .specs/ (the spec store's keys)");
+            return bad(
+                "job",
+                "a name other than .specs and .fleet and those under them (the control plane's own keys)",
+            );
         }
         if !NAMES.contains(&self.algorithm.as_str()) {
             return bad("algorithm", &format!("one of {}", NAMES.join(", ")));
@@ -154,6 +163,12 @@ impl JobConfig {
             }
         }
         self.validate_tasks()?;
+        if self.drained.len() > MAX_DRAINED {
+            return bad("drained", &format!("at most {MAX_DRAINED} tasks"));
+        }
+        if self.drained.last().is_some_and(|&task| task > MAX_TASK) {
+            return bad("drained", &format!("task indices 0 to {MAX_TASK}"));
+        }
         if let Err(error) = self.spec.validate() {
             return Err(JobConfigError::new(format!("spec.{}", error.field), error.expected));
         }
@@ -305,7 +320,9 @@ impl JobConfig {
 /// Whether `job` would put its keys among the etcd spec store's (`<prefix>.specs/...`):
 /// `.specs` itself and every name under `.specs/`.
 pub(super) fn reserved_job_name(job: &str) -> bool {
-    job.strip_prefix(SPECS_SEGMENT).is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    [SPECS_SEGMENT, FLEET_SEGMENT]
+        .into_iter()
+        .any(|segment| job.strip_prefix(segment).is_some_and(|rest| rest.is_empty() || rest.starts_with('/')))
 }
 
 fn whole_millis(duration: Duration) -> bool {

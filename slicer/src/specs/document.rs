@@ -4,6 +4,7 @@
 //! Reading goes field by field over a parsed JSON object, so that a field of the wrong
 //! type is named ([`DocumentError::Field`]) and not only placed by line and column.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
@@ -33,6 +34,10 @@ struct Written<'a> {
     handover_ms: Option<u64>,
     tasks: Source<'a>,
     spec: &'a JobSpec,
+    /// Written only when some task is drained, so a document without drains is the one
+    /// written before the field existed.
+    #[serde(skip_serializing_if = "BTreeSet::is_empty")]
+    drained: &'a BTreeSet<u32>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
@@ -87,6 +92,7 @@ fn written(config: &JobConfig) -> Written<'_> {
             TaskSource::Dns(name) => Source::Dns(name),
         },
         spec: &config.spec,
+        drained: &config.drained,
     }
 }
 
@@ -144,6 +150,7 @@ pub(super) fn from_value(value: Value) -> Result<JobConfig, DocumentError> {
             "lease_ttl_secs" => config.lease_ttl = Duration::from_secs(field(&name, value)?),
             "handover_ms" => config.handover = field::<Option<u64>>(&name, value)?.map(Duration::from_millis),
             "spec" => config.spec = field(&name, value)?,
+            "drained" => config.drained = field(&name, value)?,
             unknown => return Err(unknown_field(unknown)),
         }
     }

@@ -38,6 +38,8 @@
 //! replica and no constraint). `tasks` is one of `{"count": N}`,
 //! `{"registry": {"endpoints": [URL, ...]}}` or `{"dns": "NAME"}`; `spec` is the
 //! assigner's job spec document (`steady_assigner::JobSpec`, `docs/placement.md`).
+//! `drained` (optional, written only when not empty) lists the tasks an operator drained,
+//! `[3, 5]` ([`JobConfig::drained`]).
 //! Unknown fields are refused, anywhere: a typo must not pass unnoticed. A document is at
 //! most [`MAX_SPEC_BYTES`]; the stores write every field, pretty-printed.
 //!
@@ -113,6 +115,13 @@ pub const MAX_JOBS: usize = 10_000;
 /// the registry's `.../tasks/<i>`), so [`JobConfig::validate`] refuses the job names
 /// whose keys would fall here: `.specs` and those under `.specs/`.
 pub const SPECS_SEGMENT: &str = ".specs";
+
+/// The name under a store's key prefix where a fleet of instances keeps its own keys
+/// (`steady_slicer::fleet`): no job is named `.fleet` or under `.fleet/`.
+pub const FLEET_SEGMENT: &str = ".fleet";
+
+/// The most tasks a job's spec may hold drained ([`JobConfig::drained`]).
+pub const MAX_DRAINED: usize = 4096;
 
 /// What a [`SpecWatch`] says: the specs in force at first, then each change.
 #[derive(Debug, Clone, PartialEq)]

@@ -254,14 +254,18 @@ impl EtcdStore {
         self.config.request_timeout
     }
 
-    /// Its etcd client, for the job specs kept under the same prefix (`crate::specs`).
-    #[cfg_attr(not(feature = "assigner"), allow(dead_code))]
+    /// The TTL of its leases (a fleet membership's too).
+    pub(crate) fn lease_ttl(&self) -> Duration {
+        self.config.lease_ttl
+    }
+
+    /// Its etcd client, for the job specs and the fleet's keys kept under the same prefix
+    /// (`crate::specs`, `crate::fleet`).
     pub(crate) fn client(&self) -> &Client {
         &self.client
     }
 
     /// Its key prefix.
-    #[cfg_attr(not(feature = "assigner"), allow(dead_code))]
     pub(crate) fn prefix(&self) -> &str {
         &self.config.key_prefix
     }
