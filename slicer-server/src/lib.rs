@@ -26,5 +26,6 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
 
 pub mod cli;
+pub mod fleet;
 pub mod status;
 pub mod tls_files;
