@@ -163,6 +163,32 @@ async fn values_written_around_the_store_are_refused_by_job_and_the_last_good_sp
     assert_eq!(next_change(&mut watch).await, SpecChange::Removed("users".into()));
 }
 
+/// A watch that starts while a job's value is bad (an instance that joins a fleet then)
+/// takes the last good spec from the key's history, as the watches that saw it have in
+/// force: instances agree on the set of jobs. Without a good value in the history the
+/// job is only refused.
+#[tokio::test]
+async fn a_watch_that_starts_behind_a_bad_value_takes_the_last_good_spec_from_history() {
+    let Some(etcd) = Etcd::start() else { return };
+    let store = specs(&etcd).await;
+    let mut raw = raw(&etcd).await;
+    let mut users = job("users", 8);
+    users.cadence = Duration::from_secs(2);
+    store.put(&users).await.unwrap();
+    raw.put(key("users"), r#"{"version": 1, "job": "users", "tasks": {"count": 7}, "cadence_ms": 1}"#, None)
+        .await
+        .unwrap();
+    raw.put(key("users"), "not json", None).await.unwrap();
+    raw.put(key("never-good"), "not json either", None).await.unwrap();
+    let mut watch = store.watch();
+    assert_eq!(next_change(&mut watch).await, SpecChange::Current(Vec::new()));
+    let mut refused = vec![next_refusal(&mut watch).await.0, next_refusal(&mut watch).await.0];
+    refused.sort();
+    assert_eq!(refused, ["never-good", "users"]);
+    // Two bad values back, the good one.
+    assert_eq!(next_change(&mut watch).await, SpecChange::Put(users));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_outlives_an_etcd_restart() {
     let Some(mut etcd) = Etcd::start() else { return };

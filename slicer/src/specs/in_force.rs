@@ -78,6 +78,22 @@ impl InForce {
         }
     }
 
+    /// Whether `job` has a spec in force.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    pub(super) fn has(&self, job: &str) -> bool {
+        self.specs.contains_key(job)
+    }
+
+    /// `config`, an older value of its job's key (the last good one behind a bad value),
+    /// in force if the job has none: `Put` then.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    pub(super) fn recover(&mut self, config: JobConfig) -> Option<SpecItem> {
+        if self.has(&config.job) {
+            return None;
+        }
+        self.put(config)
+    }
+
     /// `job`'s value removed from the store: `Removed` if it had a spec in force.
     pub(super) fn remove(&mut self, job: &str) -> Option<SpecItem> {
         self.seen.remove(job);

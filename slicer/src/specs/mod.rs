@@ -125,6 +125,8 @@ pub const MAX_DRAINED: usize = 4096;
 
 /// What a [`SpecWatch`] says: the specs in force at first, then each change.
 #[derive(Debug, Clone, PartialEq)]
+// Not boxed: a change is rare (an operator's edit), and a `Put` is matched and moved on.
+#[allow(clippy::large_enum_variant)]
 pub enum SpecChange {
     /// The first item: every valid spec stored, by job name (the watch's refusals of the
     /// others follow it).

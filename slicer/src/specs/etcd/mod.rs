@@ -133,6 +133,27 @@ impl EtcdSpecs {
         }
     }
 
+    /// The last valid spec `job`'s key held before `revision` (where it holds a value
+    /// that is not one), looked for in etcd's history of the key: at most
+    /// [`LOOK_BACK`] older values, none before the key was created or compacted away.
+    /// So an instance that starts while a job's stored value is bad serves the spec the
+    /// instances that saw it before have in force, and they agree on the set of jobs.
+    pub(super) async fn last_good(&self, job: &str, mut revision: i64) -> Option<(i64, JobConfig)> {
+        let mut kv = self.client.kv_client().max_decoding_message_size(MAX_RESPONSE_BYTES);
+        for _ in 0..LOOK_BACK {
+            let options = GetOptions::new().with_revision(revision - 1);
+            // An error (compacted, unreachable): no last good spec known.
+            let response =
+                bounded(self.timeout, "spec history", kv.get(self.key(job), Some(options))).await.ok()?;
+            let older = response.kvs().first()?;
+            if let Ok(config) = read_value(job, older.value()) {
+                return Some((older.mod_revision(), config));
+            }
+            revision = older.mod_revision();
+        }
+        None
+    }
+
     /// Every stored spec (see [`super::SpecStore::list`]).
     ///
     /// # Errors
@@ -209,6 +230,9 @@ impl EtcdSpecs {
         }
     }
 }
+
+/// How many older values of a key [`EtcdSpecs::last_good`] reads at most.
+const LOOK_BACK: usize = 16;
 
 /// A stored value as `job`'s spec (a value above [`super::MAX_SPEC_BYTES`] refused
 /// unread).

@@ -94,7 +94,22 @@ impl Follower {
                 };
                 self.refused_listing = None;
                 let items = listing.finish(std::mem::take(&mut self.first));
+                let refused: Vec<String> = items
+                    .iter()
+                    .filter_map(|item| match item {
+                        Err(SpecStoreError::Rejected(r)) if !self.in_force.has(&r.job) => Some(r.job.clone()),
+                        _ => None,
+                    })
+                    .collect();
                 self.ready.extend(items);
+                // A job whose value is bad and that has no spec in force here (this watch
+                // started after the value went bad): the last good one in the key's
+                // history, as the watches that saw it have in force.
+                for job in refused {
+                    if let Some((_, config)) = self.specs.last_good(&job, read_at + 1).await {
+                        self.ready.extend(self.in_force.recover(config));
+                    }
+                }
                 // The listing's revision is the store's as of the read: watching from the
                 // next one misses nothing written after it.
                 *self.from.insert(read_at + 1)

@@ -1,0 +1,279 @@
+//! One job as an instance serves it: its assignment followed from the store (into the
+//! Distributor, and into the load book while no Assigner leads it here), and its
+//! Assigner, while the spread gives it this instance.
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use steady_assigner::Tasks;
+use steady_slice::Assignment;
+use steady_slicer::assigner_service::{AssignerHandle, AssignerService, AssignerStats};
+use steady_slicer::load::LoadBook;
+use steady_slicer::specs::JobConfig;
+use steady_slicer::{AssignmentStore, Distributor};
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+
+use super::sources::{self, Registries};
+use super::stop_asked;
+
+/// How long an Assigner that stopped by itself (or whose tasks could not be followed)
+/// waits before it is started again, at first; doubled up to [`MAX_RESTART`].
+const FIRST_RESTART: Duration = Duration::from_millis(500);
+const MAX_RESTART: Duration = Duration::from_secs(30);
+
+/// What every job's parts share on one instance.
+#[derive(Debug, Clone)]
+pub(super) struct Shared {
+    pub(super) instance: String,
+    pub(super) store: Arc<dyn AssignmentStore>,
+    pub(super) distributor: Distributor,
+    pub(super) book: LoadBook,
+    pub(super) registries: Registries,
+    pub(super) events: super::Events,
+}
+
+/// One job on this instance.
+pub(super) struct Job {
+    pub(super) config: Arc<JobConfig>,
+    follower: JoinHandle<()>,
+    /// This instance's Assigner of the job, while it runs here.
+    assigner: Option<Assigner>,
+    /// The stats of the Assigner running here (`None` while none does), which the
+    /// follower reads to leave the book to a leading Assigner.
+    stats: watch::Sender<Option<Arc<AssignerStats>>>,
+}
+
+/// The task that runs the job's Assigner here, and how to steer it.
+struct Assigner {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+    drained: watch::Sender<BTreeSet<u32>>,
+    run_now: Arc<Notify>,
+    /// The task set it follows, once its source answered.
+    tasks: watch::Receiver<Option<watch::Receiver<Tasks>>>,
+}
+
+impl Job {
+    /// Starts following `config`'s job: the store's assignment into the Distributor (and
+    /// the book). Its Assigner starts with [`Job::lead`].
+    pub(super) fn follow(config: JobConfig, shared: &Shared) -> Self {
+        let (stats, leading_here) = watch::channel(None);
+        let follower = tokio::spawn(follow_store(config.job.clone(), shared.clone(), leading_here));
+        Self { config: Arc::new(config), follower, assigner: None, stats }
+    }
+
+    /// Whether its Assigner runs here.
+    pub(super) fn runs_here(&self) -> bool {
+        self.assigner.is_some()
+    }
+
+    /// The stats of its Assigner here, once started.
+    pub(super) fn stats(&self) -> Option<Arc<AssignerStats>> {
+        self.stats.borrow().clone()
+    }
+
+    /// The task set its Assigner here follows, once its source answered.
+    pub(super) fn tasks(&self) -> Option<watch::Receiver<Tasks>> {
+        self.assigner.as_ref().and_then(|a| a.tasks.borrow().clone())
+    }
+
+    /// Starts its Assigner here (campaigning for the job's leadership), if it is not
+    /// running already.
+    pub(super) fn lead(&mut self, shared: &Shared) {
+        if self.assigner.is_some() {
+            return;
+        }
+        let (stop, stopped) = watch::channel(false);
+        let (drained, drained_rx) = watch::channel(self.config.drained.clone());
+        let run_now = Arc::new(Notify::new());
+        let (tasks_tx, tasks) = watch::channel(None);
+        let run = RunAssigner {
+            config: self.config.clone(),
+            shared: shared.clone(),
+            stats: self.stats.clone(),
+            drained: drained_rx,
+            run_now: run_now.clone(),
+            tasks: tasks_tx,
+        };
+        let task = tokio::spawn(run.run(stopped));
+        self.assigner = Some(Assigner { stop, task, drained, run_now, tasks });
+    }
+
+    /// Tells its Assigner here to stop (it resigns, so that the next owner leads at
+    /// once); `None` when none runs. Await the handle for the resignation.
+    pub(super) fn hand_over(&mut self) -> Option<JoinHandle<()>> {
+        let assigner = self.assigner.take()?;
+        assigner.stop.send_replace(true);
+        Some(assigner.task)
+    }
+
+    /// Takes a new spec: the drained set alone reaches a running Assigner live; any
+    /// other change restarts it (returned: the old one's handle, to await, and whether
+    /// to start it again).
+    pub(super) fn reconfigure(&mut self, config: JobConfig) -> Option<JoinHandle<()>> {
+        let only_drains =
+            JobConfig { drained: self.config.drained.clone(), ..config.clone() } == *self.config;
+        self.config = Arc::new(config);
+        if only_drains {
+            if let Some(assigner) = &self.assigner {
+                assigner.drained.send_replace(self.config.drained.clone());
+            }
+            return None;
+        }
+        self.hand_over()
+    }
+
+    /// Asks its Assigner here for a run now (`false`: none runs here).
+    pub(super) fn run_now(&self) -> bool {
+        match &self.assigner {
+            Some(assigner) => {
+                assigner.run_now.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether the task running its Assigner ended (it never does by itself unless the
+    /// runtime shuts down).
+    pub(super) fn assigner_ended(&self) -> bool {
+        self.assigner.as_ref().is_some_and(|a| a.task.is_finished())
+    }
+
+    /// Stops following the job: its Assigner resigns (the handle to await), the follower
+    /// ends, and the book forgets the job.
+    pub(super) fn remove(mut self, shared: &Shared) -> Option<JoinHandle<()>> {
+        self.follower.abort();
+        shared.book.forget(&self.config.job);
+        self.hand_over()
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        self.follower.abort();
+    }
+}
+
+/// Follows `job`'s assignment in the store for as long as the job is served here: each
+/// new generation to the Distributor, and to the book (so that reports for it are kept
+/// and an Assigner that starts here later has them) unless an Assigner leads the job
+/// here, which keeps the book itself. A watch that ends is made again, with backoff.
+async fn follow_store(
+    job: String,
+    shared: Shared,
+    leading_here: watch::Receiver<Option<Arc<AssignerStats>>>,
+) {
+    let mut failures = 0u32;
+    loop {
+        if failures > 0 {
+            tokio::time::sleep(steady_etcd::watch_backoff(failures)).await;
+        }
+        let mut watch = match shared.store.watch(&job, 0) {
+            Ok(watch) => watch,
+            Err(error) => {
+                failures += 1;
+                tracing::warn!(job, %error, "fleet: cannot watch the job's assignment");
+                continue;
+            }
+        };
+        while let Some(item) = watch.next().await {
+            // A value that does not decode is the store's to report; the last good stays.
+            let Ok(assignment) = item else { continue };
+            failures = 0;
+            let leading = leading_here.borrow().as_ref().is_some_and(|s| s.is_leading());
+            if !leading {
+                let tasks = tasks_named(&assignment);
+                shared.book.published(&job, Arc::new(assignment.clone()), tasks);
+            }
+            shared.distributor.publish(&job, assignment);
+        }
+        failures += 1;
+    }
+}
+
+/// Every task an assignment names (replicas and warming ones).
+fn tasks_named(assignment: &Assignment) -> BTreeSet<u32> {
+    let mut seen = HashSet::new();
+    assignment.slices().iter().flat_map(|s| s.tasks().iter().copied()).filter(|t| seen.insert(*t)).collect()
+}
+
+/// The task that runs a job's Assigner here.
+struct RunAssigner {
+    config: Arc<JobConfig>,
+    shared: Shared,
+    stats: watch::Sender<Option<Arc<AssignerStats>>>,
+    drained: watch::Receiver<BTreeSet<u32>>,
+    run_now: Arc<Notify>,
+    tasks: watch::Sender<Option<watch::Receiver<Tasks>>>,
+}
+
+impl RunAssigner {
+    /// Follows the job's tasks and runs its Assigner on them until `stopped`; then
+    /// resigns. Started again with backoff if its tasks cannot be followed or it ends.
+    async fn run(self, mut stopped: watch::Receiver<bool>) {
+        let job = self.config.job.as_str();
+        let mut delay = FIRST_RESTART;
+        loop {
+            let started = tokio::select! {
+                biased;
+                () = stop_asked(&mut stopped) => return,
+                started = self.start() => started,
+            };
+            let (handle, _followed) = match started {
+                Ok(started) => started,
+                Err(error) => {
+                    self.shared.events.say(format!("job {job}: its Assigner cannot start here: {error}"));
+                    tokio::select! {
+                        () = stop_asked(&mut stopped) => return,
+                        () = tokio::time::sleep(delay) => {}
+                    }
+                    delay = (delay * 2).min(MAX_RESTART);
+                    continue;
+                }
+            };
+            self.stats.send_replace(Some(handle.shared_stats()));
+            let ended = async {
+                while handle.is_running() {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+            };
+            tokio::select! {
+                () = stop_asked(&mut stopped) => {
+                    handle.stop().await;
+                    self.stats.send_replace(None);
+                    return;
+                }
+                () = ended => {
+                    self.shared.events.say(format!("job {job}: its Assigner stopped by itself; starting it again"));
+                    self.stats.send_replace(None);
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(MAX_RESTART);
+                }
+            }
+        }
+    }
+
+    async fn start(
+        &self,
+    ) -> Result<(AssignerHandle, sources::Followed), Box<dyn std::error::Error + Send + Sync>> {
+        let config = &self.config;
+        let assigner = config.assigner()?;
+        let service = AssignerService::new(
+            &config.job,
+            &self.shared.instance,
+            Arc::from(assigner),
+            self.shared.store.clone(),
+            self.shared.distributor.clone(),
+            self.shared.book.clone(),
+        )
+        .config(config.assigner_config())?;
+        let followed = sources::follow(&config.job, &config.tasks, &self.shared.registries).await?;
+        let tasks = sources::with_drained(followed.tasks.clone(), self.drained.clone(), self.run_now.clone());
+        self.tasks.send_replace(Some(tasks.clone()));
+        Ok((service.spawn(tasks), followed))
+    }
+}

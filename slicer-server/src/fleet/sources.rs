@@ -1,0 +1,163 @@
+//! Where a job's tasks come from, followed: a spec's [`TaskSource`] as the task set its
+//! Assigner runs on, with the spec's drained tasks draining.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+use steady_assigner::{TaskState, Tasks};
+use steady_discovery::{dns, registry, Discovery};
+use steady_slicer::assigner_service::follow_job;
+use steady_slicer::specs::TaskSource;
+use steady_slicer::store::EtcdAccess;
+use tokio::sync::{watch, Notify};
+
+type Failure = Box<dyn std::error::Error + Send + Sync>;
+
+/// The registries jobs' tasks are followed in: one connection per set of endpoints,
+/// shared by every job that names it (a thousand jobs on one registry make one
+/// connection, not a thousand).
+#[derive(Clone, Default)]
+pub(super) struct Registries {
+    access: EtcdAccess,
+    connected: Arc<Mutex<BTreeMap<Vec<String>, registry::Registry>>>,
+}
+
+impl std::fmt::Debug for Registries {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registries").field("connected", &self.lock().keys().collect::<Vec<_>>()).finish()
+    }
+}
+
+impl Registries {
+    /// Registries reached with `access` (the binary's `--etcd-*` settings).
+    pub(super) fn new(access: EtcdAccess) -> Self {
+        Self { access, connected: Arc::default() }
+    }
+
+    async fn connect(&self, endpoints: &[String]) -> Result<registry::Registry, Failure> {
+        if let Some(registry) = self.lock().get(endpoints) {
+            return Ok(registry.clone());
+        }
+        let config = registry::RegistryConfig::new(endpoints.to_vec()).access(self.access.clone());
+        let registry = registry::Registry::connect(config).await?;
+        Ok(self.lock().entry(endpoints.to_vec()).or_insert(registry).clone())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<Vec<String>, registry::Registry>> {
+        self.connected.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A job's task set, followed: the source's view (kept alive by `_discovery`).
+pub(super) struct Followed {
+    pub(super) tasks: watch::Receiver<Tasks>,
+    _discovery: Option<Discovery>,
+    _fixed: Option<watch::Sender<Tasks>>,
+}
+
+/// Starts following `source` for `job`.
+///
+/// # Errors
+///
+/// The source cannot be read (a registry or a DNS name that does not answer): one line.
+pub(super) async fn follow(
+    job: &str,
+    source: &TaskSource,
+    registries: &Registries,
+) -> Result<Followed, Failure> {
+    let discovery = match source {
+        TaskSource::Count(n) => {
+            let (fixed, tasks) = watch::channel(Tasks::serving(0..*n)?);
+            return Ok(Followed { tasks, _discovery: None, _fixed: Some(fixed) });
+        }
+        TaskSource::Dns(name) => dns::discover(dns::DnsConfig::new(name.clone(), 1))
+            .await
+            .map_err(|e| format!("tasks.dns {name}: {e}"))?,
+        TaskSource::Registry { endpoints } => {
+            let registry = registries.connect(endpoints).await.map_err(|e| format!("tasks.registry: {e}"))?;
+            registry::watch_job(&registry, job).await.map_err(|e| format!("tasks.registry: {e}"))?
+        }
+    };
+    let tasks = follow_job(discovery.views());
+    Ok(Followed { tasks, _discovery: Some(discovery), _fixed: None })
+}
+
+/// `source`'s task set with every task in `drained` draining, kept current by a task
+/// that ends with the returned receiver; each notification of `run_now` sends the set
+/// again unchanged (an Assigner runs at once on every send).
+pub(super) fn with_drained(
+    mut source: watch::Receiver<Tasks>,
+    mut drained: watch::Receiver<BTreeSet<u32>>,
+    run_now: Arc<Notify>,
+) -> watch::Receiver<Tasks> {
+    let (tx, rx) = watch::channel(overlay(&source.borrow_and_update(), &drained.borrow_and_update()));
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                changed = source.changed() => if changed.is_err() { return },
+                changed = drained.changed() => if changed.is_err() { return },
+                () = run_now.notified() => {
+                    tx.send_modify(|_| {});
+                    continue;
+                }
+                () = tx.closed() => return,
+            }
+            let tasks = overlay(&source.borrow_and_update(), &drained.borrow_and_update());
+            if tx.send(tasks).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// `tasks` with every serving task of `drained` draining (profiles kept).
+fn overlay(tasks: &Tasks, drained: &BTreeSet<u32>) -> Tasks {
+    if drained.is_empty() {
+        return tasks.clone();
+    }
+    let states = tasks.iter().map(|(task, state)| match state {
+        TaskState::Serving if drained.contains(&task) => (task, TaskState::Draining),
+        state => (task, state),
+    });
+    let mut out = Tasks::new(states).expect("the same indices as a valid task set");
+    if tasks.has_profiles() {
+        for (task, _) in tasks.iter() {
+            out.set_profile(task, tasks.profile(task).clone()).expect("a profile the task set took");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drained_tasks_drain_and_the_others_keep_their_state() {
+        let tasks =
+            Tasks::new([(0, TaskState::Serving), (1, TaskState::Serving), (2, TaskState::Gone)]).unwrap();
+        let drained = overlay(&tasks, &BTreeSet::from([1, 2, 7]));
+        let states: Vec<_> = drained.iter().collect();
+        assert_eq!(states, vec![(0, TaskState::Serving), (1, TaskState::Draining), (2, TaskState::Gone)]);
+        assert_eq!(
+            overlay(&tasks, &BTreeSet::new()).iter().collect::<Vec<_>>(),
+            tasks.iter().collect::<Vec<_>>()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_drain_and_a_run_request_each_reach_the_assigner_s_task_set() {
+        let (_source_tx, source) = watch::channel(Tasks::serving(0..3).unwrap());
+        let (drained_tx, drained) = watch::channel(BTreeSet::new());
+        let run_now = Arc::new(Notify::new());
+        let mut tasks = with_drained(source, drained, run_now.clone());
+        assert_eq!(tasks.borrow_and_update().serving_ids(), vec![0, 1, 2]);
+        drained_tx.send_replace(BTreeSet::from([1]));
+        tasks.changed().await.unwrap();
+        assert_eq!(tasks.borrow_and_update().serving_ids(), vec![0, 2]);
+        run_now.notify_one();
+        tasks.changed().await.unwrap();
+        assert_eq!(tasks.borrow_and_update().serving_ids(), vec![0, 2]);
+    }
+}

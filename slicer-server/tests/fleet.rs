@@ -1,0 +1,276 @@
+//! `steady-slicer --fleet`: several real instances on a real etcd serve every job of the
+//! spec store, each job's Assigner on the instance the spread names. A killed instance's
+//! jobs are led by the others; a joining instance takes its share; a spec changed while
+//! running takes effect and a bad one is refused by name while the job keeps its last
+//! good spec; a removed job is no longer led. A memory-store fleet follows a directory
+//! of spec files the same way.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use steady_slice::Assignment;
+use steady_slicer::fleet::EtcdFleet;
+use steady_slicer::specs::{EtcdSpecs, JobConfig, SpecDirectory, SpecStore, TaskSource};
+use steady_slicer::store::{EtcdConfig, EtcdStore};
+use tonic::transport::Endpoint;
+
+const BIN: &str = env!("CARGO_BIN_EXE_steady-slicer");
+/// The most any wait may take.
+const WAIT: Duration = Duration::from_secs(30);
+
+/// One running instance: killed when dropped; its stderr lines kept.
+struct Running {
+    name: String,
+    child: std::process::Child,
+    address: String,
+    stderr: Arc<Mutex<Vec<String>>>,
+    _stdout: std::io::Lines<BufReader<std::process::ChildStdout>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Running {
+    fn said(&self, what: impl Fn(&str) -> bool) -> bool {
+        self.stderr.lock().unwrap().iter().any(|line| what(line))
+    }
+}
+
+/// Starts an instance with `args` (and `--fleet`, loopback, port 0).
+fn start(name: &str, args: &[&str]) -> Running {
+    let mut child = Command::new(BIN)
+        .args(["--fleet", "--candidate", name, "--listen", "127.0.0.1:0"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    // "steady-slicer: fleet instance NAME on ADDR (Etcd store), advertised as ADDR"
+    let first = stdout.next().unwrap().unwrap();
+    let address = first.split_whitespace().nth(5).unwrap_or_else(|| panic!("{first}")).to_owned();
+    let stderr = Arc::new(Mutex::new(Vec::new()));
+    let lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let kept = stderr.clone();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            kept.lock().unwrap().push(line);
+        }
+    });
+    Running { name: name.to_owned(), child, address, stderr, _stdout: stdout }
+}
+
+fn on_etcd(endpoint: &str) -> [&str; 6] {
+    ["--store", "etcd", "--endpoints", endpoint, "--lease-ttl-secs", "2"]
+}
+
+fn job(name: &str, tasks: u32) -> JobConfig {
+    let mut config = JobConfig::new(name, TaskSource::Count(tasks));
+    config.cadence = Duration::from_millis(200);
+    config
+}
+
+/// Waits (polling) until `check` gives `Some`, within [`WAIT`].
+async fn until<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "not within {WAIT:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Each job's leader, by job.
+async fn leaders(fleet: &EtcdFleet, jobs: &[String]) -> BTreeMap<String, Option<String>> {
+    let mut led = BTreeMap::new();
+    for job in jobs {
+        led.insert(job.clone(), fleet.leader(job).await.unwrap());
+    }
+    led
+}
+
+/// How many jobs each instance leads, when every job is led.
+fn counts(led: &BTreeMap<String, Option<String>>) -> Option<BTreeMap<String, usize>> {
+    let mut counts = BTreeMap::new();
+    for leader in led.values() {
+        *counts.entry(leader.clone()?).or_default() += 1;
+    }
+    Some(counts)
+}
+
+/// A watch of `job` through the instance at `address`.
+fn watch(address: &str, job: &str) -> impl futures_util::Stream<Item = Assignment> + Unpin + use<> {
+    let endpoint = Endpoint::from_shared(format!("http://{address}")).unwrap();
+    Box::pin(
+        steady_tonic::watch_assignments(endpoint, job.to_owned(), Default::default())
+            .unwrap()
+            .filter_map(|a| async { a.ok() }),
+    )
+}
+
+/// The next assignment of `watch` whose tasks are `tasks`.
+async fn tasks_become(
+    watch: &mut (impl futures_util::Stream<Item = Assignment> + Unpin),
+    tasks: &[u32],
+) -> Assignment {
+    tokio::time::timeout(WAIT, async {
+        loop {
+            let a = watch.next().await.expect("the watch ends only with its stream");
+            let named: BTreeSet<u32> = a.slices().iter().flat_map(|s| s.replicas().iter().copied()).collect();
+            if named.iter().copied().eq(tasks.iter().copied()) {
+                return a;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no assignment of tasks {tasks:?} within {WAIT:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_spreads_its_jobs_survives_a_death_takes_a_joiner_and_follows_its_specs() {
+    let Some(etcd) = steady_testing::Etcd::start() else { return };
+    let endpoint = etcd.endpoint();
+    let store = EtcdStore::connect(EtcdConfig::new([endpoint.clone()])).await.unwrap();
+    let specs = SpecStore::Etcd(EtcdSpecs::of(&store));
+    let fleet = EtcdFleet::new(&store);
+    let jobs: Vec<String> = (0..9).map(|i| format!("job-{i}")).collect();
+    for name in &jobs {
+        specs.put(&job(name, 3)).await.unwrap();
+    }
+    let mut instances: Vec<Running> = ["a", "b", "c"].iter().map(|n| start(n, &on_etcd(&endpoint))).collect();
+
+    // Every job led, three each: the spread's cap is ceil(9 / 3).
+    let led = until("every job led, three per instance", async || {
+        let led = leaders(&fleet, &jobs).await;
+        let counts = counts(&led)?;
+        (counts.len() == 3 && counts.values().all(|&n| n == 3)).then_some(led)
+    })
+    .await;
+    assert_eq!(fleet.instances().await.unwrap().keys().collect::<Vec<_>>(), ["a", "b", "c"]);
+
+    // Any instance serves any job's Watch: a job led by a, through c.
+    let of_a: Vec<String> =
+        led.iter().filter(|(_, l)| l.as_deref() == Some("a")).map(|(j, _)| j.clone()).collect();
+    let c = instances.iter().find(|i| i.name == "c").unwrap().address.clone();
+    tasks_become(&mut watch(&c, &of_a[0]), &[0, 1, 2]).await;
+
+    // Killed (no resignation): its jobs are led by b and c within the lease.
+    let a = instances.remove(0);
+    drop(a);
+    until("every job led by b or c", async || {
+        let counts = counts(&leaders(&fleet, &jobs).await)?;
+        (counts.keys().all(|l| l == "b" || l == "c") && counts.values().all(|&n| n <= 5)).then_some(())
+    })
+    .await;
+
+    // A spec changed while running: a new generation of a job a led reaches a watcher of
+    // b, whichever instance leads it now.
+    let b = instances.iter().find(|i| i.name == "b").unwrap().address.clone();
+    let mut through_b = watch(&b, &of_a[0]);
+    specs.put(&job(&of_a[0], 5)).await.unwrap();
+    tasks_become(&mut through_b, &[0, 1, 2, 3, 4]).await;
+
+    // A bad spec written past the store's checks (as another tool would): refused by
+    // name on every instance, and the job keeps its last good spec and its leader.
+    let other = jobs.iter().find(|j| **j != of_a[0]).unwrap();
+    let bad = format!(r#"{{"version": 1, "job": "{other}", "tasks": {{"count": 0}}}}"#);
+    let mut client = etcd_client::Client::connect([endpoint.as_str()], None).await.unwrap();
+    client.put(EtcdSpecs::of(&store).key(other), bad, None).await.unwrap();
+    until("every instance refuses the spec by job and field", async || {
+        instances
+            .iter()
+            .all(|i| i.said(|l| l.contains(other.as_str()) && l.contains("tasks.count")))
+            .then_some(())
+    })
+    .await;
+    assert!(fleet.leader(other).await.unwrap().is_some(), "{other} is still led");
+    tasks_become(&mut watch(&b, other), &[0, 1, 2]).await;
+
+    // A fourth instance joins: it takes its share (three jobs), every job still led.
+    instances.push(start("d", &on_etcd(&endpoint)));
+    until("d leads three jobs and every job is led", async || {
+        let counts = counts(&leaders(&fleet, &jobs).await)?;
+        (counts.get("d") == Some(&3) && counts.values().all(|&n| n == 3)).then_some(())
+    })
+    .await;
+
+    // A job removed is no longer led (its Assigner resigned).
+    specs.delete("job-8").await.unwrap();
+    until("job-8 is no longer led", async || fleet.leader("job-8").await.unwrap().is_none().then_some(()))
+        .await;
+}
+
+/// A run asked for through the fleet's keys reaches the leading instance, which says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_request_runs_the_job_on_its_leader() {
+    let Some(etcd) = steady_testing::Etcd::start() else { return };
+    let endpoint = etcd.endpoint();
+    let store = EtcdStore::connect(EtcdConfig::new([endpoint.clone()])).await.unwrap();
+    let mut slow = job("users", 3);
+    slow.cadence = Duration::from_secs(3600);
+    SpecStore::Etcd(EtcdSpecs::of(&store)).put(&slow).await.unwrap();
+    let instance = start("a", &on_etcd(&endpoint));
+    let fleet = EtcdFleet::new(&store);
+    until("users led", async || fleet.leader("users").await.unwrap().map(|_| ())).await;
+    fleet.request_run("users").await.unwrap();
+    until("the leader runs users", async || {
+        instance.said(|l| l.contains("job users: a run was asked for")).then_some(())
+    })
+    .await;
+}
+
+/// On the memory store a fleet follows a directory of spec files: a file added is a job
+/// served, a bad file is refused by name and the job keeps its last good spec.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_fleet_follows_its_spec_directory() {
+    let dir = std::env::temp_dir().join(format!("steady-fleet-specs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let specs = SpecStore::Directory(SpecDirectory::open(&dir, Duration::from_millis(100)).unwrap());
+    specs.put(&job("users", 2)).await.unwrap();
+    let instance = start("solo", &["--specs-dir", dir.to_str().unwrap()]);
+    tasks_become(&mut watch(&instance.address, "users"), &[0, 1]).await;
+    specs.put(&job("orders", 4)).await.unwrap();
+    tasks_become(&mut watch(&instance.address, "orders"), &[0, 1, 2, 3]).await;
+    std::fs::write(dir.join("users.json"), r#"{"version": 1, "job": "users", "tasks": {"count": 0}}"#)
+        .unwrap();
+    until("the bad file is refused by name", async || {
+        instance.said(|l| l.contains("users") && l.contains("tasks.count")).then_some(())
+    })
+    .await;
+    tasks_become(&mut watch(&instance.address, "users"), &[0, 1]).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Neither a memory fleet without its directory nor a spec directory on etcd: one line.
+#[test]
+fn a_fleet_without_its_specs_is_refused_in_one_line() {
+    for (args, says) in [
+        (vec!["--fleet"], "--specs-dir"),
+        (
+            vec!["--fleet", "--store", "etcd", "--endpoints", "http://127.0.0.1:1", "--specs-dir", "/tmp"],
+            "--specs-dir",
+        ),
+        (vec!["--fleet", "--candidate", "a/b", "--specs-dir", "/tmp"], "--candidate"),
+    ] {
+        let out = Command::new(BIN).args(&args).args(["--listen", "127.0.0.1:0"]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.starts_with("steady-slicer: ") && stderr.contains(says), "{args:?}: {stderr}");
+    }
+    // Per-job flags are not a fleet's (clap: exit 2).
+    let out =
+        Command::new(BIN).args(["--fleet", "--specs-dir", "/tmp", "--algorithm", "lpt"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+}
