@@ -274,3 +274,195 @@ fn a_fleet_without_its_specs_is_refused_in_one_line() {
         Command::new(BIN).args(["--fleet", "--specs-dir", "/tmp", "--algorithm", "lpt"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// The resident memory of process `pid`, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// The CPU time process `pid` used so far (user and system), in seconds.
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command's closing parenthesis; utime and stime are 14 and 15.
+    let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    ticks as f64 / 100.0
+}
+
+/// Each job's leader, read concurrently (a thousand reads in about a tenth of a second).
+async fn all_leaders(fleet: &EtcdFleet, jobs: &[String]) -> BTreeMap<String, Option<String>> {
+    futures_util::stream::iter(jobs.iter().cloned())
+        .map(|job| async move {
+            let leader = fleet.leader(&job).await.unwrap();
+            (job, leader)
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await
+}
+
+/// Every change of a job's leader key as an etcd watch of the whole prefix sees it, with
+/// when: (job, new leader or `None` when the key went, when).
+type LeaderLog = Arc<Mutex<Vec<(String, Option<String>, Instant)>>>;
+
+/// Logs leader changes from now on (a task on the test's runtime).
+async fn log_leaders(endpoint: &str) -> LeaderLog {
+    let log = LeaderLog::default();
+    let mut client = etcd_client::Client::connect([endpoint], None).await.unwrap();
+    let options = etcd_client::WatchOptions::new().with_prefix();
+    let mut stream = client.watch("/steady/jobs/", Some(options)).await.unwrap();
+    let kept = log.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(response)) = stream.message().await {
+            let now = Instant::now();
+            for event in response.events() {
+                let Some(kv) = event.kv() else { continue };
+                let key = String::from_utf8_lossy(kv.key());
+                let Some(job) = key.strip_prefix("/steady/jobs/").and_then(|k| k.strip_suffix("/leader")) else {
+                    continue;
+                };
+                let leader = match event.event_type() {
+                    etcd_client::EventType::Put => Some(String::from_utf8_lossy(kv.value()).into_owned()),
+                    etcd_client::EventType::Delete => None,
+                };
+                kept.lock().unwrap().push((job.to_owned(), leader, now));
+            }
+        }
+    });
+    log
+}
+
+/// From `log`'s entries after `since`: each job that went unled, how long until led again
+/// (`None`: still unled), and when the last of them was led again.
+fn unled(log: &LeaderLog, since: Instant) -> (BTreeMap<String, Option<Duration>>, Option<Instant>) {
+    let mut gone: BTreeMap<String, Instant> = BTreeMap::new();
+    let mut spans: BTreeMap<String, Option<Duration>> = BTreeMap::new();
+    let mut last = None;
+    for (job, leader, at) in log.lock().unwrap().iter().filter(|(_, _, at)| *at >= since) {
+        match leader {
+            None => {
+                gone.insert(job.clone(), *at);
+                spans.insert(job.clone(), None);
+            }
+            Some(_) => {
+                if let Some(went) = gone.remove(job) {
+                    spans.insert(job.clone(), Some(*at - went));
+                    last = Some(*at);
+                }
+            }
+        }
+    }
+    (spans, last)
+}
+
+/// The fleet's targets, measured: 1,000 jobs of 20 tasks on 3 instances on etcd, at the
+/// default cadence (10 s) and lease (5 s). Heavy (about three minutes); run it on a
+/// release build and read what it prints:
+///
+/// `cargo test --release -p steady-slicer-server --test fleet -- --ignored --nocapture a_thousand_jobs`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement of a few minutes: run it by name on a release build"]
+async fn a_thousand_jobs_on_three_instances() {
+    const JOBS: usize = 1000;
+    const CADENCE: Duration = Duration::from_secs(10);
+    let Some(etcd) = steady_testing::Etcd::start() else { return };
+    let endpoint = etcd.endpoint();
+    let store = EtcdStore::connect(EtcdConfig::new([endpoint.clone()])).await.unwrap();
+    let specs = SpecStore::Etcd(EtcdSpecs::of(&store));
+    let fleet = EtcdFleet::new(&store);
+    let log = log_leaders(&endpoint).await;
+    let etcd_args = ["--store", "etcd", "--endpoints", endpoint.as_str(), "--lease-ttl-secs", "5"];
+    let mut instances: Vec<Running> = ["a", "b", "c"].iter().map(|n| start(n, &etcd_args)).collect();
+    until("three instances joined", async || (fleet.instances().await.unwrap().len() == 3).then_some(())).await;
+    let idle: Vec<u64> = instances.iter().map(|i| rss_kib(i.child.id())).collect();
+
+    let jobs: Vec<String> = (0..JOBS).map(|i| format!("job-{i:04}")).collect();
+    let started = Instant::now();
+    for name in &jobs {
+        specs.put(&job(name, 20)).await.map(|_| ()).unwrap_or_else(|e| panic!("{e}"));
+    }
+    let written = started.elapsed();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    // Every job led, and by the instance the spread names: none leads more than its cap.
+    let cap = JOBS.div_ceil(3);
+    let spread = loop {
+        if let Some(counts) = counts(&all_leaders(&fleet, &jobs).await) {
+            if counts.values().all(|&n| n <= cap) {
+                break counts;
+            }
+        }
+        assert!(Instant::now() < deadline, "not every job led by its owner within 5 minutes");
+    };
+    let all_led = started.elapsed();
+    println!("{JOBS} specs (20 tasks each) written in {written:.1?}; every job led {all_led:.1?} after the first write");
+    let even = JOBS as f64 / 3.0;
+    for (instance, n) in &spread {
+        println!("  {instance} leads {n} jobs ({:+.1}% of even)", (*n as f64 - even) / even * 100.0);
+    }
+
+    // Steady state: memory per job, CPU per job-run over a window.
+    tokio::time::sleep(CADENCE).await;
+    let window = Duration::from_secs(60);
+    let cpu_before: Vec<f64> = instances.iter().map(|i| cpu_secs(i.child.id())).collect();
+    let quiet = Instant::now();
+    tokio::time::sleep(window).await;
+    let changes = log.lock().unwrap().iter().filter(|(_, _, at)| *at >= quiet).count();
+    println!("  leader keys changed {changes} times over the window");
+    let cpu: f64 = instances.iter().zip(&cpu_before).map(|(i, b)| cpu_secs(i.child.id()) - b).sum();
+    for (i, instance) in instances.iter().enumerate() {
+        let rss = rss_kib(instance.child.id());
+        println!(
+            "  {}: RSS {} KiB idle, {rss} KiB serving {JOBS} jobs and leading {}: {:.1} KiB per job",
+            instance.name,
+            idle[i],
+            spread[&instance.name],
+            (rss - idle[i]) as f64 / JOBS as f64
+        );
+    }
+    let runs = JOBS as f64 * window.as_secs_f64() / CADENCE.as_secs_f64();
+    println!(
+        "  CPU over {window:?}: {cpu:.2} s on the three instances, {:.0} us per job-run ({runs:.0} runs, one per job every \
+         {CADENCE:?}; leases and watches included), {:.1}% of a core per instance",
+        cpu / runs * 1e6,
+        cpu / window.as_secs_f64() / 3.0 * 100.0
+    );
+
+    // One instance killed: its jobs led elsewhere.
+    let victim = instances.remove(0);
+    let theirs = spread[&victim.name];
+    let killed = Instant::now();
+    drop(victim);
+    until("a's jobs led elsewhere", async || {
+        let (spans, last) = unled(&log, killed);
+        (spans.len() >= theirs && spans.values().all(Option::is_some)).then_some(last)
+    })
+    .await;
+    let (spans, last) = unled(&log, killed);
+    let longest = spans.values().flatten().max().copied().unwrap_or_default();
+    println!(
+        "  a killed: its {theirs} jobs all led elsewhere {:.2?} after the kill; the longest unled {longest:.2?} \
+         (the lease is 5 s)",
+        last.unwrap() - killed
+    );
+
+    // An instance joins: how long any job goes unled as jobs move to it.
+    let joined = Instant::now();
+    instances.push(start("d", &etcd_args));
+    let settled = until("d takes its share, every job led", async || {
+        let counts = counts(&all_leaders(&fleet, &jobs).await)?;
+        counts.get("d").is_some_and(|&n| n >= JOBS / 4 - 1).then_some(counts)
+    })
+    .await;
+    let (spans, _) = unled(&log, joined);
+    let longest = spans.values().flatten().max().copied().unwrap_or_default();
+    let over_a_second = spans.values().flatten().filter(|d| **d > Duration::from_secs(1)).count();
+    println!(
+        "  d joined: leads {} jobs {:.2?} later; {} jobs moved, the longest unled {longest:.2?}, {over_a_second} unled \
+         over a second",
+        settled["d"],
+        joined.elapsed(),
+        spans.len()
+    );
+}
