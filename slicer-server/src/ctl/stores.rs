@@ -15,20 +15,13 @@ use super::CtlError;
 /// period the directory store accepts.
 const DIRECTORY_POLL: Duration = Duration::from_secs(1);
 
-/// The fleet's stores, as the command line names them.
+/// The fleet's stores, as the command line names them: the specs (on etcd, or in a
+/// directory), and with `--endpoints` the assignment store and the fleet's keys.
 #[derive(Debug)]
-pub enum Stores {
-    /// The fleet's etcd: everything.
-    Etcd {
-        /// The assignment store (assignments; its connection serves the others).
-        store: EtcdStore,
-        /// The specs under the store's prefix.
-        specs: SpecStore,
-        /// The fleet's keys: instances, leaders, run requests.
-        fleet: EtcdFleet,
-    },
-    /// A spec directory: the specs alone.
-    Directory(SpecStore),
+pub struct Stores {
+    specs: SpecStore,
+    /// Boxed: an etcd client is a few KiB.
+    etcd: Option<Box<(EtcdStore, EtcdFleet)>>,
 }
 
 impl Stores {
@@ -45,7 +38,8 @@ impl Stores {
             if let Some(flag) = cli.etcd.first_given() {
                 return Err(CtlError::Flags(format!("{flag} is for --endpoints (an etcd to reach)")));
             }
-            return Ok(Self::Directory(SpecStore::Directory(SpecDirectory::open(dir, DIRECTORY_POLL)?)));
+            let specs = SpecStore::Directory(SpecDirectory::open(dir, DIRECTORY_POLL)?);
+            return Ok(Self { specs, etcd: None });
         }
         let access = cli.etcd.access().map_err(CtlError::Flags)?;
         let config =
@@ -53,14 +47,12 @@ impl Stores {
         let store = EtcdStore::connect(config).await?;
         let specs = SpecStore::Etcd(EtcdSpecs::of(&store));
         let fleet = EtcdFleet::new(&store);
-        Ok(Self::Etcd { store, specs, fleet })
+        Ok(Self { specs, etcd: Some(Box::new((store, fleet))) })
     }
 
     /// The specs.
     pub fn specs(&self) -> &SpecStore {
-        match self {
-            Self::Etcd { specs, .. } | Self::Directory(specs) => specs,
-        }
+        &self.specs
     }
 
     /// The assignment store and the fleet's keys, which `command` needs.
@@ -69,9 +61,9 @@ impl Stores {
     ///
     /// [`CtlError::NeedsEndpoints`] on a spec directory.
     pub fn etcd(&self, command: &'static str) -> Result<(&EtcdStore, &EtcdFleet), CtlError> {
-        match self {
-            Self::Etcd { store, fleet, .. } => Ok((store, fleet)),
-            Self::Directory(_) => Err(CtlError::NeedsEndpoints(command)),
+        match self.etcd.as_deref() {
+            Some((store, fleet)) => Ok((store, fleet)),
+            None => Err(CtlError::NeedsEndpoints(command)),
         }
     }
 
