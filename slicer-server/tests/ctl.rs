@@ -533,6 +533,22 @@ async fn a_spec_directory_serves_specs_and_drains_and_refuses_the_rest() {
     let stored = JobConfig::from_json(&std::fs::read(dir.path().join("users.json")).unwrap()).unwrap();
     assert_eq!(stored.drained.into_iter().collect::<Vec<_>>(), [2]);
     assert_eq!(ctl(&here(&["spec", "list"])).await.ok(), "JOB\nusers\n");
+    // A file written around the store that is no valid spec: left out, with a note.
+    std::fs::write(dir.path().join("carts.json"), r#"{"version": 1, "job": "carts", "tasks": {"count": 0}}"#)
+        .unwrap();
+    let ran = ctl(&here(&["spec", "list"])).await;
+    assert_eq!((ran.code, ran.stdout.as_str()), (Some(0), "JOB\nusers\n"));
+    assert_eq!(ran.stderr.lines().count(), 1, "{ran:?}");
+    assert!(
+        ran.stderr.starts_with("steadyctl: note: the stored spec of job \"carts\" is refused: ")
+            && ran.stderr.contains("tasks.count"),
+        "{ran:?}"
+    );
+    let json = ctl(&here(&["spec", "list", "--json"])).await;
+    let json: Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(json["jobs"], serde_json::json!(["users"]));
+    assert_eq!(json["rejected"][0]["job"], "carts");
+    std::fs::remove_file(dir.path().join("carts.json")).unwrap();
     for command in ["run", "show", "tasks"] {
         let line = ctl(&here(&[command, "users"])).await.refused(1);
         assert!(
