@@ -5,9 +5,13 @@
 //!   collector (all `steady-slicer`'s) against a memory or etcd store, from the command
 //!   line. `steady-slicer --help` lists its options; `src/bin/steady-slicer.rs` documents
 //!   them with examples.
+//! * The `steadyctl` binary: the operator's command line of a fleet of instances (jobs,
+//!   instances, leaders, assignments, tasks and their loads; job specs, drains, runs),
+//!   in tables or JSON. Its library is [`ctl`]; `docs/steadyctl.md` is its manual.
 //! * [`status`]: the HTTP pages (`--metrics-listen`): Prometheus text at `/metrics` and a
 //!   status page at `/`, for one job.
 //! * [`cli`]: what steady's command-line tools share: clap's refusals in one line.
+//! * [`etcd_flags`]: the `--etcd-*` access flags both binaries take, and their check.
 //! * [`tls_files`]: the serving certificate, key and client CA bundle read again from
 //!   their files when they change (`--tls-reload-ms`, SIGHUP), without dropping open
 //!   streams.
@@ -26,6 +30,8 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
 
 pub mod cli;
+pub mod ctl;
+pub mod etcd_flags;
 pub mod fleet;
 pub mod status;
 pub mod tls_files;
