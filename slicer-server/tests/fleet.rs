@@ -320,7 +320,8 @@ async fn log_leaders(endpoint: &str) -> LeaderLog {
             for event in response.events() {
                 let Some(kv) = event.kv() else { continue };
                 let key = String::from_utf8_lossy(kv.key());
-                let Some(job) = key.strip_prefix("/steady/jobs/").and_then(|k| k.strip_suffix("/leader")) else {
+                let Some(job) = key.strip_prefix("/steady/jobs/").and_then(|k| k.strip_suffix("/leader"))
+                else {
                     continue;
                 };
                 let leader = match event.event_type() {
@@ -375,7 +376,8 @@ async fn a_thousand_jobs_on_three_instances() {
     let log = log_leaders(&endpoint).await;
     let etcd_args = ["--store", "etcd", "--endpoints", endpoint.as_str(), "--lease-ttl-secs", "5"];
     let mut instances: Vec<Running> = ["a", "b", "c"].iter().map(|n| start(n, &etcd_args)).collect();
-    until("three instances joined", async || (fleet.instances().await.unwrap().len() == 3).then_some(())).await;
+    until("three instances joined", async || (fleet.instances().await.unwrap().len() == 3).then_some(()))
+        .await;
     let idle: Vec<u64> = instances.iter().map(|i| rss_kib(i.child.id())).collect();
 
     let jobs: Vec<String> = (0..JOBS).map(|i| format!("job-{i:04}")).collect();

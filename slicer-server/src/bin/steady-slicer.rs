@@ -91,7 +91,7 @@
 //! the argument and pointing at `--help`; 1 for the rest).
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -111,10 +111,10 @@ use steady_slicer::fleet::{EtcdFleet, Instance};
 use steady_slicer::load::{LoadBook, LoadCollector, ReporterNames};
 use steady_slicer::specs::{EtcdSpecs, JobConfig, SpecDirectory, SpecStore, TaskSource};
 use steady_slicer::store::{
-    check_name, AssignmentStore, EtcdAccess, EtcdConfig, EtcdStore, EtcdTls, MemoryStore,
-    MAX_ASSIGNMENT_BYTES,
+    check_name, AssignmentStore, EtcdAccess, EtcdConfig, EtcdStore, MemoryStore, MAX_ASSIGNMENT_BYTES,
 };
 use steady_slicer::Distributor;
+use steady_slicer_server::etcd_flags::EtcdFlags;
 use steady_slicer_server::fleet::{Fleet, FleetHandle, FleetStatus};
 use steady_slicer_server::status::{MetricsRegistry, StatusServer, StatusSources};
 use steady_slicer_server::tls_files::{ReloadingTls, TlsFiles};
@@ -224,22 +224,8 @@ struct Cli {
 
     // Reaching etcd: the store's and the registry's connections alike (with `--store etcd`
     // or `--registry`; checked by `check_etcd_access`).
-    /// Connect to etcd (the store and the registry) over TLS, trusting this CA (PEM).
-    #[arg(long, value_name = "FILE")]
-    etcd_ca: Option<PathBuf>,
-    /// Present this client certificate to etcd (PEM; with `--etcd-key` and `--etcd-ca`).
-    #[arg(long, value_name = "FILE")]
-    etcd_cert: Option<PathBuf>,
-    /// The private key of `--etcd-cert` (PEM).
-    #[arg(long, value_name = "FILE")]
-    etcd_key: Option<PathBuf>,
-    /// Log in to etcd (the store and the registry) as this user (with
-    /// `--etcd-password-file`).
-    #[arg(long, value_name = "USER")]
-    etcd_user: Option<String>,
-    /// The password of `--etcd-user`: the file's first line.
-    #[arg(long, value_name = "FILE")]
-    etcd_password_file: Option<PathBuf>,
+    #[command(flatten)]
+    etcd: EtcdFlags,
 
     // Serving over TLS (checked by `check_tls`).
     /// Serve over TLS with this certificate chain (PEM; with `--tls-key`).
@@ -498,53 +484,13 @@ fn check_job(cli: &Cli, job: &str) -> Result<Serving, Failure> {
 /// missing or unreadable one is one line before anything starts; the flags only with
 /// `--store etcd` or `--registry` (an etcd to reach), and in pairs.
 fn check_etcd_access(cli: &Cli) -> Result<EtcdAccess, Failure> {
-    let given = [
-        ("--etcd-ca", cli.etcd_ca.is_some()),
-        ("--etcd-cert", cli.etcd_cert.is_some()),
-        ("--etcd-key", cli.etcd_key.is_some()),
-        ("--etcd-user", cli.etcd_user.is_some()),
-        ("--etcd-password-file", cli.etcd_password_file.is_some()),
-    ];
     if cli.store != StoreKind::Etcd && cli.registry.is_empty() {
-        if let Some((flag, _)) = given.iter().find(|(_, given)| *given) {
+        if let Some(flag) = cli.etcd.first_given() {
             return Err(format!("{flag} is for --store etcd or --registry (an etcd to reach)").into());
         }
         return Ok(EtcdAccess::new());
     }
-    let mut access = EtcdAccess::new();
-    match (&cli.etcd_ca, &cli.etcd_cert, &cli.etcd_key) {
-        (None, None, None) => {}
-        (Some(ca), cert, key) => {
-            let mut tls = EtcdTls::new(read("--etcd-ca", ca)?);
-            match (cert, key) {
-                (Some(cert), Some(key)) => {
-                    tls = tls.identity(read("--etcd-cert", cert)?, read("--etcd-key", key)?);
-                }
-                (None, None) => {}
-                (Some(_), None) => return Err("--etcd-cert needs --etcd-key".into()),
-                (None, Some(_)) => return Err("--etcd-key needs --etcd-cert".into()),
-            }
-            access = access.tls(tls);
-        }
-        (None, _, _) => return Err("--etcd-cert and --etcd-key need --etcd-ca (TLS to etcd)".into()),
-    }
-    match (&cli.etcd_user, &cli.etcd_password_file) {
-        (Some(user), Some(file)) => {
-            let password = String::from_utf8(read("--etcd-password-file", file)?)
-                .map_err(|_| format!("--etcd-password-file {}: not UTF-8", file.display()))?;
-            let password = password.lines().next().unwrap_or_default();
-            if password.is_empty() {
-                return Err(
-                    format!("--etcd-password-file {}: the first line is empty", file.display()).into()
-                );
-            }
-            access = access.user(user.as_str(), password);
-        }
-        (None, None) => {}
-        (Some(_), None) => return Err("--etcd-user needs --etcd-password-file".into()),
-        (None, Some(_)) => return Err("--etcd-password-file needs --etcd-user".into()),
-    }
-    Ok(access)
+    Ok(cli.etcd.access()?)
 }
 
 /// The serving TLS options: files read and parsed now, so that a missing or unreadable
@@ -650,11 +596,6 @@ async fn reload_tls(
             }
         }
     }
-}
-
-/// The contents of the file `flag` names, or one line saying why not.
-fn read(flag: &str, path: &Path) -> Result<Vec<u8>, Failure> {
-    std::fs::read(path).map_err(|e| format!("{flag} {}: {e}", path.display()).into())
 }
 
 /// Checks that `--registry` or `--dns` answers for `job`, so that a source that cannot be
