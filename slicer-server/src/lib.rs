@@ -1,10 +1,14 @@
 //! The operator's side of `steady-slicer`: the `steady-slicer` binary, and what it serves
 //! besides gRPC.
 //!
-//! * The `steady-slicer` binary: one job's Assigner service, Distributor and load
-//!   collector (all `steady-slicer`'s) against a memory or etcd store, from the command
-//!   line. `steady-slicer --help` lists its options; `src/bin/steady-slicer.rs` documents
-//!   them with examples.
+//! * The `steady-slicer` binary: an instance of a fleet that serves every job of a spec
+//!   store (`--fleet`), or one job's Assigner service, Distributor and load collector
+//!   (`--job`, a one-job fleet), against a memory or etcd store, from the command line.
+//!   `steady-slicer --help` lists its options; `src/bin/steady-slicer.rs` documents them
+//!   with examples, `docs/fleet.md` is the operator's guide.
+//! * [`fleet`]: the fleet instance itself ([`fleet::Fleet`]): every job followed from the
+//!   store into one Distributor and load book, each job's Assigner run where the spread
+//!   says, specs, drains and run requests taken as they change.
 //! * The `steadyctl` binary: the operator's command line of a fleet of instances (jobs,
 //!   instances, leaders, assignments, tasks and their loads; job specs, drains, runs),
 //!   in tables or JSON. Its library is [`ctl`]; `docs/steadyctl.md` is its manual.

@@ -1,6 +1,10 @@
-//! `steady-slicer`: one job's Assigner and Distributor, against an assignment store.
+//! `steady-slicer`: an instance of a fleet that serves every job of a spec store, or one
+//! job's Assigner and Distributor, against an assignment store.
 //!
 //! ```text
+//! steady-slicer --fleet --store etcd --endpoints https://etcd-0:2379 --etcd-ca etcd-ca.pem \
+//!     --candidate slicer-0 --listen 0.0.0.0:50070 --advertise slicer-0.control:50070
+//! steady-slicer --fleet --specs-dir /etc/steady/jobs --listen 127.0.0.1:50070
 //! steady-slicer --job users --tasks 8 --listen 127.0.0.1:50070 --store memory
 //! steady-slicer --job users --tasks 8 --listen 127.0.0.1:50070 --store etcd \
 //!     --endpoints http://127.0.0.1:2379 --candidate assigner-a
@@ -17,6 +21,15 @@
 //! steady-slicer --job users --registry http://etcd-0:2379 --store etcd --endpoints http://etcd-0:2379 \
 //!     --spec users-spec.json
 //! ```
+//!
+//! With `--fleet` the instance serves every job whose spec (`steady_slicer::specs`) is
+//! in the store (`--store etcd`: beside the assignments; `--store memory`: the
+//! `<job>.json` files of `--specs-dir`, read every second and on SIGHUP): every job's
+//! Watch and load reports here, and the Assigners of the jobs the spread gives this
+//! instance among the live ones (`--candidate` is its name; its membership records
+//! `--advertise`). Specs are managed while it runs (`steadyctl`); the per-job flags below
+//! are refused beside it. `docs/fleet.md` is the operator's guide. Without `--fleet`,
+//! `--job` and its flags make a one-job fleet of this instance alone.
 //!
 //! With `--spec FILE` the job spec (JSON, `steady_assigner::JobSpec`, docs/placement.md)
 //! gives the replicas per slice (so `--max-replicas` is refused beside it), the placement
@@ -171,7 +184,7 @@ struct Cli {
     specs_dir: Option<PathBuf>,
     /// The address other instances and operators reach this one's gRPC services at, as
     /// its fleet membership records it (with `--fleet`; default: the bound `--listen`
-    /// address).
+    /// address); its pages are recorded on the same host.
     #[arg(long, value_name = "ADDR", requires = "fleet")]
     advertise: Option<String>,
     /// The job's tasks, `0..TASKS`, all serving (or follow the job: `--registry`, `--dns`).
@@ -673,7 +686,7 @@ async fn run(cli: Cli, checked: Checked) -> Result<(), Failure> {
     let book = LoadBook::new();
     let me = Instance {
         address: cli.advertise.clone().unwrap_or_else(|| bound.to_string()),
-        pages: pages.as_ref().map(|p| p.local_addr().map(|a| a.to_string())).transpose()?,
+        pages: pages.as_ref().map(|p| p.local_addr()).transpose()?.map(|a| advertised_pages(&cli, a)),
     };
     let fleet = Fleet::new(&cli.candidate, me.clone(), store, distributor.clone(), book.clone())
         .registry_access(etcd_access)
@@ -771,6 +784,15 @@ async fn run(cli: Cli, checked: Checked) -> Result<(), Failure> {
     }
     outcome?;
     Ok(())
+}
+
+/// Where the pages bound at `bound` are reached: on `--advertise`'s host when it is given
+/// (the instance is reached there), else at the bound address.
+fn advertised_pages(cli: &Cli, bound: SocketAddr) -> String {
+    match cli.advertise.as_deref().and_then(|a| a.rsplit_once(':')) {
+        Some((host, _)) => format!("{host}:{}", bound.port()),
+        None => bound.to_string(),
+    }
 }
 
 /// The status pages (`--metrics-listen`), served on `listener`.
