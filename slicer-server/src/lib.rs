@@ -5,8 +5,9 @@
 //!   collector (all `steady-slicer`'s) against a memory or etcd store, from the command
 //!   line. `steady-slicer --help` lists its options; `src/bin/steady-slicer.rs` documents
 //!   them with examples.
-//! * [`status`]: the HTTP pages (`--metrics-listen`): Prometheus text at `/metrics` and a
-//!   status page at `/`, for one job.
+//! * [`status`]: the HTTP pages (`--metrics-listen`) of a fleet instance: an overview of
+//!   every job at `/`, a page per job at `/jobs/<job>` and its tasks as JSON at
+//!   `/jobs/<job>.json`, Prometheus text at `/metrics`.
 //! * [`cli`]: what steady's command-line tools share: clap's refusals in one line.
 //! * [`tls_files`]: the serving certificate, key and client CA bundle read again from
 //!   their files when they change (`--tls-reload-ms`, SIGHUP), without dropping open

@@ -108,13 +108,16 @@ use steady_proto::tls::{ClientAuth, TlsIncoming};
 use steady_slice::guard::Consistency;
 use steady_slice::MAX_TASK;
 use steady_slicer::assigner_service::{estimate, follow_job, AssignerConfig, AssignerService};
+use steady_slicer::fleet::Instance;
 use steady_slicer::load::{LoadBook, LoadCollector, ReporterNames};
+use steady_slicer::specs::{JobConfig, TaskSource};
 use steady_slicer::store::{
     check_name, AssignmentStore, EtcdAccess, EtcdConfig, EtcdStore, EtcdTls, MemoryStore,
     MAX_ASSIGNMENT_BYTES,
 };
 use steady_slicer::Distributor;
-use steady_slicer_server::status::{MetricsRegistry, StatusServer, StatusSources};
+use steady_slicer_server::fleet::FleetStatus;
+use steady_slicer_server::status::{observe_fleet, MetricsRegistry, StatusServer, StatusSources};
 use steady_slicer_server::tls_files::{ReloadingTls, TlsFiles};
 use tokio::sync::watch;
 
@@ -687,22 +690,36 @@ async fn run(cli: Cli, checked: Checked) -> Result<(), Failure> {
         let meter = registry.meter();
         distributor.observe_metrics(&meter);
         collector.observe_metrics(&meter);
-        service.observe_metrics(&meter, &cli.job, &cli.candidate);
         let store = match cli.store {
             StoreKind::Memory => "memory".to_owned(),
             StoreKind::Etcd => format!("etcd at {}", cli.endpoints.join(", ")),
         };
+        let pages =
+            tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("--metrics-listen {addr}: {e}"))?;
+        // A fleet of this one instance and its one job (the service and its statistics
+        // live as long as the process, so the status never changes).
+        let source = match (cli.tasks, &cli.dns) {
+            (Some(n), _) => TaskSource::Count(n),
+            (None, Some(name)) => TaskSource::Dns(name.clone()),
+            (None, None) => TaskSource::Registry { endpoints: cli.registry.clone() },
+        };
+        let mut job = JobConfig::new(&cli.job, source);
+        job.algorithm.clone_from(&cli.algorithm);
+        job.consistency = config.consistency;
+        let record = Instance {
+            address: listener.local_addr()?.to_string(),
+            pages: Some(format!("http://{}", pages.local_addr()?)),
+        };
+        let fleet = FleetStatus::one_job(&cli.candidate, record, job, service.shared_stats(), pages_tasks);
+        let fleet_rx = watch::channel(Arc::new(fleet)).1;
+        observe_fleet(&meter, fleet_rx.clone(), &cli.candidate);
         let sources = StatusSources {
-            job: cli.job.clone(),
-            candidate: cli.candidate.clone(),
+            instance: cli.candidate.clone(),
             store,
             distributor: distributor.clone(),
             collector: collector.clone(),
-            assigner: watch::channel(service.shared_stats()).1,
-            tasks: pages_tasks,
+            fleet: fleet_rx,
         };
-        let pages =
-            tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("--metrics-listen {addr}: {e}"))?;
         println!(
             "steady-slicer: status page http://{0}/ and metrics http://{0}/metrics",
             pages.local_addr()?
