@@ -12,8 +12,9 @@
 //! * The `steadyctl` binary: the operator's command line of a fleet of instances (jobs,
 //!   instances, leaders, assignments, tasks and their loads; job specs, drains, runs),
 //!   in tables or JSON. Its library is [`ctl`]; `docs/steadyctl.md` is its manual.
-//! * [`status`]: the HTTP pages (`--metrics-listen`): Prometheus text at `/metrics` and a
-//!   status page at `/`, for one job.
+//! * [`status`]: the HTTP pages (`--metrics-listen`) of a fleet instance: an overview of
+//!   every job at `/`, a page per job at `/jobs/<job>` and its tasks as JSON at
+//!   `/jobs/<job>.json`, Prometheus text at `/metrics`.
 //! * [`cli`]: what steady's command-line tools share: clap's refusals in one line.
 //! * [`etcd_flags`]: the `--etcd-*` access flags both binaries take, and their check.
 //! * [`tls_files`]: the serving certificate, key and client CA bundle read again from

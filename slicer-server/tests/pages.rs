@@ -1,10 +1,12 @@
-//! The `steady-slicer` binary's pages (`--metrics-listen`): `/metrics` parses as
-//! Prometheus text and carries the control plane's instruments, and the status page,
-//! loaded in a real headless Chromium (`steady_testing::Browser`; mandatory in
-//! `scripts/test.sh`), names the job's tasks, the generation and the imbalance of the
-//! load six reporting Slicelets send. Under a job spec the tasks cannot meet, `/metrics`
-//! counts the slices that miss each constraint and the page shows the missed constraint,
-//! marked, with why.
+//! The `steady-slicer` binary's pages (`--metrics-listen`), a fleet of one instance
+//! serving one job: `/metrics` parses as Prometheus text and carries the control plane's
+//! instruments (the Assigner's labelled by job, the fleet's); the overview at `/` lists
+//! the job, led here; the job's page at `/jobs/users`, loaded in a real headless Chromium
+//! (`steady_testing::Browser`; mandatory in `scripts/test.sh`), names the job's tasks, the
+//! generation and the imbalance of the load six reporting Slicelets send, and
+//! `/jobs/users.json` gives the six tasks with their loads. Under a job spec the tasks
+//! cannot meet, `/metrics` counts the slices that miss each constraint and the job's page
+//! shows the missed constraint, marked, with why.
 //!
 //! `STEADY_SCREENSHOT=$PWD/docs/status-page.png cargo test -p steady-slicer-server --test pages`
 //! (run from the workspace root: a test runs in its crate's folder)
@@ -66,8 +68,15 @@ fn start_with(extra: &[&str]) -> Running {
     Running { child, _stdout: stdout, grpc, pages }
 }
 
-/// The body of `GET url` (plain HTTP/1.1).
+/// The body of `GET url` (plain HTTP/1.1), which must answer 200.
 fn get(url: &str) -> String {
+    let (head, body) = get_response(url);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    body
+}
+
+/// The head and body of `GET url` (plain HTTP/1.1).
+fn get_response(url: &str) -> (String, String) {
     let rest = url.strip_prefix("http://").unwrap();
     let (host, path) = rest.split_once('/').map_or((rest, "/".to_owned()), |(h, p)| (h, format!("/{p}")));
     let mut stream = TcpStream::connect(host).unwrap();
@@ -76,8 +85,7 @@ fn get(url: &str) -> String {
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     let (head, body) = response.split_once("\r\n\r\n").unwrap();
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    body.to_owned()
+    (head.to_owned(), body.to_owned())
 }
 
 /// One sample: the metric's name, its labels, its value.
@@ -186,9 +194,10 @@ fn metrics_parse_as_prometheus_text_and_carry_the_control_plane_s_instruments() 
     let running = start();
     // The Assigner records its generation when the store has it, and publishes it to the
     // Distributor after: wait for the publication itself, not for the generation.
+    let users = [("steady_job", "users"), ("steady_candidate", "assigner")];
     let samples = scrape_until(&running.pages, "the first generation published, and the leadership", |s| {
-        value(s, "steady_assigner_generation", &[("steady_job", "users")]).is_some_and(|g| g >= 1.0)
-            && value(s, "steady_assigner_leader", &[]) == Some(1.0)
+        value(s, "steady_assigner_generation", &users).is_some_and(|g| g >= 1.0)
+            && value(s, "steady_assigner_leader", &users) == Some(1.0)
             && value(s, "steady_distributor_publications_total", &[]).is_some_and(|p| p >= 1.0)
     });
     for name in [
@@ -205,6 +214,67 @@ fn metrics_parse_as_prometheus_text_and_carry_the_control_plane_s_instruments() 
     }
     assert!(value(&samples, "steady_collector_reports_total", &[("steady_outcome", "refused")]) == Some(0.0));
     assert!(value(&samples, "steady_distributor_publications_total", &[]).is_some_and(|p| p >= 1.0));
+    // Every Assigner series names the job and this instance; the fleet's instruments
+    // count one job, one instance, one Assigner leading here.
+    for name in
+        ["steady_assigner_runs_total", "steady_assigner_publications_total", "steady_assigner_errors_total"]
+    {
+        assert!(value(&samples, name, &users).is_some(), "no {name} of users");
+    }
+    for (name, labels, _) in samples.iter().filter(|(n, _, _)| n.starts_with("steady_assigner_")) {
+        assert_eq!(labels.get("steady_job").map(String::as_str), Some("users"), "{name} {labels:?}");
+    }
+    assert_eq!(value(&samples, "steady_fleet_jobs", &[]), Some(1.0));
+    assert_eq!(value(&samples, "steady_fleet_instances", &[]), Some(1.0));
+    assert_eq!(value(&samples, "steady_fleet_assigners", &[("steady_state", "leading")]), Some(1.0));
+    assert_eq!(value(&samples, "steady_fleet_assigners", &[("steady_state", "campaigning")]), Some(0.0));
+}
+
+/// The overview lists the job, led here, linking to its page; `/jobs/users.json` gives
+/// the six tasks, each with the load of its latest report once reports arrive; an
+/// unknown job is 404.
+#[test]
+fn the_overview_lists_the_job_and_its_json_gives_six_tasks_with_loads() {
+    let running = start();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let backends = backends(&runtime, &running.grpc);
+    eventually_blocking(WAIT, "the backends to get an assignment", || {
+        backends.iter().all(|(s, _)| s.load_report("users").is_some())
+    });
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = serve_keys(backends.iter().map(|(s, _)| s.clone()).collect(), stop.clone());
+
+    let overview = get(&format!("{}/", running.pages));
+    assert!(overview.contains("<a href=\"/jobs/users\">users</a>"), "{overview}");
+    let row = overview.split("<a href=\"/jobs/users\">").nth(1).unwrap().split("</tr>").next().unwrap();
+    assert!(row.contains("<td class=\"here\">leading</td>") && row.contains("weighted-move"), "{row}");
+
+    let mut json = serde_json::Value::Null;
+    eventually_blocking(WAIT, "a load for every task in /jobs/users.json", || {
+        json = serde_json::from_str(&get(&format!("{}/jobs/users.json", running.pages))).unwrap();
+        json["tasks"].as_array().is_some_and(|t| t.iter().all(|t| t["load"].as_f64().is_some()))
+    });
+    assert_eq!(
+        (&json["job"], &json["here"], &json["owner"]),
+        (&"users".into(), &"leading".into(), &"assigner".into())
+    );
+    assert!(json["generation"].as_u64().is_some_and(|g| g >= 1), "{json}");
+    let tasks = json["tasks"].as_array().unwrap();
+    assert_eq!(
+        tasks.iter().map(|t| t["task"].as_u64().unwrap()).collect::<Vec<_>>(),
+        (0..u64::from(TASKS)).collect::<Vec<_>>()
+    );
+    assert!(tasks.iter().all(|t| t["state"] == "serving" && t["slices"].as_u64().unwrap() >= 1), "{json}");
+    let share: f64 = tasks.iter().map(|t| t["key_share"].as_f64().unwrap()).sum();
+    assert!((share - 1.0).abs() < 1e-9, "{json}");
+    // Task 5 serves 51 times the requests of task 0 per key (the traffic above).
+    assert!(tasks[5]["load"].as_f64().unwrap() > tasks[0]["load"].as_f64().unwrap(), "{json}");
+
+    let (head, _) = get_response(&format!("{}/jobs/orders.json", running.pages));
+    assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    traffic.join().unwrap();
+    drop(backends);
 }
 
 #[test]
@@ -223,7 +293,7 @@ fn the_status_page_renders_the_tasks_generation_and_imbalance_in_a_real_browser(
     // browser until it does (each load a real render), within the bound.
     let deadline = Instant::now() + WAIT;
     let (dom, imbalance) = loop {
-        let dom = browser.dump_dom(&format!("{}/", running.pages));
+        let dom = browser.dump_dom(&format!("{}/jobs/users", running.pages));
         if let Ok(imbalance) = text_of(&dom, "imbalance").parse::<f64>() {
             break (dom, imbalance);
         }
@@ -245,11 +315,17 @@ fn the_status_page_renders_the_tasks_generation_and_imbalance_in_a_real_browser(
     );
     // A screenshot renders too; on request it becomes the README's.
     let shot = std::env::temp_dir().join(format!("steady-status-{}.png", std::process::id()));
-    browser.screenshot(&format!("{}/", running.pages), &shot, 1100, 820);
+    browser.screenshot(&format!("{}/jobs/users", running.pages), &shot, 1100, 820);
     if let Ok(target) = std::env::var("STEADY_SCREENSHOT") {
         std::fs::copy(&shot, &target).unwrap();
     }
     let _ = std::fs::remove_file(shot);
+    // The overview, rendered too: the job, led here, links to its page.
+    let overview = browser.dump_dom(&format!("{}/", running.pages));
+    assert_eq!(text_of(&overview, "instance"), "assigner");
+    assert_eq!(text_of(&overview, "jobs-count"), "1");
+    assert!(overview.contains("<a href=\"/jobs/users\">users</a>"), "{overview}");
+    assert!(overview.contains("<td class=\"here\">leading</td>"), "{overview}");
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     traffic.join().unwrap();
     drop(backends);
@@ -319,7 +395,7 @@ fn metrics_name_the_constraint_an_infeasible_spec_misses() {
         .any(|(n, l, _)| n == violations && l.get("steady_job").map(String::as_str) == Some("users")));
 }
 
-/// The status page of a job whose spec cannot be met shows, in a real browser, the
+/// The page of a job whose spec cannot be met shows, in a real browser, the
 /// constraint it misses (marked, with its slices) and why: zone c has no serving task.
 #[test]
 fn the_status_page_shows_the_constraint_an_infeasible_spec_misses_in_a_real_browser() {
@@ -329,7 +405,7 @@ fn the_status_page_shows_the_constraint_an_infeasible_spec_misses_in_a_real_brow
     // The first loads may come before the first run: load until the page has one.
     let deadline = Instant::now() + WAIT;
     let dom = loop {
-        let dom = browser.dump_dom(&format!("{}/", running.pages));
+        let dom = browser.dump_dom(&format!("{}/jobs/users", running.pages));
         if text_of(&dom, "placement") != "no run yet" {
             break dom;
         }

@@ -1,5 +1,5 @@
 //! An Assigner service under a placement, seen through the pages as the binary serves
-//! them (in process): while a zone outage makes the spec infeasible, `/metrics` counts the
+//! them (in process, one job of a one-instance fleet): while a zone outage makes the spec infeasible, `/metrics` counts the
 //! slices that miss each constraint and names the one the tasks cannot meet, and the
 //! status page shows it, marked; once the tasks return both say the placement is met.
 
@@ -10,10 +10,13 @@ use std::time::Duration;
 use steady_assigner::{by_name, JobSpec, Placement, ReplicaLimits, Spread};
 use steady_core::{JobView, Locality, Task, TaskState, Zone};
 use steady_slicer::assigner_service::{follow_job, AssignerConfig, AssignerService};
+use steady_slicer::fleet::Instance;
 use steady_slicer::load::{LoadBook, LoadCollector};
+use steady_slicer::specs::{JobConfig, TaskSource};
 use steady_slicer::store::MemoryStore;
 use steady_slicer::Distributor;
-use steady_slicer_server::status::{MetricsRegistry, StatusServer, StatusSources};
+use steady_slicer_server::fleet::FleetStatus;
+use steady_slicer_server::status::{observe_fleet, MetricsRegistry, StatusServer, StatusSources};
 use steady_testing::wait::eventually;
 use tokio::sync::watch;
 
@@ -69,19 +72,22 @@ async fn metrics_and_the_page_show_a_missed_placement_and_its_repair() {
     .unwrap()
     .spawn(tasks.clone());
     let registry = MetricsRegistry::new();
-    service.observe_metrics(&registry.meter(), JOB, "a");
+    let record = Instance { address: "127.0.0.1:50070".into(), pages: None };
+    let job = JobConfig::new(JOB, TaskSource::Count(6));
+    let fleet =
+        watch::channel(Arc::new(FleetStatus::one_job("a", record, job, service.shared_stats(), tasks))).1;
+    observe_fleet(&registry.meter(), fleet.clone(), "a");
     let pages = StatusServer::new(
         StatusSources {
-            job: JOB.into(),
-            candidate: "a".into(),
+            instance: "a".into(),
             store: "memory".into(),
             distributor: distributor.clone(),
             collector: LoadCollector::new(book),
-            assigner: watch::channel(service.shared_stats()).1,
-            tasks,
+            fleet,
         },
         registry,
     );
+    let page = || pages.job_page(JOB).expect("the job's page");
     let violations = "steady_assigner_placement_violations";
     let infeasible = "steady_assigner_placement_infeasible";
     let met = |text: &str| {
@@ -93,7 +99,7 @@ async fn metrics_and_the_page_show_a_missed_placement_and_its_repair() {
         distributor.current(JOB).is_some() && met(&pages.metrics())
     })
     .await;
-    assert!(pages.page().contains("id=\"placement\">met</b>"));
+    assert!(page().contains("id=\"placement\">met</b>"));
 
     // Zones b and c go: spread-zones cannot be met, and some slices miss a constraint
     // (two replicas in zone a, or one replica).
@@ -108,19 +114,22 @@ async fn metrics_and_the_page_show_a_missed_placement_and_its_repair() {
     assert!(missed >= 1.0, "{text}");
     assert_eq!(sample(&text, violations, "replica-per-zone"), Some(0.0), "{text}");
     assert!(text.contains(&format!("{violations}{{")) && text.contains("steady_job=\"users\""), "{text}");
-    let page = pages.page();
-    assert!(page.contains("id=\"placement\">VIOLATED (below)</b>"), "{page}");
+    let page_now = page();
+    assert!(page_now.contains("id=\"placement\">VIOLATED (below)</b>"), "{page_now}");
     assert!(
-        page.contains(
+        page_now.contains(
             "Infeasible: constraint spread-zones cannot be met: 2 replicas per slice need as many zones, 1 have serving tasks."
         ),
-        "{page}"
+        "{page_now}"
     );
 
     // They come back: repaired, and both pages say so.
     views.send_replace(view(0..6));
     eventually("the placement met again in /metrics", || met(&pages.metrics())).await;
-    let page = pages.page();
-    assert!(page.contains("id=\"placement\">met</b>") && !page.contains("id=\"violations\""), "{page}");
+    let page_now = page();
+    assert!(
+        page_now.contains("id=\"placement\">met</b>") && !page_now.contains("id=\"violations\""),
+        "{page_now}"
+    );
     service.stop().await;
 }

@@ -10,8 +10,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use steady_assigner::Tasks;
-use steady_slicer::assigner_service::AssignerStats;
 use steady_slicer::load::{LoadBook, LoadCollector};
 use steady_slicer::Distributor;
 use steady_slicer_server::status::{MetricsRegistry, StatusServer, StatusSources};
@@ -43,20 +41,18 @@ impl Drop for Pages {
     }
 }
 
-/// A server of one job's pages with a gauge `steady_test_up` at `/metrics` (kept while
+/// A server of an empty fleet's pages with a gauge `steady_test_up` at `/metrics` (kept while
 /// the returned gauge is).
 fn server() -> (StatusServer, opentelemetry::metrics::ObservableGauge<u64>) {
     let registry = MetricsRegistry::new();
     let up =
         registry.meter().u64_observable_gauge("steady.test.up").with_callback(|o| o.observe(1, &[])).build();
     let sources = StatusSources {
-        job: "users".into(),
-        candidate: "a".into(),
+        instance: "a".into(),
         store: "memory".into(),
         distributor: Distributor::new(),
         collector: LoadCollector::new(LoadBook::new()),
-        assigner: watch::channel(Arc::new(AssignerStats::default())).1,
-        tasks: watch::channel(Tasks::default()).1,
+        fleet: watch::channel(Arc::default()).1,
     };
     (StatusServer::new(sources, registry), up)
 }

@@ -87,57 +87,133 @@ impl crate::assigner_service::AssignerHandle {
     /// the placement constraints the last run misses (slices per constraint, and which
     /// one the task set cannot meet), and exclusive mode's recalls (completed, pending
     /// now, the last and the longest recall's time).
+    ///
+    /// Each call registers the instruments again, for this service: a program whose
+    /// services come and go (a fleet instance, whose jobs move) registers them once
+    /// over all of its services with [`AssignerStats::observe_services`].
+    ///
+    /// [`AssignerStats::observe_services`]: crate::assigner_service::AssignerStats::observe_services
     pub fn observe_metrics(&self, meter: &Meter, job: &str, candidate: &str) {
         let stats = Arc::downgrade(&self.shared_stats());
-        let source = move || stats.upgrade();
-        let last = |s: &crate::assigner_service::AssignerStats| s.history().last().cloned();
         let labels = vec![
             KeyValue::new("steady.job", job.to_owned()),
             KeyValue::new("steady.candidate", candidate.to_owned()),
         ];
-        Observed::new(meter, labels, source)
-            .counter("steady.assigner.runs", "{run}", "Assigner runs", |s| s.runs())
-            .counter(
+        crate::assigner_service::AssignerStats::observe_services(meter, move || {
+            stats.upgrade().map(|s| vec![(labels.clone(), s)]).unwrap_or_default()
+        });
+    }
+}
+
+/// The services an [`AssignerStats::observe_services`] collection reports: each one's
+/// labels and statistics.
+///
+/// [`AssignerStats::observe_services`]: crate::assigner_service::AssignerStats::observe_services
+#[cfg(feature = "assigner")]
+type Services = Vec<(Vec<KeyValue>, Arc<crate::assigner_service::AssignerStats>)>;
+
+/// A reading of one service's statistics (its extra labels and values) as a reading of
+/// every service's, each series labelled with its service's labels first.
+#[cfg(feature = "assigner")]
+fn each<V: 'static>(
+    read: impl Fn(&crate::assigner_service::AssignerStats) -> Vec<(Vec<KeyValue>, V)> + Send + Sync + 'static,
+) -> impl Fn(&Services) -> Vec<(Vec<KeyValue>, V)> + Send + Sync + 'static {
+    move |services| {
+        let mut series = Vec::with_capacity(services.len());
+        for (labels, stats) in services {
+            for (extra, value) in read(stats) {
+                let mut all = Vec::with_capacity(labels.len() + extra.len());
+                all.extend(labels.iter().cloned());
+                all.extend(extra);
+                series.push((all, value));
+            }
+        }
+        series
+    }
+}
+
+/// [`each`] for a reading of one value per service.
+#[cfg(feature = "assigner")]
+fn one<V: 'static>(
+    read: impl Fn(&crate::assigner_service::AssignerStats) -> V + Send + Sync + 'static,
+) -> impl Fn(&Services) -> Vec<(Vec<KeyValue>, V)> + Send + Sync + 'static {
+    each(move |s| vec![(Vec::new(), read(s))])
+}
+
+#[cfg(feature = "assigner")]
+impl crate::assigner_service::AssignerStats {
+    /// Registers the Assigner service's instruments (those of
+    /// [`AssignerHandle::observe_metrics`], under the same names, units and
+    /// descriptions) once in `meter`, over every service `services` names at each
+    /// collection, each series labelled with its service's labels (then the
+    /// instrument's own, `steady.kind` and the like).
+    ///
+    /// For a program whose services start and stop (a fleet instance: a job's Assigner
+    /// runs where the spread puts it): registering per service would keep every callback
+    /// ever registered. A service `services` leaves out reports nothing from then on, so
+    /// its series end. `services` is called once per instrument per collection; the
+    /// series are as many as the services it names times each instrument's own label
+    /// sets (at most 7, `steady.assigner.moves`' kinds), so the caller bounds them by
+    /// bounding the services.
+    ///
+    /// [`AssignerHandle::observe_metrics`]: crate::assigner_service::AssignerHandle::observe_metrics
+    pub fn observe_services(meter: &Meter, services: impl Fn() -> Services + Send + Sync + 'static) {
+        let last = |s: &crate::assigner_service::AssignerStats| s.history().last().cloned();
+        Observed::new(meter, Vec::new(), move || Some(services()))
+            .counters("steady.assigner.runs", "{run}", "Assigner runs", one(|s| s.runs()))
+            .counters(
                 "steady.assigner.publications",
                 "{assignment}",
                 "Generations written and published",
-                |s| s.published(),
+                one(|s| s.published()),
             )
-            .counter(
+            .counters(
                 "steady.assigner.handovers",
                 "{handover}",
                 "Moves made in two steps: warming steps published",
-                |s| s.handovers(),
+                one(|s| s.handovers()),
             )
-            .counter(
+            .counters(
                 "steady.assigner.conflicts",
                 "{write}",
                 "Writes that lost a race (re-read and retried)",
-                |s| s.conflicts(),
+                one(|s| s.conflicts()),
             )
-            .counter(
+            .counters(
                 "steady.assigner.errors",
                 "{error}",
                 "Store errors, refused or panicked runs and failed campaigns",
-                |s| s.errors(),
+                one(|s| s.errors()),
             )
-            .counter("steady.assigner.terms", "{term}", "Times this service became the job's leader", |s| {
-                s.terms()
-            })
-            .gauge("steady.assigner.leader", "1", "1 while this service leads the job", |s| {
-                f64::from(u8::from(s.is_leading()))
-            })
-            .gauge("steady.assigner.generation", "1", "The last generation this service published", |s| {
-                s.generation() as f64
-            })
-            .gauge("steady.assigner.run_time", "s", "Time spent in assigner runs so far", |s| {
-                s.run_time().as_secs_f64()
-            })
+            .counters(
+                "steady.assigner.terms",
+                "{term}",
+                "Times this service became the job's leader",
+                one(|s| s.terms()),
+            )
+            .gauges(
+                "steady.assigner.leader",
+                "1",
+                "1 while this service leads the job",
+                one(|s| f64::from(u8::from(s.is_leading()))),
+            )
+            .gauges(
+                "steady.assigner.generation",
+                "1",
+                "The last generation this service published",
+                one(|s| s.generation() as f64),
+            )
+            .gauges(
+                "steady.assigner.run_time",
+                "s",
+                "Time spent in assigner runs so far",
+                one(|s| s.run_time().as_secs_f64()),
+            )
             .gauges(
                 "steady.assigner.imbalance",
                 "1",
                 "The last published run's imbalance (busiest task's load / mean), before and after",
-                move |s| {
+                each(move |s| {
                     last(s)
                         .map(|r| {
                             let mut v =
@@ -148,59 +224,64 @@ impl crate::assigner_service::AssignerHandle {
                             v
                         })
                         .unwrap_or_default()
-                },
+                }),
             )
             .gauges(
                 "steady.assigner.key_churn",
                 "1",
                 "The share of the key space the last published run moved",
-                move |s| last(s).map(|r| vec![(Vec::new(), r.key_churn)]).unwrap_or_default(),
+                each(move |s| last(s).map(|r| vec![(Vec::new(), r.key_churn)]).unwrap_or_default()),
             )
-            .counters("steady.assigner.moves", "{move}", "Changes made by published runs, by kind", |s| {
-                let m = s.moves();
-                [
-                    ("forced", m.forced),
-                    ("moved", m.moved),
-                    ("split", m.split),
-                    ("merged", m.merged),
-                    ("replica_added", m.replicas_added),
-                    ("replica_removed", m.replicas_removed),
-                    ("swapped", m.swapped),
-                ]
-                .into_iter()
-                .map(|(kind, n)| (vec![KeyValue::new("steady.kind", kind)], n as u64))
-                .collect()
-            })
-            .counter(
+            .counters(
+                "steady.assigner.moves",
+                "{move}",
+                "Changes made by published runs, by kind",
+                each(|s| {
+                    let m = s.moves();
+                    [
+                        ("forced", m.forced),
+                        ("moved", m.moved),
+                        ("split", m.split),
+                        ("merged", m.merged),
+                        ("replica_added", m.replicas_added),
+                        ("replica_removed", m.replicas_removed),
+                        ("swapped", m.swapped),
+                    ]
+                    .into_iter()
+                    .map(|(kind, n)| (vec![KeyValue::new("steady.kind", kind)], n as u64))
+                    .collect()
+                }),
+            )
+            .counters(
                 "steady.assigner.recalls",
                 "{recall}",
                 "Recalls completed in exclusive mode (the guard granted the new generation)",
-                |s| s.recalls(),
+                one(|s| s.recalls()),
             )
-            .gauge(
+            .gauges(
                 "steady.assigner.recall_pending",
                 "1",
                 "1 while a recall is pending (exclusive mode: a Slicelet still holds the generation replaced)",
-                |s| f64::from(u8::from(s.recall_pending())),
+                one(|s| f64::from(u8::from(s.recall_pending()))),
             )
             .gauges(
                 "steady.assigner.recall_time",
                 "s",
                 "Exclusive mode: the last and the longest recall's time, from publishing the generation to granting it",
-                |s| {
+                each(|s| {
                     [("last", s.last_recall()), ("longest", s.longest_recall())]
                         .into_iter()
                         .filter_map(|(which, took)| {
                             Some((vec![KeyValue::new("steady.which", which)], took?.as_secs_f64()))
                         })
                         .collect()
-                },
+                }),
             )
             .gauges(
                 "steady.assigner.placement.violations",
                 "{slice}",
                 "Slices of the last run's assignment that miss each placement constraint (0: met)",
-                |s| {
+                each(|s| {
                     let placement = s.placement();
                     steady_assigner::Constraint::ALL
                         .into_iter()
@@ -209,13 +290,13 @@ impl crate::assigner_service::AssignerHandle {
                             (vec![KeyValue::new("steady.constraint", c.name())], slices as f64)
                         })
                         .collect()
-                },
+                }),
             )
             .gauges(
                 "steady.assigner.placement.infeasible",
                 "1",
                 "1 for the constraint the task set cannot meet (the run publishes the best assignment it allows)",
-                |s| {
+                each(|s| {
                     let why = s.placement().infeasible.map(|i| i.constraint());
                     steady_assigner::Constraint::ALL
                         .into_iter()
@@ -223,7 +304,7 @@ impl crate::assigner_service::AssignerHandle {
                             (vec![KeyValue::new("steady.constraint", c.name())], f64::from(u8::from(why == Some(c))))
                         })
                         .collect()
-                },
+                }),
             );
     }
 }

@@ -43,6 +43,8 @@ use workload::Popularity;
 
 /// The demo's job name.
 pub(crate) const JOB: &str = "demo";
+/// The instance the status pages name.
+const PAGES_INSTANCE: &str = "the demo's assigners";
 
 /// Where the demo's Assigner stores assignments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -183,18 +185,30 @@ async fn demo(out: &mut impl Write, args: &SlicerArgs) -> LabResult {
     control.distributor.observe_metrics(&meter);
     control.collector.observe_metrics(&meter);
     first.observe_metrics(&meter, JOB, "assigner-a");
-    let (shown, shown_rx) = watch::channel(first.shared_stats());
+    // The pages show a fleet of one instance running the demo's job.
+    let shown_fleet = |stats| {
+        let record =
+            steady_slicer::fleet::Instance { address: control.endpoint().uri().to_string(), pages: None };
+        let job =
+            steady_slicer::specs::JobConfig::new(JOB, steady_slicer::specs::TaskSource::Count(args.backends));
+        Arc::new(steady_slicer_server::fleet::FleetStatus::one_job(
+            PAGES_INSTANCE,
+            record,
+            job,
+            stats,
+            tasks_rx.clone(),
+        ))
+    };
+    let (shown, shown_rx) = watch::channel(shown_fleet(first.shared_stats()));
     let pages = tokio::net::TcpListener::bind(args.metrics_listen).await?;
     let at = pages.local_addr()?;
     writeln!(out, "status page: http://{at}/   metrics: http://{at}/metrics   (while the demo runs)")?;
     let sources = steady_slicer_server::status::StatusSources {
-        job: JOB.to_owned(),
-        candidate: "the demo's assigners".to_owned(),
+        instance: PAGES_INSTANCE.to_owned(),
         store: format!("{:?}", args.store).to_lowercase(),
         distributor: control.distributor.clone(),
         collector: control.collector.clone(),
-        assigner: shown_rx,
-        tasks: tasks_rx.clone(),
+        fleet: shown_rx,
     };
     let _pages = AbortOnDrop(tokio::spawn(async move {
         let _ = steady_slicer_server::status::StatusServer::new(sources, registry).serve(pages).await;
@@ -285,7 +299,7 @@ async fn demo(out: &mut impl Write, args: &SlicerArgs) -> LabResult {
         if s == args.restore_at && args.store == DemoStore::Memory && leader.is_none() && args.kill_at > 0 {
             let restored = control.assigner("assigner-a2", &config, tasks_rx.clone()).await?;
             restored.observe_metrics(&meter, JOB, "assigner-a2");
-            shown.send_replace(restored.shared_stats());
+            shown.send_replace(shown_fleet(restored.shared_stats()));
             leader = Some(restored);
             event.push_str("assigner restored; ");
         }
@@ -304,7 +318,7 @@ async fn demo(out: &mut impl Write, args: &SlicerArgs) -> LabResult {
             tokio::time::sleep(left.min(Duration::from_millis(10))).await;
             if let (Some(at), None, Some(standby)) = (killed_at, failover, &standby) {
                 if standby.stats().terms() > 0 {
-                    shown.send_replace(standby.shared_stats());
+                    shown.send_replace(shown_fleet(standby.shared_stats()));
                     failover = Some(at.elapsed());
                     event.push_str("standby leads; ");
                 }

@@ -804,10 +804,25 @@ fn serve_pages(
     collector: &LoadCollector,
     fleet: watch::Receiver<Arc<FleetStatus>>,
 ) -> Result<(), Failure> {
-    let _ = (listener, instance, store, distributor, collector, fleet, MetricsRegistry::new());
-    let _ = StatusServer::new;
-    let _: Option<StatusSources> = None;
-    Err("TEMP: pages wait for the status merge".into())
+    let registry = MetricsRegistry::new();
+    let meter = registry.meter();
+    distributor.observe_metrics(&meter);
+    collector.observe_metrics(&meter);
+    steady_slicer_server::status::observe_fleet(&meter, fleet.clone(), instance);
+    let sources = StatusSources {
+        instance: instance.to_owned(),
+        store,
+        distributor: distributor.clone(),
+        collector: collector.clone(),
+        fleet,
+    };
+    println!("steady-slicer: status page http://{0}/ and metrics http://{0}/metrics", listener.local_addr()?);
+    tokio::spawn(async move {
+        if let Err(error) = StatusServer::new(sources, registry).serve(listener).await {
+            eprintln!("steady-slicer: the status pages stopped: {error}");
+        }
+    });
+    Ok(())
 }
 
 /// Reads the spec directory again at once on each SIGHUP (without TLS files to reload).

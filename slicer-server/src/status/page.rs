@@ -1,5 +1,5 @@
-//! The status page: one self-contained HTML document with inline SVG (no external
-//! assets, no script), drawn from a [`Snapshot`] of the control plane.
+//! A job's page (`/jobs/<job>`): one self-contained HTML document with inline SVG (no
+//! external assets, no script), drawn from a [`Snapshot`] of the job.
 //!
 //! It stays readable at 100 tasks and 15,000 slices: the key space is drawn as
 //! [`KEY_SPACE_COLUMNS`] columns, each coloured by the task that holds most of its keys
@@ -15,8 +15,10 @@ use std::fmt::Write as _;
 use std::time::{Duration, SystemTime};
 
 use steady_assigner::{Assignment, TaskState};
-
 use steady_slicer::assigner_service::{PlacementState, RunRecord};
+
+use super::html::{clock, esc, STYLE};
+use super::view::{rows, Here, Row};
 
 /// How many columns the key-space strip has, whatever the number of slices.
 const KEY_SPACE_COLUMNS: usize = 600;
@@ -25,55 +27,37 @@ const KEY_SPACE_COLUMNS: usize = 600;
 #[derive(Debug, Clone)]
 pub(crate) struct Snapshot {
     pub(crate) job: String,
-    pub(crate) candidate: String,
+    /// This instance's name.
+    pub(crate) instance: String,
     pub(crate) store: String,
-    pub(crate) leading: bool,
+    /// The job's algorithm and consistency mode, from its spec.
+    pub(crate) algorithm: String,
+    pub(crate) consistency: String,
+    pub(crate) here: Here,
+    /// The instance the spread names to run the job's Assigner.
+    pub(crate) owner: Option<String>,
+    /// The owner's page of the job, when the owner is another instance with pages.
+    pub(crate) owner_page: Option<String>,
     pub(crate) assignment: Option<Assignment>,
-    /// Task states from the task set the Assigner follows.
+    /// Task states ([`super::view::task_states`]).
     pub(crate) tasks: Vec<(u32, TaskState)>,
     /// Each reporting task's load (requests per second) from its latest fresh report.
     pub(crate) loads: Vec<(u32, f64)>,
+    /// The runs of the Assigner here (none when it runs elsewhere).
     pub(crate) history: Vec<RunRecord>,
-    /// The placement as the last run left it; `None` before the first run.
+    /// The placement as the last run here left it; `None` before the first run, and
+    /// when the Assigner runs elsewhere.
     pub(crate) placement: Option<PlacementState>,
     pub(crate) watchers: usize,
     pub(crate) reports_accepted: u64,
     pub(crate) reports_refused: u64,
+    /// The job's events, oldest first.
     pub(crate) events: Vec<(SystemTime, String)>,
     pub(crate) refresh: Duration,
 }
 
-/// One task's row.
-#[derive(Debug, Default, Clone)]
-struct Row {
-    state: Option<TaskState>,
-    slices: usize,
-    replicas_shared: usize,
-    share: f64,
-    load: Option<f64>,
-}
-
 pub(crate) fn render(s: &Snapshot) -> String {
-    let mut rows: std::collections::BTreeMap<u32, Row> = std::collections::BTreeMap::new();
-    for &(task, state) in &s.tasks {
-        rows.entry(task).or_default().state = Some(state);
-    }
-    if let Some(a) = &s.assignment {
-        for (i, slice) in a.slices().iter().enumerate() {
-            let share = a.range(i).fraction() / slice.replicas().len() as f64;
-            for &task in slice.replicas() {
-                let row = rows.entry(task).or_default();
-                row.slices += 1;
-                row.share += share;
-                if slice.replicas().len() > 1 {
-                    row.replicas_shared += 1;
-                }
-            }
-        }
-    }
-    for &(task, load) in &s.loads {
-        rows.entry(task).or_default().load = Some(load);
-    }
+    let rows = rows(&s.tasks, s.assignment.as_ref(), &s.loads);
     let generation = s.assignment.as_ref().map_or(0, Assignment::generation);
     // Over every reporting task (an idle one counts in the mean); none while no report
     // carries load (before the first, or just after a new generation restarts the counts).
@@ -88,22 +72,22 @@ pub(crate) fn render(s: &Snapshot) -> String {
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">\
          <meta http-equiv=\"refresh\" content=\"{refresh}\">\
          <title>steady-slicer: {job}</title><style>{STYLE}</style></head><body>\
+         <p><a href=\"/\">all jobs</a></p>\
          <h1>steady-slicer <span id=\"job\">{job}</span></h1>\
-         <p class=\"summary\">generation <b id=\"generation\">{generation}</b> · imbalance \
+         <p class=\"summary\">{algorithm}, {consistency} · generation <b id=\"generation\">{generation}</b> · imbalance \
          <b id=\"imbalance\">{imbalance}</b> (busiest task's reported load / mean) · \
          <span id=\"leader\">{leader}</span> · store <span id=\"store\">{store}</span> · \
          placement <b class=\"{placement_class}\" id=\"placement\">{placement}</b> · \
          {watchers} watchers · reports accepted {accepted}, refused {refused}</p>",
         refresh = s.refresh.as_secs().max(1),
         job = esc(&s.job),
+        algorithm = esc(&s.algorithm),
+        consistency = esc(&s.consistency),
         imbalance = imbalance.map_or("n/a".to_owned(), |i| format!("{i:.2}")),
-        leader = if s.leading {
-            format!("{} leads", esc(&s.candidate))
-        } else {
-            format!("{} is a standby", esc(&s.candidate))
-        },
+        leader = leader(s),
         store = esc(&s.store),
         placement = match &s.placement {
+            None if s.here == Here::None => "on the Assigner's pages",
             None => "no run yet",
             Some(p) if is_met(p) => "met",
             Some(_) => "VIOLATED (below)",
@@ -124,7 +108,16 @@ pub(crate) fn render(s: &Snapshot) -> String {
     html.push_str("<h2>Tasks</h2>");
     tasks(&mut html, &rows);
     html.push_str("<h2>The last generations</h2>");
-    history(&mut html, &s.history);
+    match s.here {
+        Here::None => {
+            let _ = write!(
+                html,
+                "<p id=\"elsewhere\">The Assigner runs on {}: its runs are on its pages.</p>",
+                owner(s)
+            );
+        }
+        Here::Leading | Here::Campaigning => history(&mut html, &s.history),
+    }
     html.push_str("<h2>Recent events</h2><ol id=\"events\">");
     for (at, event) in s.events.iter().rev() {
         let _ = write!(html, "<li><time>{}</time> {}</li>", clock(*at), esc(event));
@@ -133,13 +126,23 @@ pub(crate) fn render(s: &Snapshot) -> String {
     html
 }
 
-const STYLE: &str = "body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}\
-    h1{font-size:1.4em}h2{font-size:1.1em;margin-top:1.5em}table{border-collapse:collapse}\
-    td,th{padding:2px 8px;text-align:right;border-bottom:1px solid #ddd}th{background:#f4f4f4}\
-    td.task,td.constraint{text-align:left}.bar{fill:#4a7}.draining{color:#b60}.gone{color:#999}\
-    svg{display:block;margin:.5em 0}time{color:#666;margin-right:.5em}\
-    b.violated{color:#b00}section.violated{border:2px solid #b00;background:#fff3f3;padding:.2em 1em 1em}\
-    section.violated h2{color:#b00;margin-top:.5em}p.infeasible{font-weight:bold}";
+/// Who runs the job's Assigner, as the summary says it.
+fn leader(s: &Snapshot) -> String {
+    match s.here {
+        Here::Leading => format!("{} leads", esc(&s.instance)),
+        Here::Campaigning => format!("{} campaigns (the spread names {})", esc(&s.instance), owner(s)),
+        Here::None => format!("the Assigner runs on {}", owner(s)),
+    }
+}
+
+/// The owner's name, a link to its page of the job when it has one.
+fn owner(s: &Snapshot) -> String {
+    match (&s.owner, &s.owner_page) {
+        (Some(owner), Some(page)) => format!("<a href=\"{}\">{}</a>", esc(page), esc(owner)),
+        (Some(owner), None) => esc(owner),
+        (None, _) => "no instance (none known alive)".to_owned(),
+    }
+}
 
 /// Whether the last run met every constraint it was given (no constraint: met).
 fn is_met(p: &PlacementState) -> bool {
@@ -309,17 +312,6 @@ fn history(html: &mut String, runs: &[RunRecord]) {
     html.push_str("</table>");
 }
 
-/// `HH:MM:SS` (UTC) of `at`.
-fn clock(at: SystemTime) -> String {
-    let secs = at.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    format!("{:02}:{:02}:{:02}", secs / 3600 % 24, secs / 60 % 60, secs % 60)
-}
-
-/// `text` safe inside HTML.
-fn esc(text: &str) -> String {
-    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -334,9 +326,13 @@ mod tests {
         .unwrap();
         Snapshot {
             job: "users <&>".into(),
-            candidate: "a".into(),
+            instance: "a".into(),
             store: "memory".into(),
-            leading: true,
+            algorithm: "weighted-move".into(),
+            consistency: "eventual".into(),
+            here: Here::Leading,
+            owner: Some("a".into()),
+            owner_page: None,
             assignment: Some(assignment),
             tasks: (0..tasks)
                 .map(|t| (t, if t == 1 { TaskState::Draining } else { TaskState::Serving }))
@@ -418,6 +414,30 @@ mod tests {
         assert!(!page.contains("id=\"violations\"") && !page.contains("VIOLATED"));
         s.placement = None;
         assert!(render(&s).contains("<b class=\"met\" id=\"placement\">no run yet</b>"));
+    }
+
+    #[test]
+    fn a_job_led_elsewhere_names_its_owner_with_a_link_and_shows_no_runs() {
+        let mut s = snapshot(4, 16);
+        s.here = Here::None;
+        s.owner = Some("b <i>".into());
+        s.owner_page = Some("http://10.0.0.2:9464/jobs/users".into());
+        s.placement = None;
+        let page = render(&s);
+        assert!(
+            page.contains(
+                "<span id=\"leader\">the Assigner runs on <a href=\"http://10.0.0.2:9464/jobs/users\">b &lt;i&gt;</a></span>"
+            ),
+            "{page}"
+        );
+        assert!(page.contains("id=\"elsewhere\"") && !page.contains("id=\"history\""), "{page}");
+        assert!(page.contains("id=\"placement\">on the Assigner's pages</b>"), "{page}");
+        // The key space and the tasks are the assignment's, whoever wrote it.
+        assert!(page.contains("id=\"keyspace\"") && page.contains(" task 3</td>"));
+
+        s.here = Here::Campaigning;
+        s.owner_page = None;
+        assert!(render(&s).contains("a campaigns (the spread names b &lt;i&gt;)"));
     }
 
     #[test]
