@@ -187,7 +187,7 @@ pub(super) async fn tasks(
     let mut rows = task_rows(&config, snapshot.assignment());
     match loads(fleet, leader.as_deref(), job, timeout).await {
         Ok(page) => {
-            for (task, (draining, load)) in page {
+            for (task, (state, load)) in page {
                 let entry = rows.entry(task).or_insert_with(|| TaskRow {
                     task,
                     state: "serving",
@@ -195,8 +195,8 @@ pub(super) async fn tasks(
                     key_share: 0.0,
                     load: None,
                 });
-                if draining {
-                    entry.state = "draining";
+                if let Some(state) = state {
+                    entry.state = state;
                 }
                 entry.load = load;
             }
@@ -241,7 +241,7 @@ async fn loads(
     leader: Option<&str>,
     job: &str,
     timeout: Duration,
-) -> Result<BTreeMap<u32, (bool, Option<f64>)>, String> {
+) -> Result<BTreeMap<u32, (Option<&'static str>, Option<f64>)>, String> {
     let Some(leader) = leader else {
         return Err(format!("job {job:?} has no leader now"));
     };
@@ -267,8 +267,19 @@ async fn loads(
     Ok(page
         .tasks
         .into_iter()
-        .map(|t| (t.task, (t.state.as_deref() == Some("draining"), t.load.filter(|l| l.is_finite()))))
+        .map(|t| (t.task, (page_state(t.state.as_deref()), t.load.filter(|l| l.is_finite()))))
         .collect())
+}
+
+/// A state the leader's page gives a task that overrides the assignment's view: a task
+/// draining, or one the task set no longer has (`gone`, while the assignment still names
+/// it).
+fn page_state(state: Option<&str>) -> Option<&'static str> {
+    match state {
+        Some("draining") => Some("draining"),
+        Some("gone") => Some("gone"),
+        _ => None,
+    }
 }
 
 #[cfg(test)]

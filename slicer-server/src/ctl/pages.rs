@@ -35,7 +35,7 @@ pub struct JobPage {
 pub struct TaskRow {
     /// Its index.
     pub task: u32,
-    /// `serving` or `draining` (anything else is taken as unknown).
+    /// `serving`, `draining` or `gone` (anything else is taken as unknown).
     #[serde(default)]
     pub state: Option<String>,
     /// Its load as the Assigner estimates it (`None`: no report yet).
