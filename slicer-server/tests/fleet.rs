@@ -210,6 +210,71 @@ async fn a_fleet_spreads_its_jobs_survives_a_death_takes_a_joiner_and_follows_it
         .await;
 }
 
+/// The operator's view of a running fleet, end to end: `steadyctl jobs` names each job's
+/// leader among the instances, `steadyctl tasks` reads a job's tasks from its leader's
+/// page (no note that loads are missing), and each instance's overview lists every job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steadyctl_and_the_pages_show_a_running_fleet() {
+    let Some(etcd) = steady_testing::Etcd::start() else { return };
+    let endpoint = etcd.endpoint();
+    let store = EtcdStore::connect(EtcdConfig::new([endpoint.clone()])).await.unwrap();
+    let specs = SpecStore::Etcd(EtcdSpecs::of(&store));
+    let jobs = ["orders", "users", "carts"];
+    for name in jobs {
+        specs.put(&job(name, 4)).await.unwrap();
+    }
+    let with_pages = [&on_etcd(&endpoint)[..], &["--metrics-listen", "0"]].concat();
+    let instances = [start("a", &with_pages), start("b", &with_pages)];
+    let ctl = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_steadyctl"))
+            .args(["--endpoints", endpoint.as_str()])
+            .args(args)
+            .output()
+            .unwrap();
+        let (stdout, stderr) =
+            (String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap());
+        assert!(out.status.success(), "steadyctl {args:?}: {stderr}");
+        (stdout, stderr)
+    };
+    let listed = until("steadyctl names a live leader for every job", async || {
+        let (stdout, _) = ctl(&["jobs", "--json"]);
+        let listed: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        let leaders: Vec<String> = listed["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|j| j["leader"].as_str().map(str::to_owned))
+            .collect();
+        (leaders.len() == jobs.len() && leaders.iter().all(|l| l == "a" || l == "b")).then_some(listed)
+    })
+    .await;
+    assert_eq!(listed["jobs"].as_array().unwrap().len(), jobs.len());
+    let (table, notes) = ctl(&["tasks", "users"]);
+    assert!(!notes.contains("no loads"), "the leader's page answered: {notes}");
+    assert_eq!(table.lines().filter(|l| l.contains("serving")).count(), 4, "{table}");
+    let records = EtcdFleet::new(&store).instances().await.unwrap();
+    assert_eq!(records.len(), instances.len());
+    for (name, record) in &records {
+        let pages = record.pages.as_deref().unwrap_or_else(|| panic!("{name} records its pages"));
+        let overview = http_get(pages, "/");
+        for name in jobs {
+            assert!(overview.contains(&format!("/jobs/{name}")), "{overview}");
+        }
+    }
+}
+
+/// The body of `GET path` on `address` (HTTP/1.0, so the server closes the connection).
+fn http_get(address: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    stream.set_read_timeout(Some(WAIT)).unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200"), "{response}");
+    response
+}
+
 /// A run asked for through the fleet's keys reaches the leading instance, which says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_request_runs_the_job_on_its_leader() {
