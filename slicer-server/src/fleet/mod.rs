@@ -237,6 +237,7 @@ impl Fleet {
             listed: false,
             spread: None,
             shown: Vec::new(),
+            retired: Default::default(),
         };
         let mut specs = self.specs.watch();
         let mut health = tokio::time::interval(HEALTH_EVERY);
@@ -310,6 +311,8 @@ struct Control {
     spread: Option<Spread>,
     /// What the status last showed of each job: (runs here, stats known, tasks known).
     shown: Vec<(bool, bool, bool)>,
+    /// Removed jobs the Distributor keeps for their watchers (at most one per watcher).
+    retired: std::collections::BTreeSet<String>,
 }
 
 impl Control {
@@ -343,6 +346,7 @@ impl Control {
             }
             None => {
                 let name = config.job.clone();
+                self.retired.remove(&name);
                 self.jobs.insert(name, Job::follow(config, &self.shared));
             }
         }
@@ -351,6 +355,10 @@ impl Control {
     fn remove(&mut self, job: &str) {
         if let Some(removed) = self.jobs.remove(job) {
             removed.remove(&self.shared);
+            if !self.shared.distributor.retire(job) {
+                // Watchers still have it open: forgotten once they are gone.
+                self.retired.insert(job.to_owned());
+            }
             self.shared.events.say(format!("job {job}: removed; no longer served"));
         }
     }
@@ -364,8 +372,10 @@ impl Control {
     }
 
     /// Starts again the Assigners whose task ended (none should: they restart
-    /// themselves).
+    /// themselves), and retires the removed jobs whose last watchers have gone.
     fn restart_ended(&mut self) {
+        let distributor = &self.shared.distributor;
+        self.retired.retain(|job| !distributor.retire(job));
         for (name, job) in &mut self.jobs {
             if job.assigner_ended() {
                 self.shared.events.say(format!("job {name}: its Assigner's task ended; starting it again"));

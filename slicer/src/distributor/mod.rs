@@ -175,6 +175,25 @@ impl Distributor {
         published
     }
 
+    /// Forgets `job` (a job no longer served: its spec was removed), if no watcher has it
+    /// open; returns whether it did. A job with watchers is kept, its last assignment
+    /// with it, so that they keep what they have: retire it again once they are gone.
+    pub fn retire(&self, job: &str) -> bool {
+        let mut jobs = self.lock();
+        let Jobs { by_name, unpublished, .. } = &mut *jobs;
+        match by_name.get(job) {
+            Some(sender) if sender.receiver_count() == 0 => {
+                if sender.borrow().is_none() {
+                    *unpublished = unpublished.saturating_sub(1);
+                }
+                by_name.remove(job);
+                true
+            }
+            Some(_) => false,
+            None => true,
+        }
+    }
+
     /// The current assignment of `job` (`None` if nothing was published for it).
     pub fn current(&self, job: &str) -> Option<Assignment> {
         self.lock().by_name.get(job).and_then(|sender| sender.borrow().as_ref().map(|p| p.assignment.clone()))
@@ -333,5 +352,18 @@ mod tests {
         assert_eq!(distributor.current("other"), None);
         assert_eq!(distributor.watchers("other"), 0);
         assert_eq!(distributor.jobs(), 1);
+    }
+
+    #[test]
+    fn a_retired_job_is_forgotten_once_no_watcher_has_it() {
+        let distributor = Distributor::new();
+        assert!(distributor.retire("never"), "a job it does not hold is retired already");
+        distributor.publish("users", Assignment::single(1, vec![0]).unwrap());
+        let watcher = distributor.subscribe("users".to_owned()).unwrap();
+        assert!(!distributor.retire("users"), "kept for its watcher");
+        assert_eq!(distributor.current("users").map(|a| a.generation()), Some(1));
+        drop(watcher);
+        assert!(distributor.retire("users"));
+        assert_eq!((distributor.current("users"), distributor.jobs()), (None, 0));
     }
 }
