@@ -637,7 +637,9 @@ async fn connect_store(
         StoreKind::Memory => (Arc::new(MemoryStore::new()), None),
         StoreKind::Etcd => {
             let ttl = Duration::from_secs(cli.lease_ttl_secs.unwrap_or(5));
-            let config = EtcdConfig::new(cli.endpoints.clone()).lease_ttl(ttl).access(access);
+            // A fleet instance leads many jobs: one session lease for all its elections.
+            let config =
+                EtcdConfig::new(cli.endpoints.clone()).lease_ttl(ttl).access(access).session_lease(cli.fleet);
             let etcd = EtcdStore::connect(config).await?;
             (Arc::new(etcd.clone()), Some(etcd))
         }

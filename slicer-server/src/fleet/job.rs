@@ -44,6 +44,9 @@ pub(super) struct Job {
     /// The stats of the Assigner running here (`None` while none does), which the
     /// follower reads to leave the book to a leading Assigner.
     stats: watch::Sender<Option<Arc<AssignerStats>>>,
+    /// The Assigner handed over last, while it resigns: the next one here starts after
+    /// it (on a session lease a campaign would find the old term's key its own).
+    resigning: Option<JoinHandle<()>>,
 }
 
 /// The task that runs the job's Assigner here, and how to steer it.
@@ -62,7 +65,7 @@ impl Job {
     pub(super) fn follow(config: JobConfig, shared: &Shared) -> Self {
         let (stats, leading_here) = watch::channel(None);
         let follower = tokio::spawn(follow_store(config.job.clone(), shared.clone(), leading_here));
-        Self { config: Arc::new(config), follower, assigner: None, stats }
+        Self { config: Arc::new(config), follower, assigner: None, stats, resigning: None }
     }
 
     /// Whether its Assigner runs here.
@@ -91,6 +94,7 @@ impl Job {
         let run_now = Arc::new(Notify::new());
         let (tasks_tx, tasks) = watch::channel(None);
         let run = RunAssigner {
+            after: self.resigning.take(),
             config: self.config.clone(),
             shared: shared.clone(),
             stats: self.stats.clone(),
@@ -103,17 +107,18 @@ impl Job {
     }
 
     /// Tells its Assigner here to stop (it resigns, so that the next owner leads at
-    /// once); `None` when none runs. Await the handle for the resignation.
-    pub(super) fn hand_over(&mut self) -> Option<JoinHandle<()>> {
-        let assigner = self.assigner.take()?;
+    /// once); whether one ran.
+    pub(super) fn hand_over(&mut self) -> bool {
+        let Some(assigner) = self.assigner.take() else { return false };
         assigner.stop.send_replace(true);
-        Some(assigner.task)
+        self.resigning = Some(assigner.task);
+        true
     }
 
     /// Takes a new spec: the drained set alone reaches a running Assigner live; any
-    /// other change restarts it (returned: the old one's handle, to await, and whether
-    /// to start it again).
-    pub(super) fn reconfigure(&mut self, config: JobConfig) -> Option<JoinHandle<()>> {
+    /// other change hands it over (returns whether it did: the control task starts it
+    /// again on the new spec if the job is still this instance's).
+    pub(super) fn reconfigure(&mut self, config: JobConfig) -> bool {
         let only_drains =
             JobConfig { drained: self.config.drained.clone(), ..config.clone() } == *self.config;
         self.config = Arc::new(config);
@@ -121,7 +126,7 @@ impl Job {
             if let Some(assigner) = &self.assigner {
                 assigner.drained.send_replace(self.config.drained.clone());
             }
-            return None;
+            return false;
         }
         self.hand_over()
     }
@@ -148,7 +153,8 @@ impl Job {
     pub(super) fn remove(mut self, shared: &Shared) -> Option<JoinHandle<()>> {
         self.follower.abort();
         shared.book.forget(&self.config.job);
-        self.hand_over()
+        self.hand_over();
+        self.resigning.take()
     }
 }
 
@@ -201,8 +207,13 @@ fn tasks_named(assignment: &Assignment) -> BTreeSet<u32> {
     assignment.slices().iter().flat_map(|s| s.tasks().iter().copied()).filter(|t| seen.insert(*t)).collect()
 }
 
+/// How long a new Assigner waits for the one before it to resign, at most.
+const RESIGN_WAIT: Duration = Duration::from_secs(10);
+
 /// The task that runs a job's Assigner here.
 struct RunAssigner {
+    /// The Assigner before this one here, resigning: waited for first.
+    after: Option<JoinHandle<()>>,
     config: Arc<JobConfig>,
     shared: Shared,
     stats: watch::Sender<Option<Arc<AssignerStats>>>,
@@ -214,7 +225,10 @@ struct RunAssigner {
 impl RunAssigner {
     /// Follows the job's tasks and runs its Assigner on them until `stopped`; then
     /// resigns. Started again with backoff if its tasks cannot be followed or it ends.
-    async fn run(self, mut stopped: watch::Receiver<bool>) {
+    async fn run(mut self, mut stopped: watch::Receiver<bool>) {
+        if let Some(before) = self.after.take() {
+            let _ = tokio::time::timeout(RESIGN_WAIT, before).await;
+        }
         let job = self.config.job.as_str();
         let mut delay = FIRST_RESTART;
         loop {

@@ -340,7 +340,7 @@ impl Control {
             Some(job) if *job.config == config => {}
             Some(job) => {
                 let name = config.job.clone();
-                if job.reconfigure(config).is_some() {
+                if job.reconfigure(config) {
                     self.shared.events.say(format!("job {name}: spec changed; its Assigner here restarts"));
                 }
             }
@@ -397,7 +397,7 @@ impl Control {
                     job.lead(&self.shared);
                     started += 1;
                 }
-            } else if job.hand_over().is_some() {
+            } else if job.hand_over() {
                 handed += 1;
             }
         }

@@ -223,8 +223,15 @@ impl AssignerService {
         loop {
             let campaign = tokio::select! {
                 biased;
-                _ = signals.wait_for(|&s| s != Signal::Run) => return,
-                c = self.store.campaign(&self.job, &self.candidate) => c,
+                _ = signals.wait_for(|&s| s != Signal::Run) => None,
+                c = self.store.campaign(&self.job, &self.candidate) => Some(c),
+            };
+            let Some(campaign) = campaign else {
+                // The campaign is dropped: a term it won unseen is released.
+                if let Err(error) = self.store.release(&self.job).await {
+                    tracing::warn!(%error, job = %self.job, "assigner: releasing an abandoned campaign failed");
+                }
+                return;
             };
             let leadership = match campaign {
                 Ok(l) => l,

@@ -258,6 +258,24 @@ pub trait AssignmentStore: fmt::Debug + Send + Sync + 'static {
     /// retries); [`StoreError::TooManyJobs`] from a full [`MemoryStore`].
     fn campaign<'a>(&'a self, job: &'a str, candidate: &'a str) -> StoreFuture<'a, Leadership>;
 
+    /// Ends any term of `job` this store holds with no [`Leadership`] to show for it: a
+    /// campaign dropped (cancelled) after the store made it leader but before it
+    /// returned. A store whose terms are released with their campaign (each on its own
+    /// lease, revoked when dropped; the memory store) has nothing to do (the default). On
+    /// an etcd store with a session lease ([`EtcdConfig::session_lease`]) it deletes the
+    /// job's leader key if it is on the session: call it after cancelling a campaign, or
+    /// the key stays for as long as the session lives and no one else can lead the job.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`].
+    ///
+    /// [`EtcdConfig::session_lease`]: crate::EtcdConfig::session_lease
+    fn release<'a>(&'a self, job: &'a str) -> StoreFuture<'a, ()> {
+        let _ = job;
+        Box::pin(async { Ok(()) })
+    }
+
     /// Whether the store has exclusive mode ([`AssignmentStore::write_exclusive`]): it
     /// needs leases (`EtcdStore` has it; [`MemoryStore`] does not).
     fn supports_exclusive(&self) -> bool {

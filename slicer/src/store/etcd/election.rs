@@ -1,13 +1,14 @@
 //! One writer per job: a lease kept alive, and a leader key created only if absent.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
     Client, Compare, CompareOp, Error as EtcdError, EventType, PutOptions, Txn, TxnOp, TxnOpResponse,
     WatchOptions,
 };
-use steady_etcd::{HeldLease, LeaseMode};
+use steady_etcd::HeldLease;
 use tokio::sync::watch;
 
 use super::{bounded, EtcdStore};
@@ -19,10 +20,16 @@ const MAX_CAMPAIGN_FAILURES: u32 = 5;
 
 /// A term of an [`EtcdStore`] job: the lease and the leader key it created.
 pub(crate) struct EtcdTerm {
-    lease: HeldLease,
+    /// The term's own lease, or the store's session lease shared by all its terms
+    /// ([`super::EtcdConfig::session_lease`]).
+    lease: Arc<HeldLease>,
+    /// Whether `lease` is the session's: resigning then deletes the key alone.
+    shared: bool,
     leader_key: Vec<u8>,
     /// The leader key's `create_revision`: no other term has it.
     fence: i64,
+    client: Client,
+    timeout: Duration,
 }
 
 impl fmt::Debug for EtcdTerm {
@@ -50,12 +57,27 @@ impl EtcdTerm {
 }
 
 impl Term for EtcdTerm {
-    /// Revokes the lease, which deletes the leader key with it.
+    /// Revokes the term's own lease, which deletes the leader key with it; on a session
+    /// lease, deletes the leader key if it is still this term's (the session goes on for
+    /// the other terms).
     fn resign(&self) -> StoreFuture<'_, ()> {
-        Box::pin(async move { self.lease.revoke().await.map_err(StoreError::unavailable) })
+        Box::pin(async move {
+            if !self.shared {
+                return self.lease.revoke().await.map_err(StoreError::unavailable);
+            }
+            let txn = Txn::new()
+                .when([Compare::create_revision(self.leader_key.clone(), CompareOp::Equal, self.fence)])
+                .and_then([TxnOp::delete(self.leader_key.clone(), None)]);
+            let mut kv = self.client.kv_client();
+            steady_etcd::bounded(self.timeout, "resign", kv.txn(txn))
+                .await
+                .map_err(StoreError::unavailable)?;
+            Ok(())
+        })
     }
 
-    /// Lets the lease lapse: the term ends within a TTL.
+    /// Lets the lease lapse: the term ends within a TTL (on a session lease, every term
+    /// of the session with it: what a crash of the process would do).
     fn stop_renewing(&self) {
         self.lease.stop_renewing();
     }
@@ -73,7 +95,7 @@ pub(super) async fn campaign(
 ) -> Result<Leadership, StoreError> {
     let (client, timeout) = (&store.client, store.timeout());
     let leader_key = store.leader_key(job);
-    let mut lease: Option<HeldLease> = None;
+    let mut lease: Option<Arc<HeldLease>> = None;
     let mut failures = 0;
     loop {
         if failures >= MAX_CAMPAIGN_FAILURES {
@@ -87,17 +109,8 @@ pub(super) async fn campaign(
         // A lease that lapsed while we waited cannot carry the leader key: take another.
         // Strict: a term is a lock, so the leader must give it up no later than etcd
         // could hand the key to a standby, even while etcd cannot be asked.
-        if !lease.as_ref().is_some_and(HeldLease::is_alive) {
-            lease = match HeldLease::grant(
-                client,
-                store.config.lease_ttl,
-                timeout,
-                "leadership",
-                LeaseMode::Strict,
-            )
-            .await
-            .map_err(StoreError::unavailable)
-            {
+        if !lease.as_ref().is_some_and(|l| l.is_alive()) {
+            lease = match store.lease_for_campaign().await {
                 Ok(granted) => Some(granted),
                 Err(error) => {
                     failures += 1;
@@ -112,7 +125,14 @@ pub(super) async fn campaign(
                 let lease = lease.take().expect("granted above");
                 let held = lease.held();
                 tracing::info!(job, candidate, lease = id, fence, "campaign: leading");
-                let term = EtcdTerm { lease, leader_key: leader_key.into_bytes(), fence };
+                let term = EtcdTerm {
+                    lease,
+                    shared: store.config.session_lease,
+                    leader_key: leader_key.into_bytes(),
+                    fence,
+                    client: client.clone(),
+                    timeout,
+                };
                 return Ok(Leadership::new(job, candidate, held, term));
             }
             Ok(Attempt::Held { leader, revision }) => (leader, revision),
@@ -229,5 +249,65 @@ mod tests {
         assert_eq!(again, Attempt::Led { fence });
         let other = try_lead(&client, timeout, "/job/leader", "b", theirs).await.unwrap();
         assert!(matches!(other, Attempt::Held { leader: Some(ref name), .. } if name == "a"), "{other:?}");
+    }
+
+    /// With a session lease, two jobs' terms share one lease: resigning one deletes its
+    /// key alone and the other term goes on; the session lapsing ends both.
+    #[tokio::test]
+    async fn terms_on_a_session_lease_resign_alone_and_lapse_together() {
+        let Some(etcd) = steady_testing::Etcd::start() else { return };
+        let config =
+            crate::EtcdConfig::new([etcd.endpoint()]).lease_ttl(Duration::from_secs(2)).session_lease(true);
+        let store = EtcdStore::connect(config).await.unwrap();
+        let users = campaign(&store, "users", "a").await.unwrap();
+        let orders = campaign(&store, "orders", "a").await.unwrap();
+        let lease = |l: &Leadership| l.term::<EtcdTerm>().unwrap().lease();
+        assert_eq!(lease(&users), lease(&orders), "one session lease");
+        let mut kv = store.client.kv_client();
+        users.resign().await.unwrap();
+        assert_eq!(kv.get(store.leader_key("users"), None).await.unwrap().kvs().len(), 0);
+        assert!(orders.is_held());
+        assert_eq!(kv.get(store.leader_key("orders"), None).await.unwrap().kvs().len(), 1);
+        // Another candidate waits; the session left to lapse ends the term it holds.
+        let other =
+            EtcdStore::connect(crate::EtcdConfig::new([etcd.endpoint()]).lease_ttl(Duration::from_secs(2)))
+                .await
+                .unwrap();
+        let waiting =
+            tokio::spawn(
+                async move { campaign(&other, "orders", "b").await.map(|l| l.candidate().to_owned()) },
+            );
+        orders.stop_renewing();
+        tokio::time::timeout(Duration::from_secs(10), orders.lost())
+            .await
+            .expect("the term ends with its session");
+        let next = tokio::time::timeout(Duration::from_secs(10), waiting).await.unwrap().unwrap().unwrap();
+        assert_eq!(next, "b");
+    }
+
+    /// A term on the session that no one holds a handle to (a campaign dropped just after
+    /// etcd made it leader) keeps its key for the session's life; `release` ends it, and
+    /// only a key on the session.
+    #[tokio::test]
+    async fn release_deletes_a_term_no_one_holds_and_only_the_session_s() {
+        use crate::store::AssignmentStore;
+        let Some(etcd) = steady_testing::Etcd::start() else { return };
+        let config =
+            crate::EtcdConfig::new([etcd.endpoint()]).lease_ttl(Duration::from_secs(2)).session_lease(true);
+        let store = EtcdStore::connect(config).await.unwrap();
+        let other = EtcdStore::connect(crate::EtcdConfig::new([etcd.endpoint()])).await.unwrap();
+        drop(campaign(&store, "users", "a").await.unwrap());
+        let theirs = campaign(&other, "orders", "b").await.unwrap();
+        let mut kv = store.client.kv_client();
+        assert_eq!(
+            kv.get(store.leader_key("users"), None).await.unwrap().kvs().len(),
+            1,
+            "kept by the session"
+        );
+        store.release("users").await.unwrap();
+        store.release("orders").await.unwrap();
+        assert_eq!(kv.get(store.leader_key("users"), None).await.unwrap().kvs().len(), 0);
+        assert!(theirs.is_held(), "another lease's term is not released");
+        assert_eq!(kv.get(store.leader_key("orders"), None).await.unwrap().kvs().len(), 1);
     }
 }

@@ -5,7 +5,9 @@ use std::future::Future;
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, KeyValue, Txn, TxnOp, TxnOpResponse, TxnResponse};
-use steady_etcd::{ConnectError, EtcdAccess};
+use std::sync::Arc;
+
+use steady_etcd::{ConnectError, EtcdAccess, HeldLease, LeaseMode};
 use steady_slice::guard::{self, Consistency, Guard};
 use steady_slice::Assignment;
 
@@ -35,6 +37,7 @@ pub struct EtcdConfig {
     request_timeout: Duration,
     recall_timeout: Duration,
     access: EtcdAccess,
+    session_lease: bool,
 }
 
 impl EtcdConfig {
@@ -50,6 +53,7 @@ impl EtcdConfig {
             request_timeout: Duration::from_secs(5),
             recall_timeout: Duration::from_secs(10),
             access: EtcdAccess::new(),
+            session_lease: false,
         }
     }
 
@@ -92,6 +96,17 @@ impl EtcdConfig {
     /// is left pending, for the next `settle`.
     pub fn recall_timeout(mut self, timeout: Duration) -> Self {
         self.recall_timeout = timeout;
+        self
+    }
+
+    /// One lease for every campaign of the store (and its clones), instead of one per
+    /// campaign: what a process that leads many jobs wants (a fleet instance leading a
+    /// thousand jobs renews one lease, not a thousand). The session is kept strictly as
+    /// a term's own lease is; when it lapses, every term on it ends at once and the next
+    /// campaigns take a new one. A term resigns by deleting its leader key (if still its
+    /// own), not by revoking the lease. Default: off.
+    pub fn session_lease(mut self, shared: bool) -> Self {
+        self.session_lease = shared;
         self
     }
 
@@ -170,7 +185,12 @@ impl EtcdConfig {
 ///   tries again. A key found on the campaign's own lease is its term, fenced by the
 ///   key's `create_revision` (an earlier try created it and its answer was lost). The lease is kept strictly ([`steady_etcd::LeaseMode::Strict`]): the
 ///   leader counts its term over when no renewal has been answered for a TTL, even if
-///   etcd was merely down and restores the lease when it comes back.
+///   etcd was merely down and restores the lease when it comes back. With
+///   [`EtcdConfig::session_lease`] every campaign of the store holds its key on one
+///   session lease (granted anew once it lapses), so a key found on it is this process's
+///   (a term of the same job not yet resigned, which the new one continues).
+/// * Resigning revokes the term's lease, deleting the key; on a session lease it deletes
+///   the key alone, `If(create_revision(leader) == fence)`.
 /// * A watch reads the key, then follows it with an etcd watch from the next revision,
 ///   so nothing between the two is missed; after an error it re-establishes the watch
 ///   from the revision after the last it saw, with backoff (50 ms doubling to 2 s). If that
@@ -182,6 +202,8 @@ impl EtcdConfig {
 pub struct EtcdStore {
     client: Client,
     config: EtcdConfig,
+    /// The session lease of [`EtcdConfig::session_lease`], shared by the store's clones.
+    session: Arc<tokio::sync::Mutex<Option<Arc<HeldLease>>>>,
 }
 
 impl fmt::Debug for EtcdStore {
@@ -210,7 +232,31 @@ impl EtcdStore {
                 ConnectError::Unreachable { .. } => StoreError::unavailable(error),
                 error => StoreError::Connect(error),
             })?;
-        Ok(Self { client, config })
+        Ok(Self { client, config, session: Arc::default() })
+    }
+
+    /// The lease a campaign holds its leader key on: a new one, or with
+    /// [`EtcdConfig::session_lease`] the session's (granted anew once it lapsed).
+    pub(crate) async fn lease_for_campaign(&self) -> Result<Arc<HeldLease>, StoreError> {
+        let grant = || {
+            HeldLease::grant(
+                &self.client,
+                self.config.lease_ttl,
+                self.timeout(),
+                "leadership",
+                LeaseMode::Strict,
+            )
+        };
+        if !self.config.session_lease {
+            return Ok(Arc::new(grant().await.map_err(StoreError::unavailable)?));
+        }
+        let mut session = self.session.lock().await;
+        if let Some(lease) = session.as_ref().filter(|lease| lease.is_alive()) {
+            return Ok(lease.clone());
+        }
+        let lease = Arc::new(grant().await.map_err(StoreError::unavailable)?);
+        *session = Some(lease.clone());
+        Ok(lease)
     }
 
     /// The configuration it runs with.
@@ -366,6 +412,20 @@ impl AssignmentStore for EtcdStore {
                 });
             }
             Err(StoreError::Conflict)
+        })
+    }
+
+    fn release<'a>(&'a self, job: &'a str) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            check_name("job", job)?;
+            let session = self.session.lock().await.as_ref().map(|lease| lease.id());
+            let Some(id) = session else { return Ok(()) };
+            let key = self.leader_key(job);
+            let txn = Txn::new()
+                .when([Compare::lease(key.as_str(), CompareOp::Equal, id)])
+                .and_then([TxnOp::delete(key.as_str(), None)]);
+            bounded(self.timeout(), "release", self.client.kv_client().txn(txn)).await?;
+            Ok(())
         })
     }
 
