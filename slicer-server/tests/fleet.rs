@@ -448,7 +448,11 @@ async fn a_thousand_jobs_on_three_instances() {
     let jobs: Vec<String> = (0..JOBS).map(|i| format!("job-{i:04}")).collect();
     let started = Instant::now();
     for name in &jobs {
-        specs.put(&job(name, 20)).await.map(|_| ()).unwrap_or_else(|e| panic!("{e}"));
+        // The default cadence (10 s), not the other tests' 200 ms.
+        specs
+            .put(&JobConfig::new(name.as_str(), TaskSource::Count(20)))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
     }
     let written = started.elapsed();
     let deadline = Instant::now() + Duration::from_secs(300);

@@ -2,7 +2,7 @@
 //! Distributor, and into the load book while no Assigner leads it here), and its
 //! Assigner, while the spread gives it this instance.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -203,8 +203,7 @@ async fn follow_store(
 
 /// Every task an assignment names (replicas and warming ones).
 fn tasks_named(assignment: &Assignment) -> BTreeSet<u32> {
-    let mut seen = HashSet::new();
-    assignment.slices().iter().flat_map(|s| s.tasks().iter().copied()).filter(|t| seen.insert(*t)).collect()
+    assignment.slices().iter().flat_map(|s| s.tasks().iter().copied()).collect()
 }
 
 /// How long a new Assigner waits for the one before it to resign, at most.
