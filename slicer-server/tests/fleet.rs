@@ -6,8 +6,7 @@
 //! of spec files the same way.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,54 +18,11 @@ use steady_slicer::store::{EtcdConfig, EtcdStore};
 use tonic::transport::Endpoint;
 
 const BIN: &str = env!("CARGO_BIN_EXE_steady-slicer");
+
+mod fleet_instances;
+use fleet_instances::{start, until, Running};
 /// The most any wait may take.
 const WAIT: Duration = Duration::from_secs(30);
-
-/// One running instance: killed when dropped; its stderr lines kept.
-struct Running {
-    name: String,
-    child: std::process::Child,
-    address: String,
-    stderr: Arc<Mutex<Vec<String>>>,
-    _stdout: std::io::Lines<BufReader<std::process::ChildStdout>>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Running {
-    fn said(&self, what: impl Fn(&str) -> bool) -> bool {
-        self.stderr.lock().unwrap().iter().any(|line| what(line))
-    }
-}
-
-/// Starts an instance with `args` (and `--fleet`, loopback, port 0).
-fn start(name: &str, args: &[&str]) -> Running {
-    let mut child = Command::new(BIN)
-        .args(["--fleet", "--candidate", name, "--listen", "127.0.0.1:0"])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
-    // "steady-slicer: fleet instance NAME on ADDR (Etcd store), advertised as ADDR"
-    let first = stdout.next().unwrap().unwrap();
-    let address = first.split_whitespace().nth(5).unwrap_or_else(|| panic!("{first}")).to_owned();
-    let stderr = Arc::new(Mutex::new(Vec::new()));
-    let lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let kept = stderr.clone();
-    std::thread::spawn(move || {
-        for line in lines.map_while(Result::ok) {
-            kept.lock().unwrap().push(line);
-        }
-    });
-    Running { name: name.to_owned(), child, address, stderr, _stdout: stdout }
-}
 
 fn on_etcd(endpoint: &str) -> [&str; 6] {
     ["--store", "etcd", "--endpoints", endpoint, "--lease-ttl-secs", "2"]
@@ -76,18 +32,6 @@ fn job(name: &str, tasks: u32) -> JobConfig {
     let mut config = JobConfig::new(name, TaskSource::Count(tasks));
     config.cadence = Duration::from_millis(200);
     config
-}
-
-/// Waits (polling) until `check` gives `Some`, within [`WAIT`].
-async fn until<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "not within {WAIT:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Each job's leader, by job.
@@ -150,7 +94,7 @@ async fn a_fleet_spreads_its_jobs_survives_a_death_takes_a_joiner_and_follows_it
     let mut instances: Vec<Running> = ["a", "b", "c"].iter().map(|n| start(n, &on_etcd(&endpoint))).collect();
 
     // Every job led, three each: the spread's cap is ceil(9 / 3).
-    let led = until("every job led, three per instance", async || {
+    let led = until(WAIT, "every job led, three per instance", async || {
         let led = leaders(&fleet, &jobs).await;
         let counts = counts(&led)?;
         (counts.len() == 3 && counts.values().all(|&n| n == 3)).then_some(led)
@@ -167,7 +111,7 @@ async fn a_fleet_spreads_its_jobs_survives_a_death_takes_a_joiner_and_follows_it
     // Killed (no resignation): its jobs are led by b and c within the lease.
     let a = instances.remove(0);
     drop(a);
-    until("every job led by b or c", async || {
+    until(WAIT, "every job led by b or c", async || {
         let counts = counts(&leaders(&fleet, &jobs).await)?;
         (counts.keys().all(|l| l == "b" || l == "c") && counts.values().all(|&n| n <= 5)).then_some(())
     })
@@ -186,7 +130,7 @@ async fn a_fleet_spreads_its_jobs_survives_a_death_takes_a_joiner_and_follows_it
     let bad = format!(r#"{{"version": 1, "job": "{other}", "tasks": {{"count": 0}}}}"#);
     let mut client = etcd_client::Client::connect([endpoint.as_str()], None).await.unwrap();
     client.put(EtcdSpecs::of(&store).key(other), bad, None).await.unwrap();
-    until("every instance refuses the spec by job and field", async || {
+    until(WAIT, "every instance refuses the spec by job and field", async || {
         instances
             .iter()
             .all(|i| i.said(|l| l.contains(other.as_str()) && l.contains("tasks.count")))
@@ -198,7 +142,7 @@ async fn a_fleet_spreads_its_jobs_survives_a_death_takes_a_joiner_and_follows_it
 
     // A fourth instance joins: it takes its share (three jobs), every job still led.
     instances.push(start("d", &on_etcd(&endpoint)));
-    until("d leads three jobs and every job is led", async || {
+    until(WAIT, "d leads three jobs and every job is led", async || {
         let counts = counts(&leaders(&fleet, &jobs).await)?;
         (counts.get("d") == Some(&3) && counts.values().all(|&n| n == 3)).then_some(())
     })
@@ -206,8 +150,10 @@ async fn a_fleet_spreads_its_jobs_survives_a_death_takes_a_joiner_and_follows_it
 
     // A job removed is no longer led (its Assigner resigned).
     specs.delete("job-8").await.unwrap();
-    until("job-8 is no longer led", async || fleet.leader("job-8").await.unwrap().is_none().then_some(()))
-        .await;
+    until(WAIT, "job-8 is no longer led", async || {
+        fleet.leader("job-8").await.unwrap().is_none().then_some(())
+    })
+    .await;
 }
 
 /// The operator's view of a running fleet, end to end: `steadyctl jobs` names each job's
@@ -236,7 +182,7 @@ async fn steadyctl_and_the_pages_show_a_running_fleet() {
         assert!(out.status.success(), "steadyctl {args:?}: {stderr}");
         (stdout, stderr)
     };
-    let listed = until("steadyctl names a live leader for every job", async || {
+    let listed = until(WAIT, "steadyctl names a live leader for every job", async || {
         let (stdout, _) = ctl(&["jobs", "--json"]);
         let listed: serde_json::Value = serde_json::from_str(&stdout).unwrap();
         let leaders: Vec<String> = listed["jobs"]
@@ -286,9 +232,9 @@ async fn a_run_request_runs_the_job_on_its_leader() {
     SpecStore::Etcd(EtcdSpecs::of(&store)).put(&slow).await.unwrap();
     let instance = start("a", &on_etcd(&endpoint));
     let fleet = EtcdFleet::new(&store);
-    until("users led", async || fleet.leader("users").await.unwrap().map(|_| ())).await;
+    until(WAIT, "users led", async || fleet.leader("users").await.unwrap().map(|_| ())).await;
     fleet.request_run("users").await.unwrap();
-    until("the leader runs users", async || {
+    until(WAIT, "the leader runs users", async || {
         instance.said(|l| l.contains("job users: a run was asked for")).then_some(())
     })
     .await;
@@ -309,7 +255,7 @@ async fn a_memory_fleet_follows_its_spec_directory() {
     tasks_become(&mut watch(&instance.address, "orders"), &[0, 1, 2, 3]).await;
     std::fs::write(dir.join("users.json"), r#"{"version": 1, "job": "users", "tasks": {"count": 0}}"#)
         .unwrap();
-    until("the bad file is refused by name", async || {
+    until(WAIT, "the bad file is refused by name", async || {
         instance.said(|l| l.contains("users") && l.contains("tasks.count")).then_some(())
     })
     .await;
@@ -441,8 +387,10 @@ async fn a_thousand_jobs_on_three_instances() {
     let log = log_leaders(&endpoint).await;
     let etcd_args = ["--store", "etcd", "--endpoints", endpoint.as_str(), "--lease-ttl-secs", "5"];
     let mut instances: Vec<Running> = ["a", "b", "c"].iter().map(|n| start(n, &etcd_args)).collect();
-    until("three instances joined", async || (fleet.instances().await.unwrap().len() == 3).then_some(()))
-        .await;
+    until(WAIT, "three instances joined", async || {
+        (fleet.instances().await.unwrap().len() == 3).then_some(())
+    })
+    .await;
     let idle: Vec<u64> = instances.iter().map(|i| rss_kib(i.child.id())).collect();
 
     let jobs: Vec<String> = (0..JOBS).map(|i| format!("job-{i:04}")).collect();
@@ -505,7 +453,7 @@ async fn a_thousand_jobs_on_three_instances() {
     let theirs = spread[&victim.name];
     let killed = Instant::now();
     drop(victim);
-    until("a's jobs led elsewhere", async || {
+    until(WAIT, "a's jobs led elsewhere", async || {
         let (spans, last) = unled(&log, killed);
         (spans.len() >= theirs && spans.values().all(Option::is_some)).then_some(last)
     })
@@ -521,7 +469,7 @@ async fn a_thousand_jobs_on_three_instances() {
     // An instance joins: how long any job goes unled as jobs move to it.
     let joined = Instant::now();
     instances.push(start("d", &etcd_args));
-    let settled = until("d takes its share, every job led", async || {
+    let settled = until(WAIT, "d takes its share, every job led", async || {
         let counts = counts(&all_leaders(&fleet, &jobs).await)?;
         counts.get("d").is_some_and(|&n| n >= JOBS / 4 - 1).then_some(counts)
     })

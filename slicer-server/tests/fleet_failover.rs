@@ -17,8 +17,6 @@
 //! --test fleet_failover -- --nocapture`.
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -39,7 +37,8 @@ use steady_tonic::SteadyChannel;
 use tokio::task::JoinHandle;
 use tonic::transport::{Endpoint, Server};
 
-const BIN: &str = env!("CARGO_BIN_EXE_steady-slicer");
+mod fleet_instances;
+use fleet_instances::{until, Running};
 /// The job under load, and the others the spread has to spread.
 const JOB: &str = "users";
 const OTHER_JOBS: usize = 5;
@@ -64,51 +63,12 @@ const KEYS: u64 = 1024;
 /// The most request errors kept to print.
 const ERRORS_KEPT: usize = 10;
 
-/// One running instance: killed when dropped; its stderr lines kept (printed when the
-/// test finds failures).
-struct Running {
-    name: String,
-    child: std::process::Child,
-    address: String,
-    stderr: Arc<Mutex<Vec<String>>>,
-    _stdout: std::io::Lines<BufReader<std::process::ChildStdout>>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Running {
-    fn endpoint(&self) -> Endpoint {
-        Endpoint::from_shared(format!("http://{}", self.address)).unwrap()
-    }
-}
-
 /// Starts instance `name` of the fleet on etcd at `etcd` (loopback, port 0, 2 s lease).
 fn start(name: &str, etcd: &str) -> Running {
-    let mut child = Command::new(BIN)
-        .args(["--fleet", "--candidate", name, "--listen", "127.0.0.1:0"])
-        .args(["--store", "etcd", "--endpoints", etcd, "--lease-ttl-secs", &TTL.as_secs().to_string()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
-    // "steady-slicer: fleet instance NAME on ADDR (Etcd store), advertised as ADDR"
-    let first = stdout.next().unwrap().unwrap();
-    let address = first.split_whitespace().nth(5).unwrap_or_else(|| panic!("{first}")).to_owned();
-    let stderr = Arc::new(Mutex::new(Vec::new()));
-    let lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let kept = stderr.clone();
-    std::thread::spawn(move || {
-        for line in lines.map_while(Result::ok) {
-            kept.lock().unwrap().push(line);
-        }
-    });
-    Running { name: name.to_owned(), child, address, stderr, _stdout: stdout }
+    fleet_instances::start(
+        name,
+        &["--store", "etcd", "--endpoints", etcd, "--lease-ttl-secs", &TTL.as_secs().to_string()],
+    )
 }
 
 fn job(name: &str, tasks: TaskSource) -> JobConfig {
@@ -122,18 +82,6 @@ fn job(name: &str, tasks: TaskSource) -> JobConfig {
 async fn registry(etcd: &str) -> Registry {
     let config = RegistryConfig::new([etcd]).lease_ttl(TTL).request_timeout(Duration::from_secs(2));
     steady_testing::within(WAIT, "connecting to the registry", Registry::connect(config)).await.unwrap()
-}
-
-/// Waits (polling) until `check` gives `Some`, within `limit`.
-async fn until<T>(limit: Duration, what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Every task an assignment names (replicas and warming ones).
