@@ -9,7 +9,8 @@ use steady_assigner::ReplicaLimits;
 use steady_balance::{BalanceConfig, JobView, KeyedLoadBound, TaskState};
 use steady_local::{LocalAssignments, LocalHandle};
 use steady_slicelet::{LoadReporter, MeterConfig, Slicelet};
-use steady_slicer::assigner_service::{follow_job, AssignerConfig, AssignerHandle};
+use steady_slicer::assigner_service::{follow_job, AssignerConfig};
+use steady_slicer_server::fleet::FleetHandle;
 use steady_testing::holds_within;
 use steady_tonic::{SteadyChannel, TaskEndpoint};
 use tokio::sync::watch;
@@ -111,7 +112,7 @@ pub(crate) struct Fleet {
     pub(crate) channels: Vec<SteadyChannel>,
     job: watch::Sender<JobView<TaskEndpoint>>,
     _control: ControlPlane,
-    _assigner: Option<AssignerHandle>,
+    _assigner: Option<FleetHandle>,
     _reporters: Vec<LoadReporter>,
     _local: Vec<LocalHandle>,
     hashing: Option<JoinHandle<()>>,

@@ -1,16 +1,20 @@
 //! The demo's control plane and backends: the Distributor and load collector on one
-//! address, the assignment store, the Assigners, and echo servers with Slicelets.
+//! address, the assignment store, the Assigners (one-job fleet instances, as the
+//! `steady-slicer` binary runs), and echo servers with Slicelets.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use steady_assigner::{by_name, Tasks};
+use steady_assigner::Tasks;
 use steady_slicelet::Slicelet;
-use steady_slicer::assigner_service::{AssignerConfig, AssignerHandle, AssignerService};
+use steady_slicer::assigner_service::{AssignerConfig, AssignerStats};
+use steady_slicer::fleet::Instance;
 use steady_slicer::load::{LoadBook, LoadCollector};
+use steady_slicer::specs::{JobConfig, TaskSource};
 use steady_slicer::store::{AssignmentStore, EtcdConfig, EtcdStore, MemoryStore};
 use steady_slicer::Distributor;
+use steady_slicer_server::fleet::{Fleet, FleetHandle, FleetStatus};
 use steady_testing::echo::echo_server::EchoServer;
 use steady_testing::echo::EchoTask;
 use steady_testing::loopback::{Loopback, ServerGuard};
@@ -77,30 +81,63 @@ impl ControlPlane {
         Endpoint::from_shared(format!("http://{}", self.address)).expect("a valid address")
     }
 
-    /// An Assigner named `candidate`; on etcd with a connection of its own, as on
+    /// An Assigner named `candidate`: a one-job fleet instance of the control plane
+    /// (`steady_slicer_server::fleet`), as `steady-slicer --job` runs, on the demo's
+    /// tasks and with its compressed time; on etcd with a connection of its own, as on
     /// another machine.
     pub(crate) async fn assigner(
         &self,
         candidate: &str,
         config: &AssignerConfig,
         tasks: watch::Receiver<Tasks>,
-    ) -> Result<AssignerHandle, Box<dyn std::error::Error>> {
+    ) -> Result<FleetHandle, Box<dyn std::error::Error>> {
         let store: Arc<dyn AssignmentStore> = match &self.store {
             Some(shared) => shared.clone(),
             None => Arc::new(EtcdStore::connect(etcd_config(&self.endpoints)).await?),
         };
-        let algorithm = by_name("weighted-move").expect("a known assigner");
-        Ok(AssignerService::new(
-            JOB,
-            candidate,
-            Arc::from(algorithm),
-            store,
-            self.distributor.clone(),
-            self.book.clone(),
-        )
-        .config(config.clone())?
-        .spawn(tasks))
+        let count = u32::try_from(tasks.borrow().iter().count())?;
+        let job = JobConfig::new(JOB, TaskSource::Count(count));
+        let me = Instance { address: self.address.to_string(), pages: None };
+        // The demo's Assigner configuration, whole: steps of a second, not minutes.
+        let demo = config.clone();
+        Ok(Fleet::new(candidate, me, store, self.distributor.clone(), self.book.clone())
+            .jobs(vec![job])
+            .tasks_from(JOB, tasks)
+            .tune(move |_, config| config.clone_from(&demo))
+            .spawn())
     }
+}
+
+/// The statistics of the demo job's Assigner in `fleet`, once it runs.
+pub(super) fn stats(fleet: &FleetHandle) -> Option<Arc<AssignerStats>> {
+    fleet.status().borrow().jobs.get(JOB).and_then(|job| job.assigner.clone())
+}
+
+/// What the pages show: the status of the fleet instance sent last on the returned
+/// sender (the leader's; replaced when another Assigner takes over), kept current by a
+/// task that ends with the receiver.
+pub(super) fn shown(
+    first: watch::Receiver<Arc<FleetStatus>>,
+) -> (watch::Sender<watch::Receiver<Arc<FleetStatus>>>, watch::Receiver<Arc<FleetStatus>>) {
+    let (shown, shown_rx) = watch::channel(first.borrow().clone());
+    let (source, mut sources) = watch::channel(first);
+    tokio::spawn(async move {
+        loop {
+            let mut current = sources.borrow_and_update().clone();
+            shown.send_replace(current.borrow_and_update().clone());
+            tokio::select! {
+                changed = sources.changed() => if changed.is_err() { return },
+                changed = current.changed() => {
+                    // That instance stopped: wait for the next one sent.
+                    if changed.is_err() && sources.changed().await.is_err() {
+                        return;
+                    }
+                }
+                () = shown.closed() => return,
+            }
+        }
+    });
+    (source, shown_rx)
 }
 
 fn etcd_config(endpoints: &[String]) -> EtcdConfig {

@@ -1,8 +1,9 @@
 //! `steady-lab slicer`: the keyed Slicer loop end to end on real tonic servers.
 //!
 //! Starts backend echo servers with Slicelets (misroute counting and load reports), a
-//! Distributor, a load collector and an Assigner service (on the in-memory store, or on
-//! etcd with a standby), and frontends whose `SteadyChannel`s send keyed requests with
+//! Distributor, a load collector and an Assigner (a one-job instance of the control
+//! plane's fleet, as `steady-slicer --job` runs; on the in-memory store, or on etcd with a
+//! standby instance), and frontends whose `SteadyChannel`s send keyed requests with
 //! Zipf popularity over named keys. Time is compressed: a step is a second where Slicer's
 //! would be a minute. The hot keys move every `--shift-every` steps; on the way, the
 //! Assigner is killed (and restored, or replaced by its standby on etcd), and a backend is
@@ -175,31 +176,20 @@ async fn demo(out: &mut impl Write, args: &SlicerArgs) -> LabResult {
     let (tasks, tasks_rx) = watch::channel(Tasks::serving(0..args.backends)?);
     let first = control.assigner("assigner-a", &config, tasks_rx.clone()).await?;
     // The standby starts once the first one leads, so that the one killed is the leader.
-    if !holds_within(Duration::from_secs(10), || first.stats().terms() > 0).await {
+    let leads = |fleet: &steady_slicer_server::fleet::FleetHandle| {
+        control::stats(fleet).is_some_and(|s| s.terms() > 0)
+    };
+    if !holds_within(Duration::from_secs(10), || leads(&first)).await {
         return Err("the first assigner never led".into());
     }
-    // The pages, for as long as the demo runs: the leader's statistics, replaced when
+    // The pages, for as long as the demo runs: the leader's instance, replaced when
     // another Assigner takes over.
     let registry = steady_slicer_server::status::MetricsRegistry::new();
     let meter = registry.meter();
     control.distributor.observe_metrics(&meter);
     control.collector.observe_metrics(&meter);
-    first.observe_metrics(&meter, JOB, "assigner-a");
-    // The pages show a fleet of one instance running the demo's job.
-    let shown_fleet = |stats| {
-        let record =
-            steady_slicer::fleet::Instance { address: control.endpoint().uri().to_string(), pages: None };
-        let job =
-            steady_slicer::specs::JobConfig::new(JOB, steady_slicer::specs::TaskSource::Count(args.backends));
-        Arc::new(steady_slicer_server::fleet::FleetStatus::one_job(
-            PAGES_INSTANCE,
-            record,
-            job,
-            stats,
-            tasks_rx.clone(),
-        ))
-    };
-    let (shown, shown_rx) = watch::channel(shown_fleet(first.shared_stats()));
+    let (shown, shown_rx) = control::shown(first.status());
+    steady_slicer_server::status::observe_fleet(&meter, shown_rx.clone(), PAGES_INSTANCE);
     let pages = tokio::net::TcpListener::bind(args.metrics_listen).await?;
     let at = pages.local_addr()?;
     writeln!(out, "status page: http://{at}/   metrics: http://{at}/metrics   (while the demo runs)")?;
@@ -215,11 +205,7 @@ async fn demo(out: &mut impl Write, args: &SlicerArgs) -> LabResult {
     }));
     let mut leader = Some(first);
     let standby = match args.store {
-        DemoStore::Etcd => {
-            let standby = control.assigner("assigner-b", &config, tasks_rx.clone()).await?;
-            standby.observe_metrics(&meter, JOB, "assigner-b");
-            Some(standby)
-        }
+        DemoStore::Etcd => Some(control.assigner("assigner-b", &config, tasks_rx.clone()).await?),
         DemoStore::Memory => None,
     };
 
@@ -298,8 +284,7 @@ async fn demo(out: &mut impl Write, args: &SlicerArgs) -> LabResult {
         }
         if s == args.restore_at && args.store == DemoStore::Memory && leader.is_none() && args.kill_at > 0 {
             let restored = control.assigner("assigner-a2", &config, tasks_rx.clone()).await?;
-            restored.observe_metrics(&meter, JOB, "assigner-a2");
-            shown.send_replace(shown_fleet(restored.shared_stats()));
+            shown.send_replace(restored.status());
             leader = Some(restored);
             event.push_str("assigner restored; ");
         }
@@ -317,8 +302,8 @@ async fn demo(out: &mut impl Write, args: &SlicerArgs) -> LabResult {
         while let Some(left) = step_end.checked_duration_since(tokio::time::Instant::now()) {
             tokio::time::sleep(left.min(Duration::from_millis(10))).await;
             if let (Some(at), None, Some(standby)) = (killed_at, failover, &standby) {
-                if standby.stats().terms() > 0 {
-                    shown.send_replace(shown_fleet(standby.shared_stats()));
+                if leads(standby) {
+                    shown.send_replace(standby.status());
                     failover = Some(at.elapsed());
                     event.push_str("standby leads; ");
                 }

@@ -17,7 +17,7 @@ use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
 use super::sources::{self, Registries};
-use super::stop_asked;
+use super::{halted, Halt, Tune};
 
 /// How long an Assigner that stopped by itself (or whose tasks could not be followed)
 /// waits before it is started again, at first; doubled up to [`MAX_RESTART`].
@@ -33,6 +33,9 @@ pub(super) struct Shared {
     pub(super) book: LoadBook,
     pub(super) registries: Registries,
     pub(super) events: super::Events,
+    /// Jobs whose tasks the program gives ([`super::Fleet::tasks_from`]).
+    pub(super) given_tasks: Arc<std::collections::BTreeMap<String, watch::Receiver<Tasks>>>,
+    pub(super) tune: Option<Tune>,
 }
 
 /// One job on this instance.
@@ -51,7 +54,7 @@ pub(super) struct Job {
 
 /// The task that runs the job's Assigner here, and how to steer it.
 struct Assigner {
-    stop: watch::Sender<bool>,
+    stop: watch::Sender<Halt>,
     task: JoinHandle<()>,
     drained: watch::Sender<BTreeSet<u32>>,
     run_now: Arc<Notify>,
@@ -89,7 +92,7 @@ impl Job {
         if self.assigner.is_some() {
             return;
         }
-        let (stop, stopped) = watch::channel(false);
+        let (stop, stopped) = watch::channel(Halt::Run);
         let (drained, drained_rx) = watch::channel(self.config.drained.clone());
         let run_now = Arc::new(Notify::new());
         let (tasks_tx, tasks) = watch::channel(None);
@@ -109,8 +112,13 @@ impl Job {
     /// Tells its Assigner here to stop (it resigns, so that the next owner leads at
     /// once); whether one ran.
     pub(super) fn hand_over(&mut self) -> bool {
+        self.halt(Halt::Resign)
+    }
+
+    /// Stops its Assigner here as `halt` says; whether one ran.
+    fn halt(&mut self, halt: Halt) -> bool {
         let Some(assigner) = self.assigner.take() else { return false };
-        assigner.stop.send_replace(true);
+        assigner.stop.send_replace(halt);
         self.resigning = Some(assigner.task);
         true
     }
@@ -148,19 +156,24 @@ impl Job {
         self.assigner.as_ref().is_some_and(|a| a.task.is_finished())
     }
 
-    /// Stops following the job: its Assigner resigns (the handle to await), the follower
-    /// ends, and the book forgets the job.
-    pub(super) fn remove(mut self, shared: &Shared) -> Option<JoinHandle<()>> {
+    /// Stops following the job: its Assigner stops as `halt` says (resigns, or crashes;
+    /// the handle to await), the follower ends, and the book forgets the job.
+    pub(super) fn remove(mut self, shared: &Shared, halt: Halt) -> Option<JoinHandle<()>> {
         self.follower.abort();
         shared.book.forget(&self.config.job);
-        self.hand_over();
+        self.halt(halt);
         self.resigning.take()
     }
 }
 
 impl Drop for Job {
+    /// A job dropped without [`Job::remove`] (its control task aborted): its tasks end
+    /// with it.
     fn drop(&mut self) {
         self.follower.abort();
+        if let Some(assigner) = &self.assigner {
+            assigner.task.abort();
+        }
     }
 }
 
@@ -224,7 +237,7 @@ struct RunAssigner {
 impl RunAssigner {
     /// Follows the job's tasks and runs its Assigner on them until `stopped`; then
     /// resigns. Started again with backoff if its tasks cannot be followed or it ends.
-    async fn run(mut self, mut stopped: watch::Receiver<bool>) {
+    async fn run(mut self, mut stopped: watch::Receiver<Halt>) {
         if let Some(before) = self.after.take() {
             let _ = tokio::time::timeout(RESIGN_WAIT, before).await;
         }
@@ -233,7 +246,7 @@ impl RunAssigner {
         loop {
             let started = tokio::select! {
                 biased;
-                () = stop_asked(&mut stopped) => return,
+                _ = halted(&mut stopped) => return,
                 started = self.start() => started,
             };
             let (handle, _followed) = match started {
@@ -241,7 +254,7 @@ impl RunAssigner {
                 Err(error) => {
                     self.shared.events.say(format!("job {job}: its Assigner cannot start here: {error}"));
                     tokio::select! {
-                        () = stop_asked(&mut stopped) => return,
+                        _ = halted(&mut stopped) => return,
                         () = tokio::time::sleep(delay) => {}
                     }
                     delay = (delay * 2).min(MAX_RESTART);
@@ -255,8 +268,11 @@ impl RunAssigner {
                 }
             };
             tokio::select! {
-                () = stop_asked(&mut stopped) => {
-                    handle.stop().await;
+                halt = halted(&mut stopped) => {
+                    match halt {
+                        Halt::Crash => handle.kill().await,
+                        Halt::Run | Halt::Resign => handle.stop().await,
+                    }
                     self.stats.send_replace(None);
                     return;
                 }
@@ -275,6 +291,10 @@ impl RunAssigner {
     ) -> Result<(AssignerHandle, sources::Followed), Box<dyn std::error::Error + Send + Sync>> {
         let config = &self.config;
         let assigner = config.assigner()?;
+        let mut tuned = config.assigner_config();
+        if let Some(tune) = &self.shared.tune {
+            tune.apply(config, &mut tuned);
+        }
         let service = AssignerService::new(
             &config.job,
             &self.shared.instance,
@@ -283,8 +303,11 @@ impl RunAssigner {
             self.shared.distributor.clone(),
             self.shared.book.clone(),
         )
-        .config(config.assigner_config())?;
-        let followed = sources::follow(&config.job, &config.tasks, &self.shared.registries).await?;
+        .config(tuned)?;
+        let followed = match self.shared.given_tasks.get(&config.job) {
+            Some(given) => sources::Followed::given(given.clone()),
+            None => sources::follow(&config.job, &config.tasks, &self.shared.registries).await?,
+        };
         let tasks = sources::with_drained(followed.tasks.clone(), self.drained.clone(), self.run_now.clone());
         self.tasks.send_replace(Some(tasks.clone()));
         Ok((service.spawn(tasks), followed))

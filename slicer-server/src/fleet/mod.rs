@@ -71,6 +71,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use steady_assigner::Tasks;
+use steady_slicer::assigner_service::AssignerConfig;
 use steady_slicer::fleet::{Instance, RunRequests};
 use steady_slicer::load::LoadBook;
 use steady_slicer::specs::{JobConfig, SpecChange, SpecStore, SpecStoreError};
@@ -145,6 +147,27 @@ pub struct Fleet {
     run_requests: Option<RunRequests>,
     access: EtcdAccess,
     events: Events,
+    given_tasks: BTreeMap<String, watch::Receiver<Tasks>>,
+    tune: Option<Tune>,
+}
+
+/// A program's adjustment of each job's Assigner configuration ([`Fleet::tune`]).
+#[derive(Clone)]
+pub(crate) struct Tune(Arc<TuneFn>);
+
+/// The function of a [`Tune`].
+type TuneFn = dyn Fn(&JobConfig, &mut AssignerConfig) + Send + Sync;
+
+impl Tune {
+    pub(crate) fn apply(&self, job: &JobConfig, config: &mut AssignerConfig) {
+        (self.0)(job, config);
+    }
+}
+
+impl fmt::Debug for Tune {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Tune")
+    }
 }
 
 impl Fleet {
@@ -170,7 +193,24 @@ impl Fleet {
             run_requests: None,
             access: EtcdAccess::new(),
             events: Events(Arc::new(|event| tracing::info!(event, "fleet"))),
+            given_tasks: BTreeMap::new(),
+            tune: None,
         }
+    }
+
+    /// Takes `job`'s tasks from `tasks` (the program's own discovery, or a lab's hand),
+    /// not from its spec's source.
+    pub fn tasks_from(mut self, job: impl Into<String>, tasks: watch::Receiver<Tasks>) -> Self {
+        self.given_tasks.insert(job.into(), tasks);
+        self
+    }
+
+    /// Adjusts each job's Assigner configuration past what its spec says (what a spec
+    /// does not carry: `min_interval`, `stale_after`; a lab compressing time), each time
+    /// its Assigner starts here.
+    pub fn tune(mut self, tune: impl Fn(&JobConfig, &mut AssignerConfig) + Send + Sync + 'static) -> Self {
+        self.tune = Some(Tune(Arc::new(tune)));
+        self
     }
 
     /// Serves the jobs of `specs`, as they are created, changed and removed.
@@ -213,12 +253,12 @@ impl Fleet {
     /// Starts the control task.
     pub fn spawn(self) -> FleetHandle {
         let (status_tx, status) = watch::channel(Arc::new(FleetStatus::default()));
-        let (stop, stopped) = watch::channel(false);
+        let (stop, stopped) = watch::channel(Halt::Run);
         let task = tokio::spawn(self.control(status_tx, stopped));
-        FleetHandle { status, stop, task }
+        FleetHandle { status, stop, task: Some(task) }
     }
 
-    async fn control(mut self, status: watch::Sender<Arc<FleetStatus>>, mut stopped: watch::Receiver<bool>) {
+    async fn control(mut self, status: watch::Sender<Arc<FleetStatus>>, mut stopped: watch::Receiver<Halt>) {
         let shared = Shared {
             instance: self.instance.clone(),
             store: self.store.clone(),
@@ -226,6 +266,8 @@ impl Fleet {
             book: self.book.clone(),
             registries: sources::Registries::new(self.access.clone()),
             events: self.events.clone(),
+            given_tasks: Arc::new(std::mem::take(&mut self.given_tasks)),
+            tune: self.tune.take(),
         };
         let mut control = Control {
             shared,
@@ -242,10 +284,10 @@ impl Fleet {
         let mut specs = self.specs.watch();
         let mut health = tokio::time::interval(HEALTH_EVERY);
         health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
+        let halt = loop {
             tokio::select! {
                 biased;
-                () = stop_asked(&mut stopped) => break,
+                halt = halted(&mut stopped) => break halt,
                 item = specs.next() => match item {
                     Some(Ok(change)) => control.apply(change),
                     Some(Err(refused)) => self.events.say(format!("{refused}; its last good spec stays")),
@@ -264,19 +306,32 @@ impl Fleet {
             if changed {
                 control.shown = shown;
             }
-        }
-        // Every Assigner here resigns, so that the jobs' next owners lead at once.
-        let resigned: Vec<JoinHandle<()>> = std::mem::take(&mut control.jobs)
+        };
+        // Every Assigner here resigns, so that the jobs' next owners lead at once (or, as
+        // a crash, leaves its term to lapse).
+        let stopped: Vec<JoinHandle<()>> = std::mem::take(&mut control.jobs)
             .into_values()
-            .filter_map(|job| job.remove(&control.shared))
+            .filter_map(|job| job.remove(&control.shared, halt))
             .collect();
-        futures_util::future::join_all(resigned).await;
+        futures_util::future::join_all(stopped).await;
     }
 }
 
-/// Returns once `stopped` says stop (or its sender is gone).
-pub(crate) async fn stop_asked(stopped: &mut watch::Receiver<bool>) {
-    let _ = stopped.wait_for(|stop| *stop).await;
+/// How an Assigner, or the whole instance, is told to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Halt {
+    /// Not yet.
+    Run,
+    /// Resign every term, so that the next owners lead at once.
+    Resign,
+    /// As a crash would: terms left to lapse (fault injection: tests, the lab).
+    Crash,
+}
+
+/// Returns how `halt` says to stop, once it does (a sender gone: resign).
+pub(crate) async fn halted(halt: &mut watch::Receiver<Halt>) -> Halt {
+    let said = halt.wait_for(|h| *h != Halt::Run).await.map(|h| *h);
+    said.unwrap_or(Halt::Resign)
 }
 
 /// The next value of the members watch (pending for ever without one, or once its
@@ -354,7 +409,7 @@ impl Control {
 
     fn remove(&mut self, job: &str) {
         if let Some(removed) = self.jobs.remove(job) {
-            removed.remove(&self.shared);
+            removed.remove(&self.shared, Halt::Resign);
             if !self.shared.distributor.retire(job) {
                 // Watchers still have it open: forgotten once they are gone.
                 self.retired.insert(job.to_owned());
@@ -449,12 +504,22 @@ impl Control {
     }
 }
 
-/// A running fleet instance ([`Fleet::spawn`]).
+/// A running fleet instance ([`Fleet::spawn`]). Dropping it stops the instance at once,
+/// its tasks aborted (terms are neither resigned nor renewed); [`FleetHandle::stop`]
+/// resigns first.
 #[derive(Debug)]
 pub struct FleetHandle {
     status: watch::Receiver<Arc<FleetStatus>>,
-    stop: watch::Sender<bool>,
-    task: JoinHandle<()>,
+    stop: watch::Sender<Halt>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Drop for FleetHandle {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
 }
 
 impl FleetHandle {
@@ -466,13 +531,25 @@ impl FleetHandle {
     /// Whether the control task runs (it ends only on [`FleetHandle::stop`], or with the
     /// runtime).
     pub fn is_running(&self) -> bool {
-        !self.task.is_finished()
+        self.task.as_ref().is_some_and(|task| !task.is_finished())
     }
 
     /// Stops the instance: every Assigner here resigns before the return, so that the
     /// jobs' next owners lead at once.
-    pub async fn stop(self) {
-        self.stop.send_replace(true);
-        let _ = self.task.await;
+    pub async fn stop(mut self) {
+        self.stop.send_replace(Halt::Resign);
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+
+    /// Stops the instance as a crash would, for fault injection (tests, the lab): no
+    /// Assigner here resigns; each term is left to lapse (on etcd, within the lease; the
+    /// memory store has no lease and hands over at once). Returns once stopped.
+    pub async fn kill(mut self) {
+        self.stop.send_replace(Halt::Crash);
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
     }
 }

@@ -55,6 +55,13 @@ pub(super) struct Followed {
     _fixed: Option<watch::Sender<Tasks>>,
 }
 
+impl Followed {
+    /// A task set the program keeps itself.
+    pub(super) fn given(tasks: watch::Receiver<Tasks>) -> Self {
+        Self { tasks, _discovery: None, _fixed: None }
+    }
+}
+
 /// Starts following `source` for `job`.
 ///
 /// # Errors
