@@ -46,8 +46,13 @@ fn owned_by(generation: u64, owners: &[u32]) -> Assignment {
 }
 
 async fn store(etcd: &Etcd, recall: Duration) -> EtcdStore {
+    store_with_ttl(etcd, recall, TTL).await
+}
+
+/// [`store`] with a leadership lease of `ttl`.
+async fn store_with_ttl(etcd: &Etcd, recall: Duration, ttl: Duration) -> EtcdStore {
     let config = EtcdConfig::new([etcd.endpoint()])
-        .lease_ttl(TTL)
+        .lease_ttl(ttl)
         .request_timeout(Duration::from_secs(3))
         .recall_timeout(recall);
     within(WAIT, "connecting", EtcdStore::connect(config)).await.unwrap()
@@ -258,7 +263,11 @@ async fn a_recall_left_by_a_deposed_leader_is_completed_by_the_next_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_while_a_recall_is_pending_is_refused_and_writes_nothing() {
     let Some(etcd) = Etcd::start() else { return };
-    let (store, client) = (store(&etcd, Duration::from_millis(300)).await, raw(&etcd).await);
+    // A lease far longer than the test's steps: nothing here waits for it to lapse, and a
+    // 2 s strict lease can lapse on a machine starved of CPU (a CI run failed so,
+    // deposed mid-test: NotLeader).
+    let store = store_with_ttl(&etcd, Duration::from_millis(300), Duration::from_secs(30)).await;
+    let client = raw(&etcd).await;
     let leader = lead(&store, "a").await;
     let first = first_generation(&store, &leader).await;
     let stuck = Holder::new(&client, 0, 60).await;
