@@ -4,9 +4,9 @@
 //!
 //! [`Spread::of`] is a pure function of the job names and the instance names: every
 //! instance that sees the same two sets computes the same owners, with no coordination
-//! beyond agreeing on the sets. It is the rule a multi-job control plane is to follow
-//! (each instance keeping a leased key in the store, the jobs being the store's specs;
-//! not wired into `steady-slicer` yet): the election of each job stays the fence, an
+//! beyond agreeing on the sets. It is the rule a multi-job control plane follows
+//! (`steady-slicer --fleet`: each instance keeping a leased key in the store, the jobs
+//! being the store's specs): the election of each job stays the fence, an
 //! instance campaigning for the jobs the spread gives it and resigning the others, so
 //! two instances that briefly disagree about the sets can never both write one job.
 //!

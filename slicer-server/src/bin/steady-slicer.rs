@@ -94,8 +94,9 @@
 //! at once when the task set changes), writing each new generation to the store and to
 //! its Distributor. It also serves `LoadCollector.Report`, where Slicelets send their load.
 //! A standby's Distributor follows the store, so every instance serves the assignment in
-//! force. Prints a status line per cadence (at most one a second) on stdout; on Ctrl-C it
-//! resigns, so that a standby leads at once.
+//! force. Prints a status line per cadence (at most one a second) on stdout; on Ctrl-C or
+//! SIGTERM it resigns (and a fleet instance leaves the fleet), so that a standby leads at
+//! once.
 //!
 //! Every argument is checked before anything starts: a value that would be refused for as
 //! long as the process runs (a name no store holds, a task count past `MAX_TASK`, a job
@@ -774,10 +775,20 @@ async fn run(cli: Cli, checked: Checked) -> Result<(), Failure> {
             None => fleet_status(&fleet, &book).await,
         }
     };
+    // Ctrl-C or SIGTERM (systemd's, Kubernetes' stop): resign and leave before exiting.
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signals) => {
+                signals.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
     let outcome: Result<(), Failure> = tokio::select! {
         served = server => served.map_err(Into::into),
         () = status => Err("the fleet's control task stopped".into()),
         _ = tokio::signal::ctrl_c() => Ok(()),
+        () = terminate => Ok(()),
     };
     // Resign every job led here, so that the next owners lead at once; then leave.
     fleet.stop().await;

@@ -64,11 +64,12 @@ struct Assigner {
 
 impl Job {
     /// Starts following `config`'s job: the store's assignment into the Distributor (and
-    /// the book). Its Assigner starts with [`Job::lead`].
-    pub(super) fn follow(config: JobConfig, shared: &Shared) -> Self {
+    /// the book). Its Assigner starts with [`Job::lead`], after `resigning` (the Assigner
+    /// of the job here before it was removed, if it has not finished resigning).
+    pub(super) fn follow(config: JobConfig, shared: &Shared, resigning: Option<JoinHandle<()>>) -> Self {
         let (stats, leading_here) = watch::channel(None);
         let follower = tokio::spawn(follow_store(config.job.clone(), shared.clone(), leading_here));
-        Self { config: Arc::new(config), follower, assigner: None, stats, resigning: None }
+        Self { config: Arc::new(config), follower, assigner: None, stats, resigning }
     }
 
     /// Whether its Assigner runs here.
@@ -222,6 +223,11 @@ fn tasks_named(assignment: &Assignment) -> BTreeSet<u32> {
 /// How long a new Assigner waits for the one before it to resign, at most.
 const RESIGN_WAIT: Duration = Duration::from_secs(10);
 
+/// How long after a handover a campaign's late win is looked for
+/// ([`RunAssigner::release_late_win`]): a transaction in flight on the way to etcd lands
+/// within it, on any network an instance and etcd share.
+const LATE_WIN: Duration = Duration::from_secs(1);
+
 /// The task that runs a job's Assigner here.
 struct RunAssigner {
     /// The Assigner before this one here, resigning: waited for first.
@@ -239,7 +245,10 @@ impl RunAssigner {
     /// resigns. Started again with backoff if its tasks cannot be followed or it ends.
     async fn run(mut self, mut stopped: watch::Receiver<Halt>) {
         if let Some(before) = self.after.take() {
-            let _ = tokio::time::timeout(RESIGN_WAIT, before).await;
+            tokio::select! {
+                _ = halted(&mut stopped) => return,
+                _ = tokio::time::timeout(RESIGN_WAIT, before) => {}
+            }
         }
         let job = self.config.job.as_str();
         let mut delay = FIRST_RESTART;
@@ -262,6 +271,7 @@ impl RunAssigner {
                 }
             };
             self.stats.send_replace(Some(handle.shared_stats()));
+            let started_at = tokio::time::Instant::now();
             let ended = async {
                 while handle.is_running() {
                     tokio::time::sleep(Duration::from_millis(250)).await;
@@ -271,7 +281,10 @@ impl RunAssigner {
                 halt = halted(&mut stopped) => {
                     match halt {
                         Halt::Crash => handle.kill().await,
-                        Halt::Run | Halt::Resign => handle.stop().await,
+                        Halt::Run | Halt::Resign => {
+                            handle.stop().await;
+                            self.release_late_win(job).await;
+                        }
                     }
                     self.stats.send_replace(None);
                     return;
@@ -279,10 +292,30 @@ impl RunAssigner {
                 () = ended => {
                     self.shared.events.say(format!("job {job}: its Assigner stopped by itself; starting it again"));
                     self.stats.send_replace(None);
-                    tokio::time::sleep(delay).await;
+                    // Backoff for an Assigner that keeps stopping; afresh after one that
+                    // ran a while.
+                    if started_at.elapsed() > MAX_RESTART {
+                        delay = FIRST_RESTART;
+                    }
+                    tokio::select! {
+                        _ = halted(&mut stopped) => return,
+                        () = tokio::time::sleep(delay) => {}
+                    }
                     delay = (delay * 2).min(MAX_RESTART);
                 }
             }
+        }
+    }
+
+    /// A campaign stopped while its winning transaction was on its way may see etcd
+    /// apply it after the service released the job: on a session lease that key would
+    /// stay for the session's life, and no other instance could lead the job. Released
+    /// again once such a transaction has landed. (A next Assigner of the job here starts
+    /// only after this task ends, so it cannot be its key.)
+    async fn release_late_win(&self, job: &str) {
+        tokio::time::sleep(LATE_WIN).await;
+        if let Err(error) = self.shared.store.release(job).await {
+            tracing::warn!(job, %error, "fleet: releasing a late campaign win failed");
         }
     }
 

@@ -33,8 +33,9 @@
 //! At most [`steady_slicer::specs::MAX_JOBS`] jobs (the spec store's bound) and
 //! [`steady_slicer::fleet::MAX_INSTANCES`] instances. Per job an instance keeps a watch
 //! of the store, the Distributor's current assignment, the book's last 4 generations and
-//! a report per task; per job it leads, an Assigner service, its task source and an
-//! etcd lease. A thousand jobs' registries on one cluster share one connection.
+//! a report per task; per job it leads, an Assigner service and its task source (its
+//! leader key sits on the store's session lease, when the store has one:
+//! `EtcdConfig::session_lease`). A thousand jobs' registries on one cluster share one connection.
 //!
 //! # Example
 //!
@@ -280,6 +281,7 @@ impl Fleet {
             spread: None,
             shown: Vec::new(),
             retired: Default::default(),
+            resigning: BTreeMap::new(),
         };
         let mut specs = self.specs.watch();
         let mut health = tokio::time::interval(HEALTH_EVERY);
@@ -368,6 +370,9 @@ struct Control {
     shown: Vec<(bool, bool, bool)>,
     /// Removed jobs the Distributor keeps for their watchers (at most one per watcher).
     retired: std::collections::BTreeSet<String>,
+    /// The Assigners of removed jobs still resigning, by job (at most one per job
+    /// removed in the last moments).
+    resigning: BTreeMap<String, JoinHandle<()>>,
 }
 
 impl Control {
@@ -402,14 +407,18 @@ impl Control {
             None => {
                 let name = config.job.clone();
                 self.retired.remove(&name);
-                self.jobs.insert(name, Job::follow(config, &self.shared));
+                // Removed and back: its new Assigner starts after the old one resigned.
+                let resigning = self.resigning.remove(&name);
+                self.jobs.insert(name, Job::follow(config, &self.shared, resigning));
             }
         }
     }
 
     fn remove(&mut self, job: &str) {
         if let Some(removed) = self.jobs.remove(job) {
-            removed.remove(&self.shared, Halt::Resign);
+            if let Some(resigning) = removed.remove(&self.shared, Halt::Resign) {
+                self.resigning.insert(job.to_owned(), resigning);
+            }
             if !self.shared.distributor.retire(job) {
                 // Watchers still have it open: forgotten once they are gone.
                 self.retired.insert(job.to_owned());
@@ -431,6 +440,7 @@ impl Control {
     fn restart_ended(&mut self) {
         let distributor = &self.shared.distributor;
         self.retired.retain(|job| !distributor.retire(job));
+        self.resigning.retain(|_, task| !task.is_finished());
         for (name, job) in &mut self.jobs {
             if job.assigner_ended() {
                 self.shared.events.say(format!("job {name}: its Assigner's task ended; starting it again"));

@@ -265,6 +265,8 @@ pub trait AssignmentStore: fmt::Debug + Send + Sync + 'static {
     /// an etcd store with a session lease ([`EtcdConfig::session_lease`]) it deletes the
     /// job's leader key if it is on the session: call it after cancelling a campaign, or
     /// the key stays for as long as the session lives and no one else can lead the job.
+    /// The campaign's winning transaction, if it was on its way, may land after a first
+    /// call: call it again once it can have (the fleet does, a second later).
     ///
     /// # Errors
     ///

@@ -7,7 +7,7 @@ use etcd_client::{EventType, WatchOptions, WatchStream};
 
 use super::{bounded, EtcdSpecs, MAX_RESPONSE_BYTES};
 use crate::specs::in_force::{InForce, SpecItem};
-use crate::specs::{SpecStoreError, SpecWatch};
+use crate::specs::{SpecChange, SpecStoreError, SpecWatch};
 
 /// The state of one watch between items.
 struct Follower {
@@ -93,7 +93,7 @@ impl Follower {
                     }
                 };
                 self.refused_listing = None;
-                let items = listing.finish(std::mem::take(&mut self.first));
+                let mut items = listing.finish(std::mem::take(&mut self.first));
                 let refused: Vec<String> = items
                     .iter()
                     .filter_map(|item| match item {
@@ -101,15 +101,27 @@ impl Follower {
                         _ => None,
                     })
                     .collect();
-                self.ready.extend(items);
                 // A job whose value is bad and that has no spec in force here (this watch
                 // started after the value went bad): the last good one in the key's
-                // history, as the watches that saw it have in force.
+                // history, as the watches that saw it have in force; in the first
+                // listing's `Current`, so that the set of jobs is whole from the start.
                 for job in refused {
-                    if let Some((_, config)) = self.specs.last_good(&job, read_at + 1).await {
-                        self.ready.extend(self.in_force.recover(config));
+                    let Some((_, config)) = self.specs.last_good(&job, read_at + 1).await else {
+                        tracing::warn!(
+                            job,
+                            "spec watch: a bad value and no good one in its history: not served here"
+                        );
+                        continue;
+                    };
+                    match (items.first_mut(), self.in_force.recover(config)) {
+                        (Some(Ok(SpecChange::Current(jobs))), Some(Ok(SpecChange::Put(config)))) => {
+                            let at = jobs.partition_point(|c| c.job < config.job);
+                            jobs.insert(at, config);
+                        }
+                        (_, recovered) => items.extend(recovered),
                     }
                 }
+                self.ready.extend(items);
                 // The listing's revision is the store's as of the read: watching from the
                 // next one misses nothing written after it.
                 *self.from.insert(read_at + 1)

@@ -30,6 +30,8 @@ pub(crate) struct EtcdTerm {
     fence: i64,
     client: Client,
     timeout: Duration,
+    /// Resigned, or left to lapse: a drop has nothing to release.
+    ended: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Debug for EtcdTerm {
@@ -79,11 +81,40 @@ impl Term for EtcdTerm {
     /// Lets the lease lapse: the term ends within a TTL (on a session lease, every term
     /// of the session with it: what a crash of the process would do).
     fn stop_renewing(&self) {
+        self.ended.store(true, std::sync::atomic::Ordering::Relaxed);
         self.lease.stop_renewing();
     }
 
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+}
+
+/// Deletes `leader_key` if it is still the term fenced by `fence`.
+fn delete_if_ours(leader_key: &[u8], fence: i64) -> Txn {
+    Txn::new()
+        .when([Compare::create_revision(leader_key.to_vec(), CompareOp::Equal, fence)])
+        .and_then([TxnOp::delete(leader_key.to_vec(), None)])
+}
+
+impl Drop for EtcdTerm {
+    /// A term on its own lease goes with the lease (revoked when dropped). A term on the
+    /// session lease, dropped without resigning (its task aborted, or ended by a panic),
+    /// would keep its key for the session's life: its key is deleted (if still its own),
+    /// in the background, as resigning would.
+    fn drop(&mut self) {
+        if !self.shared || self.ended.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (mut kv, timeout) = (self.client.kv_client(), self.timeout);
+            let txn = delete_if_ours(&self.leader_key, self.fence);
+            runtime.spawn(async move {
+                if let Err(error) = steady_etcd::bounded(timeout, "release", kv.txn(txn)).await {
+                    tracing::warn!(%error, "a dropped term's leader key stays until the session lapses");
+                }
+            });
+        }
     }
 }
 
@@ -132,6 +163,7 @@ pub(super) async fn campaign(
                     fence,
                     client: client.clone(),
                     timeout,
+                    ended: std::sync::atomic::AtomicBool::new(false),
                 };
                 return Ok(Leadership::new(job, candidate, held, term));
             }
@@ -296,7 +328,8 @@ mod tests {
             crate::EtcdConfig::new([etcd.endpoint()]).lease_ttl(Duration::from_secs(2)).session_lease(true);
         let store = EtcdStore::connect(config).await.unwrap();
         let other = EtcdStore::connect(crate::EtcdConfig::new([etcd.endpoint()])).await.unwrap();
-        drop(campaign(&store, "users", "a").await.unwrap());
+        // As a campaign cancelled after etcd made it leader: a term no one holds.
+        std::mem::forget(campaign(&store, "users", "a").await.unwrap());
         let theirs = campaign(&other, "orders", "b").await.unwrap();
         let mut kv = store.client.kv_client();
         assert_eq!(
@@ -309,5 +342,12 @@ mod tests {
         assert_eq!(kv.get(store.leader_key("users"), None).await.unwrap().kvs().len(), 0);
         assert!(theirs.is_held(), "another lease's term is not released");
         assert_eq!(kv.get(store.leader_key("orders"), None).await.unwrap().kvs().len(), 1);
+        // A term dropped without resigning (its task aborted) deletes its key by itself.
+        drop(campaign(&store, "carts", "a").await.unwrap());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !kv.get(store.leader_key("carts"), None).await.unwrap().kvs().is_empty() {
+            assert!(tokio::time::Instant::now() < deadline, "a dropped term's key stays");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }
