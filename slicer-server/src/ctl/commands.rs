@@ -1,6 +1,6 @@
 //! The commands on jobs, instances and specs: `jobs`, `instances`, `spec ...`, `drain`,
 //! `undrain`, `run`. (`show` and `tasks`, on a job's assignment, are in
-//! `super::assignment`.)
+//! the sibling module `assignment`.)
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
