@@ -12,6 +12,10 @@
 //!   only on a refusal that retrying cannot change ([`WatchError`]).
 //! * [`load`]: `LoadCollector.Report` (`proto/load.proto`, package `steady.load.v1`), the
 //!   stream on which backend tasks report their keyed load to the Assigner.
+//! * [`autosharding`]: gRPC's autosharding protocol (gRFC A119,
+//!   `google.cloud.autosharding.v1`), the open counterpart of the Watch and the load
+//!   reports: its messages, how steady's key space maps onto its byte keys, assignments as
+//!   chunks and back, and load per key range.
 //! * [`DEFAULT_KEY_HEADER`]: the request metadata a slice key travels in.
 //! * `tls` (feature `tls`): TLS whose certificates rotate while serving and connecting:
 //!   a replaceable server certificate and client CA bundle (a rustls resolver and
@@ -31,6 +35,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
 
+pub mod autosharding;
 mod convert;
 mod encoded;
 #[cfg(feature = "tls")]
