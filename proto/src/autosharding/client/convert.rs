@@ -97,7 +97,8 @@ pub fn to_assignment(
         tasks.clear();
         let mut unknown: Option<&str> = None;
         for &index in &slice.endpoints {
-            let name = received.endpoints[index].as_str();
+            // Reassembly checked the indices; one built otherwise names no task.
+            let Some(name) = received.endpoints.get(index).map(String::as_str) else { continue };
             match names(name) {
                 Some(task) if !tasks.contains(&task) => tasks.push(task),
                 Some(_) => {}
