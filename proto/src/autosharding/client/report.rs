@@ -194,4 +194,18 @@ mod tests {
         assert_eq!(load[0].load, 3.0);
         assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn load_older_than_the_server_takes_is_dropped_and_reporting_starts_again() {
+        let source = || vec![(SliceKey(9), 1.0)];
+        let mut reporter = Reporter::new(Arc::new(source), "requests".to_owned());
+        let rules = ReportingRules::of(&config(1.0, 8, Some(10), Some(60)));
+        assert_eq!(reporter.due(&rules), Instant::now() + Duration::from_secs(10));
+        // Disconnected for longer than the server's start threshold.
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert!(reporter.report(&rules).is_none(), "dropped");
+        assert_eq!(reporter.due(&rules), Instant::now() + Duration::from_secs(10), "from now on");
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert!(reporter.report(&rules).is_some());
+    }
 }
