@@ -320,8 +320,8 @@ impl Follow {
                     return Some(self.refused(status));
                 }
                 Event::Response(end) => {
-                    let status = end.err();
-                    self.broken(status.as_ref().map_or("the server ended it", Status::message));
+                    let why = end.err().map_or_else(|| "the server ended it".to_owned(), |s| s.to_string());
+                    self.broken(&why);
                     continue;
                 }
             };
