@@ -8,13 +8,19 @@
 //!   command: `docs/benchmarks.md#keyed-routing`).
 //! * `keyed_call` (same assignment): a keyed call through the balancer with its keys
 //!   counted for an in-process assigner (`Balance::count_keys`) against the same without.
+//! * `key_tally`: counting a keyed request for an A119 server's load report
+//!   (`steady_tonic::KeyTally::record`, what `SteadyChannel::follow_autosharding` adds to
+//!   a keyed call) over 4,096 keys and over a tail of distinct keys past its 65,536
+//!   slots; baseline `key_counts`: the balancer's per-bin count (`KeyCounts::record`,
+//!   one relaxed add).
 //! * `slice_key`: `SliceKey::of` (XXH3-64) of 16- and 64-byte keys against std's
 //!   `DefaultHasher` (SipHash-1-3) of the same bytes.
 //! * `assignment_swap`: a new 15,000-slice generation sent to a running balancer until
 //!   its routing table uses it; baseline `decode`: decoding the same assignment.
 //!
 //! Ratios: `cargo run --release -p steady-benches --bin bench-ratios -- keyed_pick linear_scan`
-//! (and `keyed_call steady_keyed`, `slice_key default_hasher`, `assignment_swap decode`).
+//! (and `keyed_call steady_keyed`, `key_tally key_counts`, `slice_key default_hasher`,
+//! `assignment_swap decode`).
 
 use std::convert::Infallible;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -22,10 +28,11 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use steady_balance::{Balance, BalanceConfig, KeyedLoadBound};
+use steady_balance::{Balance, BalanceConfig, KeyCounts, KeyedLoadBound};
 use steady_benches::{hold_assignment, spread_assignment};
 use steady_slice::{Assignment, AssignmentError, SliceKey};
 use steady_subset::prng::SplitMix64;
+use steady_tonic::KeyTally;
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -139,6 +146,43 @@ fn keyed_call(c: &mut Criterion) {
     group.finish();
 }
 
+/// Counting one keyed request: a [`KeyTally`] (a slot per key) against the balancer's
+/// [`KeyCounts`] (a bin per range of keys). The tally is drained now and then, as a
+/// report interval does, so that its slots turn over.
+fn key_tally(c: &mut Criterion) {
+    let mut rng = SplitMix64::new(7);
+    let keys: Vec<SliceKey> = (0..4096).map(|_| SliceKey(rng.next())).collect();
+    let mut group = c.benchmark_group("key_tally");
+    group.warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
+    let tally = KeyTally::default();
+    let mut i = 0usize;
+    group.bench_with_input(BenchmarkId::new("key_tally", "4096_keys"), &(), |b, _| {
+        b.iter(|| {
+            i = (i + 1) & 4095;
+            tally.record(black_box(keys[i]));
+        })
+    });
+    tally.drain();
+    let mut n = 0u64;
+    group.bench_with_input(BenchmarkId::new("key_tally", "distinct_keys"), &(), |b, _| {
+        b.iter(|| {
+            n += 1;
+            if n % (1 << 20) == 0 {
+                tally.drain();
+            }
+            tally.record(black_box(SliceKey(steady_subset::hash::mix64(n))));
+        })
+    });
+    let counts = KeyCounts::new(12).unwrap();
+    group.bench_with_input(BenchmarkId::new("key_counts", "4096_keys"), &(), |b, _| {
+        b.iter(|| {
+            i = (i + 1) & 4095;
+            counts.record(black_box(keys[i]));
+        })
+    });
+    group.finish();
+}
+
 fn slice_key(c: &mut Criterion) {
     let mut group = c.benchmark_group("slice_key");
     for len in [16usize, 64] {
@@ -205,5 +249,5 @@ fn assignment_swap(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, keyed_pick, keyed_call, slice_key, assignment_swap);
+criterion_group!(benches, keyed_pick, keyed_call, key_tally, slice_key, assignment_swap);
 criterion_main!(benches);
