@@ -4,8 +4,8 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use clap::Args;
-use steady_lab::sharding::{self, figures, report, Scenario, ASSIGNERS};
+use clap::{Args, ValueEnum};
+use steady_lab::sharding::{self, figures, report, ClientView, Scenario, ASSIGNERS};
 use steady_lab::sweep::Sweep;
 
 use crate::LabResult;
@@ -29,6 +29,28 @@ pub struct ShardingArgs {
     /// Worker threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Where the assigners' load comes from: `exact` (every key's load over the window),
+    /// or `clients`: also runs `weighted-move-clients`, weighted-move on the load as
+    /// clients would report it per key range (gRFC A119), beside weighted-move on the
+    /// exact load.
+    #[arg(long, value_enum, default_value_t = LoadFrom::Exact)]
+    load_from: LoadFrom,
+    /// With `--load-from clients`: the clients each key's requests are split over.
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
+    /// With `--load-from clients`: the most a range may carry of a client's load unless
+    /// it holds a single key.
+    #[arg(long, default_value_t = 0.01)]
+    quantum: f64,
+}
+
+/// Where the assigners' load comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LoadFrom {
+    /// Every key's load over the window.
+    Exact,
+    /// Also as clients report it, per key range.
+    Clients,
 }
 
 /// The scenarios `args` choose.
@@ -50,7 +72,12 @@ pub fn run(out: &mut impl Write, args: &ShardingArgs) -> LabResult {
     } else {
         args.assigner.iter().map(String::as_str).collect()
     };
-    let runs = sharding::run_all(&chosen, &assigners, &Sweep::new(args.threads))?;
+    if args.load_from == LoadFrom::Clients && !(args.clients >= 1 && (0.0..=1.0).contains(&args.quantum)) {
+        return Err("--clients must be at least 1 and --quantum within [0, 1]".into());
+    }
+    let clients = (args.load_from == LoadFrom::Clients)
+        .then_some(ClientView { clients: args.clients, quantum: args.quantum });
+    let runs = sharding::run_all_with(&chosen, &assigners, clients, &Sweep::new(args.threads))?;
     write!(out, "{}", report::tables(&runs))?;
     if let Some(dir) = &args.figures {
         for f in figures::draw_all(&runs, dir)? {

@@ -3,7 +3,9 @@
 //! move a key, a failed task is left and a new one is used).
 
 use steady_lab::sharding::summary::{summarise, Summary};
-use steady_lab::sharding::{figures, report, simulate, Run, Scenario, ASSIGNERS};
+use steady_lab::sharding::{
+    figures, report, simulate, simulate_with, ClientView, Run, Scenario, ASSIGNERS, CLIENT_REPORTED,
+};
 
 fn by_name<'a>(all: &'a [Summary], name: &str) -> &'a Summary {
     all.iter().find(|s| s.assigner == name).unwrap()
@@ -51,6 +53,19 @@ fn weighted_move_settles_after_every_hot_key_shift_and_beats_the_baselines() {
     let load_aware = by_name(&all, "consistent-load-aware");
     assert!(load_aware.churn_per_run > 5.0 * wm.churn_per_run, "{load_aware:?} vs {wm:?}");
     assert!(wm.busiest_reduction.is_some_and(|r| r > 0.3), "{wm:?}");
+}
+
+#[test]
+fn weighted_move_on_the_clients_reports_runs_beside_it_and_balances_nearly_as_well() {
+    let scenario = Scenario::day(10, 1.0).shortened(60, 5_000);
+    let run = simulate_with(&scenario, &["weighted-move"], Some(ClientView::default())).unwrap();
+    let all = summarise(&run);
+    let (exact, reported) = (by_name(&all, "weighted-move"), by_name(&all, CLIENT_REPORTED));
+    assert_eq!(run.traces.len(), 2);
+    // Ranges under a 1% quantum hide where in a range the load lies: a little worse.
+    assert!(reported.imbalance_mean <= exact.imbalance_mean + 0.15, "{reported:?} vs {exact:?}");
+    assert!(reported.imbalance_mean <= 1.2, "{reported:?}");
+    assert_eq!(simulate_with(&scenario, &["static"], Some(ClientView::default())).unwrap().traces.len(), 1);
 }
 
 #[test]

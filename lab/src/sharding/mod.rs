@@ -21,7 +21,12 @@
 //! per task and run time; for the placement scenarios also constraint violations and the
 //! run time against the unconstrained reference. [`figures`] draws them and [`report`]
 //! writes the tables.
+//!
+//! With a [`ClientView`] ([`simulate_with`]), [`CLIENT_REPORTED`] runs weighted-move on
+//! the load as clients would report it per key range (gRFC A119), beside the run on the
+//! exact per-key load.
 
+pub mod clients;
 pub mod figures;
 pub mod report;
 pub mod scenario;
@@ -29,8 +34,9 @@ pub mod simulate;
 pub mod summary;
 pub mod workload;
 
+pub use clients::ClientView;
 pub use scenario::{Event, Scenario, Topology};
-pub use simulate::{simulate, Run, SimulateError, Trace, UNCONSTRAINED};
+pub use simulate::{simulate, simulate_with, Run, SimulateError, Trace, CLIENT_REPORTED, UNCONSTRAINED};
 pub use workload::Shift;
 
 use crate::sweep::Sweep;
@@ -44,5 +50,20 @@ pub const ASSIGNERS: [&str; 8] = steady_assigner::NAMES;
 ///
 /// The first [`SimulateError`].
 pub fn run_all(scenarios: &[Scenario], assigners: &[&str], sweep: &Sweep) -> Result<Vec<Run>, SimulateError> {
-    sweep.map("sharding scenarios", scenarios, |s| simulate(s, assigners))
+    run_all_with(scenarios, assigners, None, sweep)
+}
+
+/// As [`run_all`], with [`CLIENT_REPORTED`] beside `weighted-move` when `clients` is
+/// given ([`simulate_with`]).
+///
+/// # Errors
+///
+/// The first [`SimulateError`].
+pub fn run_all_with(
+    scenarios: &[Scenario],
+    assigners: &[&str],
+    clients: Option<ClientView>,
+    sweep: &Sweep,
+) -> Result<Vec<Run>, SimulateError> {
+    sweep.map("sharding scenarios", scenarios, |s| simulate_with(s, assigners, clients))
 }

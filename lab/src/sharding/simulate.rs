@@ -7,7 +7,9 @@ use steady_assigner::{
     by_name, imbalance, imbalance_over, AssignError, Assigner, Assignment, Load, Placement, ReplicaLimits,
     RunInput, SliceKey, SlicesPerTask, Spread, TaskState, Tasks,
 };
+use steady_proto::autosharding::ranges::ReportError;
 
+use super::clients::ClientView;
 use super::scenario::{Event, Scenario, Topology};
 use super::workload::{sample_counts, Popularity};
 
@@ -16,6 +18,12 @@ use super::workload::{sample_counts, Popularity};
 /// no constraint and every task capacity 1 (weighted-move before placement existed), so
 /// its run time and churn are what the constraints are measured against.
 pub const UNCONSTRAINED: &str = "weighted-move-unconstrained";
+
+/// The name of the run [`simulate_with`] adds beside `weighted-move` when given a
+/// [`ClientView`]: the same assigner on the same traffic and events, seeing the window's
+/// load as its clients would report it (per key range, under the quantum) instead of
+/// exactly, key by key.
+pub const CLIENT_REPORTED: &str = "weighted-move-clients";
 
 /// What one assigner did over a scenario, step by step.
 #[derive(Debug, Clone, PartialEq)]
@@ -83,6 +91,14 @@ impl Run {
 pub enum SimulateError {
     /// No assigner has this name.
     UnknownAssigner(String),
+    /// A client's report the server would refuse (a bug in the simulator or the
+    /// aggregation).
+    ClientReport {
+        /// The step.
+        step: usize,
+        /// What the server said.
+        error: ReportError,
+    },
     /// A run refused its input (a bug in the simulator or the assigner).
     Run {
         /// The assigner.
@@ -99,6 +115,9 @@ impl std::fmt::Display for SimulateError {
         match self {
             Self::UnknownAssigner(name) => write!(f, "unknown assigner {name:?}"),
             Self::Run { assigner, step, error } => write!(f, "{assigner} failed at step {step}: {error}"),
+            Self::ClientReport { step, error } => {
+                write!(f, "a client's report refused at step {step}: {error}")
+            }
         }
     }
 }
@@ -112,6 +131,8 @@ struct Contender {
     trace: Trace,
     /// Runs without the scenario's constraints and profiles ([`UNCONSTRAINED`]).
     plain: bool,
+    /// Sees the load as clients report it ([`CLIENT_REPORTED`]).
+    reported: bool,
 }
 
 impl Contender {
@@ -128,7 +149,7 @@ impl Contender {
             planned: Vec::new(),
             violations: Vec::new(),
         };
-        Self { assigner, assignment: None, trace, plain }
+        Self { assigner, assignment: None, trace, plain, reported: false }
     }
 }
 
@@ -142,6 +163,21 @@ impl Contender {
 ///
 /// [`SimulateError`] for an unknown name or a run that fails.
 pub fn simulate(scenario: &Scenario, assigners: &[&str]) -> Result<Run, SimulateError> {
+    simulate_with(scenario, assigners, None)
+}
+
+/// As [`simulate`]; with `clients`, [`CLIENT_REPORTED`] runs beside `weighted-move` (when
+/// it is among `assigners`; last, after [`UNCONSTRAINED`]), on the window's load as
+/// `clients` report it.
+///
+/// # Errors
+///
+/// As [`simulate`], and [`SimulateError::ClientReport`].
+pub fn simulate_with(
+    scenario: &Scenario,
+    assigners: &[&str],
+    clients: Option<ClientView>,
+) -> Result<Run, SimulateError> {
     let mut contenders = assigners
         .iter()
         .map(|&name| {
@@ -154,6 +190,10 @@ pub fn simulate(scenario: &Scenario, assigners: &[&str]) -> Result<Run, Simulate
     if topology.is_some() && assigners.contains(&"weighted-move") {
         let reference = by_name("weighted-move").expect("weighted-move is an assigner");
         contenders.push(Contender::new(reference, UNCONSTRAINED, true));
+    }
+    if clients.is_some() && assigners.contains(&"weighted-move") {
+        let reported = by_name("weighted-move").expect("weighted-move is an assigner");
+        contenders.push(Contender { reported: true, ..Contender::new(reported, CLIENT_REPORTED, false) });
     }
     let placement = topology.map_or(Placement::none(), |t| &t.placement);
     let popularity =
@@ -195,8 +235,21 @@ pub fn simulate(scenario: &Scenario, assigners: &[&str]) -> Result<Run, Simulate
         let serving = tasks.serving_ids();
         feasible.push(placement.feasibility(&tasks, limits).is_ok());
         // The run sees the `window` steps that end `delay` steps before it (newest first).
-        let (view, seen_hottest, seen_total) =
-            keys.observed(history.iter().skip(scenario.delay).take(scenario.window));
+        let (view, means) = keys.observed(history.iter().skip(scenario.delay).take(scenario.window));
+        let seen_hottest = means.iter().copied().fold(0.0, f64::max);
+        let seen_total: f64 = means.iter().sum();
+        let reported = match clients {
+            Some(c) if !means.is_empty() => {
+                let seen = history.len().saturating_sub(scenario.delay).min(scenario.window);
+                let seconds = seen as f64 * scenario.step_seconds;
+                let seed = scenario.seed ^ (step as u64).wrapping_mul(0x2545_F491_4F6C_DD1D);
+                Some(
+                    c.load(&keys.sorted, &means, seconds, seed)
+                        .map_err(|error| SimulateError::ClientReport { step, error })?,
+                )
+            }
+            _ => None,
+        };
         let capacity: Vec<f64> = serving.iter().map(|&t| tasks.profile(t).capacity).collect();
         let most_replicas = match topology {
             Some(t) => placement_replicas(scenario, t, &tasks, &serving),
@@ -207,7 +260,7 @@ pub fn simulate(scenario: &Scenario, assigners: &[&str]) -> Result<Run, Simulate
             let input = RunInput {
                 previous: c.assignment.as_ref(),
                 tasks: if c.plain { &plain } else { &tasks },
-                load: &view,
+                load: if c.reported { reported.as_ref().unwrap_or(&view) } else { &view },
                 replicas: limits,
                 placement: if c.plain { Placement::none() } else { placement },
             };
@@ -326,8 +379,8 @@ impl KeySpace {
     }
 
     /// The load an assigner sees: the mean of the given steps' rates (none yet: no load),
-    /// with the hottest key's and the total of those means.
-    fn observed<'a>(&self, steps: impl Iterator<Item = &'a Vec<f64>>) -> (Load, f64, f64) {
+    /// with those means in slice-key order (none yet: empty).
+    fn observed<'a>(&self, steps: impl Iterator<Item = &'a Vec<f64>>) -> (Load, Vec<f64>) {
         let mut sum = vec![0.0; self.sorted.len()];
         let mut n = 0usize;
         for rates in steps {
@@ -337,14 +390,12 @@ impl KeySpace {
             n += 1;
         }
         if n == 0 {
-            return (Load::none(), 0.0, 0.0);
+            return (Load::none(), Vec::new());
         }
         let means: Vec<f64> = sum.into_iter().map(|s| s / n as f64).collect();
-        let hottest = means.iter().copied().fold(0.0, f64::max);
-        let total = means.iter().sum();
-        let load = Load::from_points(self.sorted.iter().zip(means).map(|(&k, m)| (SliceKey(k), m)))
+        let load = Load::from_points(self.sorted.iter().zip(&means).map(|(&k, &m)| (SliceKey(k), m)))
             .expect("sampled rates are finite and non-negative");
-        (load, hottest, total)
+        (load, means)
     }
 
     /// Each serving task's load under `assignment` (a replica carries its slice's load

@@ -447,7 +447,7 @@ fn check_job(cli: &Cli, job: &str) -> Result<Serving, Failure> {
     // and counted as the Assigner's error.)
     let mut infeasible = None;
     if let Some(tasks) = &tasks {
-        let load = estimate(&[], None, &tasks.serving_ids());
+        let load = estimate(&[], &[], None, &tasks.serving_ids());
         let profiled = profile_tasks(&config.task_rules, tasks.clone())?;
         let first = assigner
             .assign(&RunInput {

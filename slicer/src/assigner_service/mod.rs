@@ -5,7 +5,7 @@
 //! ```text
 //! campaign for the job in the store ──► leader
 //!   loop: wait for the cadence, or a task-set change (at once), or the term to end
-//!         load  = estimate(fresh reports in the LoadBook)
+//!         load  = estimate(fresh Slicelet and client reports in the LoadBook)
 //!         next  = assigner.assign(previous, tasks, load)      (steady-assigner)
 //!         unchanged? publish nothing
 //!         handover on and a range gains an owner?
@@ -32,9 +32,9 @@
 //!   apart, whatever the cadence and however often the task set changes.
 //! * **One writer**: only the store's elected leader writes; a deposed one finds out
 //!   from the store (fenced write) or from its lease, and campaigns again.
-//! * **Stale reports are ignored**: a run sees only reports younger than
-//!   [`AssignerConfig::stale_after`]; with none, the load is taken as uniform (see
-//!   [`estimate()`]).
+//! * **Stale reports are ignored**: a run sees only reports (the Slicelets' and the
+//!   clients') younger than [`AssignerConfig::stale_after`]; with none, the load is taken
+//!   as uniform (see [`estimate()`]).
 //! * **Never dies**: store errors and lost races are retried with backoff, a panicking
 //!   assigner run is caught and counted (the assignment in force stays); the loop ends
 //!   only when its [`AssignerHandle`] is stopped, killed or dropped.
@@ -55,7 +55,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 pub use config::{AssignerConfig, AssignerConfigError, MIN_BACKOFF, MIN_CADENCE};
-pub use estimate::estimate;
+pub use estimate::{client_load, estimate};
 pub use stats::{AssignerStats, PlacementState, RunRecord};
 pub use tasks::{follow_job, tasks_of};
 
@@ -407,7 +407,8 @@ impl AssignerService {
     ) -> Result<Option<Snapshot>, StoreError> {
         let serving = tasks.serving_ids();
         let fresh = self.book.fresh(&self.job, self.config.stale_after);
-        let load = estimate(&fresh, current.assignment(), &serving);
+        let clients = self.book.fresh_clients(&self.job, self.config.stale_after);
+        let load = estimate(&fresh, &clients, current.assignment(), &serving);
         // Racks and capacities from the job spec (rules are validated with the config).
         let with_rules;
         let profiled = if self.config.task_rules.is_empty() {

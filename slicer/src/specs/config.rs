@@ -288,7 +288,7 @@ impl JobConfig {
             JobConfigError::new("algorithm", format!("an algorithm whose first run succeeds ({e})"))
         };
         let tasks = Tasks::serving(0..n).map_err(|e| failed(&e))?;
-        let load = estimate(&[], None, &tasks.serving_ids());
+        let load = estimate(&[], &[], None, &tasks.serving_ids());
         let config = self.assigner_config();
         let profiled = profile_tasks(&config.task_rules, tasks).map_err(|e| failed(&e))?;
         let first = self
