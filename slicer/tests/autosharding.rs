@@ -406,3 +406,232 @@ async fn a_client_that_half_closes_keeps_receiving_assignments() {
     let (outcome, _) = client.assignment().await;
     assert_eq!(outcome.ack.generation, 2);
 }
+
+/// How long one new generation takes to reach 1,000 watchers over A119 and over steady's
+/// Watch: one server serving both from one Distributor, 20 loopback connections of 50
+/// streams each per protocol, a 15,000-slice assignment on 40 tasks named by address,
+/// each round timed from the publish to the last watcher's complete generation. Twice:
+/// with clients that take each message's bytes as they come (what the server and the
+/// transport cost), then with the generated clients, which decode every message (on the
+/// same two cores as the server). A measurement, not a check:
+///
+/// ```text
+/// cargo test --release -p steady-slicer --test autosharding -- --ignored --nocapture
+/// ```
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: run it in release with --ignored --nocapture"]
+async fn distribution_to_a_thousand_watchers_over_a119_and_over_watch() {
+    fanout::measure(false).await;
+    fanout::measure(true).await;
+}
+
+/// The fan-out measurement's parts.
+mod fanout {
+    use prost::bytes::{Buf, BufMut, Bytes};
+    use steady_proto::assignment::assignment_distributor_client::AssignmentDistributorClient;
+    use steady_proto::assignment::WatchRequest;
+    use steady_testing::loopback::Loopback;
+    use tokio::time::Instant;
+    use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+    use tonic::transport::Channel;
+
+    use super::*;
+
+    const WATCHERS: usize = 1000;
+    const CONNECTIONS: usize = 20;
+    const ROUNDS: u64 = 7;
+    const SLICES: u64 = 15_000;
+
+    fn name(task: u32) -> String {
+        format!("10.0.{task}.1:8080")
+    }
+
+    pub(super) async fn measure(decoded: bool) {
+        let distributor = Distributor::new();
+        let autosharding = Autosharding::new(distributor.clone());
+        autosharding.endpoint_names().set("a119", (0..40).map(|t| (t, name(t))).collect::<Vec<_>>());
+        distributor.publish("watch", wide(1, SLICES));
+        distributor.publish("a119", wide(1, SLICES));
+        let (watch_service, a119_service) = (distributor.service(), autosharding.service());
+        let port = Loopback::bind().await;
+        let addr = port.addr();
+        let _server = port.serve_with(move |incoming, stopped| {
+            tonic::transport::Server::builder()
+                .add_service(watch_service)
+                .add_service(a119_service)
+                .serve_with_incoming_shutdown(incoming, stopped)
+        });
+        let mut channels = Vec::new();
+        for _ in 0..CONNECTIONS {
+            channels.push(endpoint(addr).connect().await.unwrap());
+        }
+        // Each watcher says which generation it has, complete, on its protocol's channel.
+        let (watch_tx, mut watch_rx) = mpsc::unbounded_channel::<u64>();
+        let (a119_tx, mut a119_rx) = mpsc::unbounded_channel::<u64>();
+        let mut watchers = Vec::new();
+        for i in 0..WATCHERS {
+            let channel = channels[i % CONNECTIONS].clone();
+            let uuid = format!("client-{i}");
+            if decoded {
+                watchers.push(watch_decoded(channel.clone(), watch_tx.clone()).await);
+                watchers.push(a119_decoded(channel, &uuid, a119_tx.clone()).await);
+            } else {
+                watchers.push(watch_raw(channel.clone(), watch_tx.clone()).await);
+                watchers.push(a119_raw(channel, &uuid, a119_tx.clone()).await);
+            }
+        }
+        all_have(&mut watch_rx, 1).await;
+        all_have(&mut a119_rx, 1).await;
+
+        let (mut watch_times, mut a119_times) = (Vec::new(), Vec::new());
+        for generation in 2..2 + ROUNDS {
+            let assignment = wide(generation, SLICES);
+            let started = Instant::now();
+            distributor.publish("watch", assignment.clone());
+            all_have(&mut watch_rx, generation).await;
+            watch_times.push(started.elapsed());
+            let started = Instant::now();
+            distributor.publish("a119", assignment);
+            all_have(&mut a119_rx, generation).await;
+            a119_times.push(started.elapsed());
+        }
+        watch_times.sort();
+        a119_times.sort();
+        let (watch, a119) = (watch_times[watch_times.len() / 2], a119_times[a119_times.len() / 2]);
+        let watch_bytes = steady_proto::encode_update(&wide(1, SLICES)).len();
+        let a119_messages =
+            steady_proto::autosharding::chunks::encoded_responses(&wide(1, SLICES), name, 64 * 1024);
+        println!(
+            "{} clients: {WATCHERS} watchers per protocol, {SLICES} slices ({watch_bytes} bytes on Watch, \
+             {} bytes in {} messages on A119), {ROUNDS} rounds: Watch median {watch:?} (min {:?}), \
+             A119 median {a119:?} (min {:?}), A119/Watch {:.2}; A119 encodings {}",
+            if decoded { "decoding" } else { "raw" },
+            a119_messages.iter().map(Bytes::len).sum::<usize>(),
+            a119_messages.len(),
+            watch_times[0],
+            a119_times[0],
+            a119.as_secs_f64() / watch.as_secs_f64(),
+            autosharding.encodings(),
+        );
+        for watcher in watchers {
+            watcher.abort();
+        }
+    }
+
+    /// Waits until every watcher has `generation`.
+    async fn all_have(rx: &mut mpsc::UnboundedReceiver<u64>, generation: u64) {
+        let mut have = 0;
+        while have < WATCHERS {
+            let got = within(Duration::from_secs(120), "every watcher", rx.recv()).await.unwrap();
+            if got == generation {
+                have += 1;
+            }
+        }
+    }
+
+    type Watcher = tokio::task::JoinHandle<()>;
+
+    async fn watch_decoded(channel: Channel, tx: mpsc::UnboundedSender<u64>) -> Watcher {
+        let mut client = AssignmentDistributorClient::new(channel).max_decoding_message_size(16 << 20);
+        let request = WatchRequest { job: "watch".to_owned(), known_generation: 0 };
+        let mut updates = client.watch(request).await.unwrap().into_inner();
+        tokio::spawn(async move {
+            while let Ok(Some(update)) = updates.message().await {
+                let _ = tx.send(update.generation);
+            }
+        })
+    }
+
+    async fn a119_decoded(channel: Channel, uuid: &str, tx: mpsc::UnboundedSender<u64>) -> Watcher {
+        let (requests, rx) = mpsc::channel(4);
+        requests.send(initial("a119", uuid, 0)).await.unwrap();
+        let mut responses = AutoshardingServiceClient::new(channel)
+            .watch_sharding_assignment(ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        tokio::spawn(async move {
+            let _requests = requests;
+            while let Ok(Some(response)) = responses.message().await {
+                if let Some(metadata) = response.metadata {
+                    let _ = tx.send(metadata.generation as u64);
+                }
+            }
+        })
+    }
+
+    async fn watch_raw(channel: Channel, tx: mpsc::UnboundedSender<u64>) -> Watcher {
+        let mut grpc = tonic::client::Grpc::new(channel).max_decoding_message_size(16 << 20);
+        grpc.ready().await.unwrap();
+        let request = WatchRequest { job: "watch".to_owned(), known_generation: 0 };
+        let path = http::uri::PathAndQuery::from_static("/steady.assignment.v1.AssignmentDistributor/Watch");
+        let request = tonic::Request::new(Bytes::from(prost::Message::encode_to_vec(&request)));
+        let mut updates = grpc.server_streaming(request, path, Raw).await.unwrap().into_inner();
+        tokio::spawn(async move {
+            while let Ok(Some(update)) = updates.message().await {
+                // Field 1, the generation, comes first.
+                let mut rest = &update[1..];
+                let _ = tx.send(prost::encoding::decode_varint(&mut rest).unwrap());
+            }
+        })
+    }
+
+    async fn a119_raw(channel: Channel, uuid: &str, tx: mpsc::UnboundedSender<u64>) -> Watcher {
+        let mut grpc = tonic::client::Grpc::new(channel);
+        grpc.ready().await.unwrap();
+        let (requests, rx) = mpsc::channel(4);
+        requests.send(Bytes::from(prost::Message::encode_to_vec(&initial("a119", uuid, 0)))).await.unwrap();
+        let path =
+            http::uri::PathAndQuery::from_static(steady_proto::autosharding::WATCH_SHARDING_ASSIGNMENT);
+        let request = tonic::Request::new(ReceiverStream::new(rx));
+        let mut responses = grpc.streaming(request, path, Raw).await.unwrap().into_inner();
+        tokio::spawn(async move {
+            let _requests = requests;
+            while let Ok(Some(response)) = responses.message().await {
+                // Field 3, the metadata, is a message of its own: the rest are chunks.
+                if response.first() == Some(&0x1a) {
+                    let decoded = <Response as prost::Message>::decode(response).unwrap();
+                    let _ = tx.send(decoded.metadata.unwrap().generation as u64);
+                }
+            }
+        })
+    }
+
+    /// Messages as their bytes, both ways.
+    #[derive(Debug, Clone, Copy, Default)]
+    struct Raw;
+
+    impl Codec for Raw {
+        type Encode = Bytes;
+        type Decode = Bytes;
+        type Encoder = Raw;
+        type Decoder = Raw;
+
+        fn encoder(&mut self) -> Raw {
+            Raw
+        }
+
+        fn decoder(&mut self) -> Raw {
+            Raw
+        }
+    }
+
+    impl Encoder for Raw {
+        type Item = Bytes;
+        type Error = Status;
+
+        fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+            dst.put(item);
+            Ok(())
+        }
+    }
+
+    impl Decoder for Raw {
+        type Item = Bytes;
+        type Error = Status;
+
+        fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, Status> {
+            Ok(Some(src.copy_to_bytes(src.remaining())))
+        }
+    }
+}

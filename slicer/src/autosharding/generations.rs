@@ -12,10 +12,10 @@ use super::names::EndpointNames;
 use crate::distributor::Subscription;
 
 /// One generation's responses: its chunks, then its metadata, each message encoded.
-#[derive(Debug)]
-pub(crate) struct Encoded {
-    pub(crate) generation: u64,
-    pub(crate) responses: Arc<[Bytes]>,
+#[derive(Debug, Clone)]
+struct Encoded {
+    generation: u64,
+    responses: Arc<[Bytes]>,
 }
 
 /// The encoded generations of the jobs that have A119 streams: one entry per such job,
@@ -32,9 +32,25 @@ pub(crate) struct Generations {
 #[derive(Debug)]
 struct Entry {
     streams: usize,
+    held: Arc<Held>,
+}
+
+/// A job's encoded generation, shared by its streams.
+#[derive(Debug, Default)]
+struct Held {
+    /// The newest generation encoded.
+    current: Mutex<Option<Encoded>>,
     /// Locked while a generation is encoded, so that the streams that find it stale at
     /// once wait for that one encoding instead of each making their own.
-    current: Arc<tokio::sync::Mutex<Option<Encoded>>>,
+    encoding: tokio::sync::Mutex<()>,
+}
+
+impl Held {
+    /// The generation held, if it is `generation` or newer.
+    fn at_least(&self, generation: u64) -> Option<Encoded> {
+        let current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        current.as_ref().filter(|held| held.generation >= generation).cloned()
+    }
 }
 
 impl Generations {
@@ -42,10 +58,9 @@ impl Generations {
     /// when dropped.
     pub(crate) fn join(self: &Arc<Self>, job: &str) -> Slot {
         let mut jobs = self.lock();
-        let entry =
-            jobs.entry(job.to_owned()).or_insert_with(|| Entry { streams: 0, current: Arc::default() });
+        let entry = jobs.entry(job.to_owned()).or_insert_with(|| Entry { streams: 0, held: Arc::default() });
         entry.streams += 1;
-        Slot { job: job.to_owned(), current: entry.current.clone(), generations: self.clone() }
+        Slot { job: job.to_owned(), held: entry.held.clone(), generations: self.clone() }
     }
 
     /// Generations encoded so far.
@@ -67,7 +82,7 @@ impl Generations {
 #[derive(Debug)]
 pub(crate) struct Slot {
     job: String,
-    current: Arc<tokio::sync::Mutex<Option<Encoded>>>,
+    held: Arc<Held>,
     generations: Arc<Generations>,
 }
 
@@ -83,22 +98,30 @@ impl Slot {
     ) -> Option<(u64, Arc<[Bytes]>)> {
         // Locked before the assignment is read: streams that saw the same new generation
         // wait here for the first one's encoding, then find it held.
-        let mut current = self.current.lock().await;
-        let published = subscription.updates().borrow_and_update();
-        let assignment = &published.as_ref()?.assignment;
-        let generation = assignment.generation();
-        match current.as_ref() {
-            Some(held) if held.generation >= generation => Some((held.generation, held.responses.clone())),
-            _ => {
-                let names = names.of(&self.job);
-                let responses: Arc<[Bytes]> =
-                    encoded_responses(assignment, |task| names.name(task), max_chunk_bytes).into();
-                drop(published);
-                self.generations.encodings.fetch_add(1, Ordering::Relaxed);
-                *current = Some(Encoded { generation, responses: responses.clone() });
-                Some((generation, responses))
-            }
+        let newest = subscription.updates().borrow_and_update().as_ref()?.assignment.generation();
+        if let Some(held) = self.held.at_least(newest) {
+            return Some((held.generation, held.responses));
         }
+        // Encoded by the first stream here; the others wait for it, then find it held.
+        let _encoding = self.held.encoding.lock().await;
+        // The assignment is cloned out of the Distributor's channel to be encoded: the
+        // channel's lock (which the Distributor's publish waits for) is not held for it.
+        let assignment = {
+            let published = subscription.updates().borrow_and_update();
+            let assignment = &published.as_ref()?.assignment;
+            if let Some(held) = self.held.at_least(assignment.generation()) {
+                return Some((held.generation, held.responses));
+            }
+            assignment.clone()
+        };
+        let names = names.of(&self.job);
+        let responses: Arc<[Bytes]> =
+            encoded_responses(&assignment, |task| names.name(task), max_chunk_bytes).into();
+        let generation = assignment.generation();
+        self.generations.encodings.fetch_add(1, Ordering::Relaxed);
+        let encoded = Encoded { generation, responses: responses.clone() };
+        *self.held.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(encoded);
+        Some((generation, responses))
     }
 }
 
