@@ -5,11 +5,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use steady_assigner::{TaskState, Tasks};
+use steady_core::JobView;
 use steady_discovery::{dns, registry, Discovery};
 use steady_slicer::assigner_service::follow_job;
+use steady_slicer::autosharding::EndpointNames;
 use steady_slicer::specs::TaskSource;
 use steady_slicer::store::EtcdAccess;
 use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
 
 type Failure = Box<dyn std::error::Error + Send + Sync>;
 
@@ -48,18 +51,63 @@ impl Registries {
     }
 }
 
-/// A job's task set, followed: the source's view (kept alive by `_discovery`).
+/// A job's task set, followed: the source's view (kept alive by `discovery`).
 pub(super) struct Followed {
     pub(super) tasks: watch::Receiver<Tasks>,
-    _discovery: Option<Discovery>,
+    discovery: Option<Discovery>,
     _fixed: Option<watch::Sender<Tasks>>,
+    /// The task that names the job's tasks by their addresses, while it is followed.
+    _naming: Option<Naming>,
 }
 
 impl Followed {
     /// A task set the program keeps itself.
     pub(super) fn given(tasks: watch::Receiver<Tasks>) -> Self {
-        Self { tasks, _discovery: None, _fixed: None }
+        Self { tasks, discovery: None, _fixed: None, _naming: None }
     }
+
+    /// Names the job's tasks in `names` by the addresses its source gives, for as long as
+    /// it is followed (then they are named by their index again). A source without
+    /// addresses (a count) leaves them named by their index.
+    pub(super) fn name_tasks(&mut self, job: &str, names: &EndpointNames) {
+        let Some(discovery) = &self.discovery else { return };
+        let mut views = discovery.views();
+        let (job, names) = (job.to_owned(), names.clone());
+        // Named at once, before the Assigner's first generation can be encoded.
+        names.set(&job, addresses(&views.borrow_and_update()));
+        let task = tokio::spawn({
+            let (job, names) = (job.clone(), names.clone());
+            async move {
+                while views.changed().await.is_ok() {
+                    names.set(&job, addresses(&views.borrow_and_update()));
+                }
+            }
+        });
+        self._naming = Some(Naming { job, names, task });
+    }
+}
+
+/// The task that keeps a job's endpoint names; the names go with it.
+struct Naming {
+    job: String,
+    names: EndpointNames,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Naming {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.names.remove(&self.job);
+    }
+}
+
+/// Each task of `view` (within its size) with its address.
+fn addresses(view: &JobView<String>) -> Vec<(u32, String)> {
+    view.tasks
+        .iter()
+        .filter(|(&index, _)| index < view.size)
+        .filter_map(|(&index, task)| Some((u32::try_from(index).ok()?, task.address.clone())))
+        .collect()
 }
 
 /// Starts following `source` for `job`.
@@ -75,7 +123,7 @@ pub(super) async fn follow(
     let discovery = match source {
         TaskSource::Count(n) => {
             let (fixed, tasks) = watch::channel(Tasks::serving(0..*n)?);
-            return Ok(Followed { tasks, _discovery: None, _fixed: Some(fixed) });
+            return Ok(Followed { tasks, discovery: None, _fixed: Some(fixed), _naming: None });
         }
         TaskSource::Dns(name) => dns::discover(dns::DnsConfig::new(name.clone(), 1))
             .await
@@ -86,7 +134,7 @@ pub(super) async fn follow(
         }
     };
     let tasks = follow_job(discovery.views());
-    Ok(Followed { tasks, _discovery: Some(discovery), _fixed: None })
+    Ok(Followed { tasks, discovery: Some(discovery), _fixed: None, _naming: None })
 }
 
 /// `source`'s task set with every task in `drained` draining, kept current by a task
@@ -151,6 +199,14 @@ mod tests {
             overlay(&tasks, &BTreeSet::new()).iter().collect::<Vec<_>>(),
             tasks.iter().collect::<Vec<_>>()
         );
+    }
+
+    #[test]
+    fn tasks_are_named_by_their_address_within_the_job_s_size() {
+        let mut view =
+            JobView::serving(["10.0.0.1:80".to_owned(), "10.0.0.2:80".to_owned(), "10.0.0.3:80".to_owned()]);
+        view.size = 2;
+        assert_eq!(addresses(&view), vec![(0, "10.0.0.1:80".to_owned()), (1, "10.0.0.2:80".to_owned())]);
     }
 
     #[tokio::test]
