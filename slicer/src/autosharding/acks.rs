@@ -36,7 +36,7 @@ impl Unacked {
     }
 }
 
-/// How many rejections are kept per job ([`Rejections`]).
+/// How many rejected acks are kept per job (`Autosharding::rejections`).
 pub const KEPT_REJECTIONS: usize = 8;
 
 /// The most jobs whose rejections are kept; rejections of further jobs are counted only.
