@@ -755,7 +755,7 @@ async fn run(cli: Cli, checked: Checked) -> Result<(), Failure> {
             StoreKind::Memory => "memory".to_owned(),
             StoreKind::Etcd => format!("etcd at {}", cli.endpoints.join(", ")),
         };
-        serve_pages(pages, &cli.candidate, store, &distributor, &collector, fleet.status())?;
+        serve_pages(pages, &cli.candidate, store, &distributor, &autosharding, &collector, fleet.status())?;
     }
     let router = tonic::transport::Server::builder()
         .add_service(distributor.service())
@@ -827,12 +827,14 @@ fn serve_pages(
     instance: &str,
     store: String,
     distributor: &Distributor,
+    autosharding: &Autosharding,
     collector: &LoadCollector,
     fleet: watch::Receiver<Arc<FleetStatus>>,
 ) -> Result<(), Failure> {
     let registry = MetricsRegistry::new();
     let meter = registry.meter();
     distributor.observe_metrics(&meter);
+    autosharding.observe_metrics(&meter);
     collector.observe_metrics(&meter);
     steady_slicer_server::status::observe_fleet(&meter, fleet.clone(), instance);
     let sources = StatusSources {

@@ -123,7 +123,7 @@ pub struct Autosharding {
     sink: Option<Arc<dyn ClientLoadSink>>,
     known_jobs: Option<Arc<KnownJobs>>,
     settings: Settings,
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
 }
 
 impl fmt::Debug for Autosharding {
@@ -149,10 +149,29 @@ struct Settings {
 
 /// The state every clone shares.
 #[derive(Debug, Default)]
-struct Shared {
+pub(crate) struct Shared {
     counters: Counters,
     generations: Arc<generations::Generations>,
     rejections: acks::Rejections,
+}
+
+/// What the metrics read: streams open, acks (accepted, rejected, invalid), reports
+/// (accepted, invalid), generations encoded.
+#[cfg(feature = "metrics")]
+pub(crate) type Figures = (usize, [u64; 3], [u64; 2], u64);
+
+impl Shared {
+    #[cfg(feature = "metrics")]
+    pub(crate) fn figures(&self) -> Figures {
+        let c = &self.counters;
+        let n = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        (
+            c.open_streams.load(Ordering::Relaxed),
+            [n(&c.acks_accepted), n(&c.acks_rejected), n(&c.acks_invalid)],
+            [n(&c.reports_accepted), n(&c.reports_invalid)],
+            self.generations.encodings(),
+        )
+    }
 }
 
 #[derive(Debug, Default)]
