@@ -309,7 +309,7 @@ async fn a_bad_first_message_ends_the_stream_with_invalid_argument() {
         let status = client.end().await.unwrap_err();
         assert_eq!(status.code(), Code::InvalidArgument, "{what}: {status:?}");
     }
-    assert_eq!(autosharding.streams_ended_invalid(), 8);
+    assert_eq!((autosharding.streams_ended_invalid(), autosharding.invalid_messages()), (8, 8));
     assert_eq!(distributor.watchers("users"), 0);
 }
 

@@ -136,7 +136,10 @@ impl Stream {
             },
         };
         let watching = config.and_then(|config| self.admit(config)).inspect_err(|status| {
+            // A first message that is not a good initial_client_config, or that does
+            // not decode (or, no message at all).
             if matches!(status.code(), Code::InvalidArgument | Code::OutOfRange | Code::Internal) {
+                self.counters().invalid_messages.fetch_add(1, Ordering::Relaxed);
                 self.counters().streams_ended_invalid.fetch_add(1, Ordering::Relaxed);
             }
         })?;
