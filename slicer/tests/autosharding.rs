@@ -15,7 +15,7 @@ use steady_proto::autosharding::v1::{
     WatchShardingAssignmentRequest as Request, WatchShardingAssignmentResponse as Response,
 };
 use steady_slice::{Assignment, Slice, SliceKey};
-use steady_slicer::autosharding::{Autosharding, EndpointNames};
+use steady_slicer::autosharding::{Autosharding, ClientLoadSink, EndpointNames};
 use steady_slicer::Distributor;
 use steady_testing::loopback::{endpoint, serve, ServerGuard};
 use steady_testing::{eventually, within};
@@ -344,16 +344,22 @@ async fn an_invalid_load_report_is_counted_and_eight_invalid_messages_in_a_row_e
     eventually("the stream's place freed", || distributor.watchers("users") == 0).await;
 }
 
+/// A sink that keeps every report it is handed.
+#[derive(Debug, Clone, Default)]
+struct Recorder(Arc<Mutex<Vec<(String, String, RangeRates)>>>);
+
+impl ClientLoadSink for Recorder {
+    fn accept(&self, job: &str, client: &str, rates: RangeRates) {
+        self.0.lock().unwrap().push((job.to_owned(), client.to_owned(), rates));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_valid_load_report_reaches_the_sink_as_rates() {
     let distributor = Distributor::new();
-    let got: Arc<Mutex<Vec<(String, String, RangeRates)>>> = Arc::default();
-    let sink = got.clone();
-    let autosharding = Autosharding::new(distributor.clone()).with_client_load(
-        move |job: &str, client: &str, rates: RangeRates| {
-            sink.lock().unwrap().push((job.to_owned(), client.to_owned(), rates));
-        },
-    );
+    let recorder = Recorder::default();
+    let got = recorder.0.clone();
+    let autosharding = Autosharding::new(distributor.clone()).with_client_load(recorder);
     distributor.publish("users", Assignment::single(1, vec![0]).unwrap());
     let (addr, _server) = serving(&autosharding).await;
     let mut client = Client::watch(addr, "users", "client-a", 0).await;
