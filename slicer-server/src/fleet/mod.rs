@@ -219,8 +219,8 @@ impl Fleet {
 
     /// Names the tasks of each job whose Assigner runs here in `names` (what the A119
     /// server, `steady_slicer::autosharding::Autosharding`, sends clients), by the
-    /// addresses its task source gives (a DNS name's or a registry's; a count has none,
-    /// and its tasks are named by their index), for as long as the Assigner runs here.
+    /// addresses its registry gives (a count's and a DNS name's tasks are named by their
+    /// index: the spec's DNS name has no port), for as long as the Assigner runs here.
     /// On the other instances the job's tasks are named by their index: a client maps
     /// either name back to a task by its own view of the job.
     pub fn endpoint_names(mut self, names: EndpointNames) -> Self {

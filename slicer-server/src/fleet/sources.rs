@@ -51,10 +51,12 @@ impl Registries {
     }
 }
 
-/// A job's task set, followed: the source's view (kept alive by `discovery`).
+/// A job's task set, followed: the source's view (kept alive by `_discovery`).
 pub(super) struct Followed {
     pub(super) tasks: watch::Receiver<Tasks>,
-    discovery: Option<Discovery>,
+    _discovery: Option<Discovery>,
+    /// The tasks' addresses, from a source that has them (a registry).
+    addresses: Option<watch::Receiver<JobView<String>>>,
     _fixed: Option<watch::Sender<Tasks>>,
     /// The task that names the job's tasks by their addresses, while it is followed.
     _naming: Option<Naming>,
@@ -63,15 +65,16 @@ pub(super) struct Followed {
 impl Followed {
     /// A task set the program keeps itself.
     pub(super) fn given(tasks: watch::Receiver<Tasks>) -> Self {
-        Self { tasks, discovery: None, _fixed: None, _naming: None }
+        Self { tasks, _discovery: None, addresses: None, _fixed: None, _naming: None }
     }
 
     /// Names the job's tasks in `names` by the addresses its source gives, for as long as
     /// it is followed (then they are named by their index again). A source without
-    /// addresses (a count) leaves them named by their index.
+    /// addresses leaves them named by their index: a count, and a DNS name (the spec
+    /// names no port, so its answers are not the tasks' endpoints; clients following the
+    /// same name number the tasks alike).
     pub(super) fn name_tasks(&mut self, job: &str, names: &EndpointNames) {
-        let Some(discovery) = &self.discovery else { return };
-        let mut views = discovery.views();
+        let Some(mut views) = self.addresses.clone() else { return };
         let (job, names) = (job.to_owned(), names.clone());
         // Named at once, before the Assigner's first generation can be encoded.
         names.set(&job, addresses(&views.borrow_and_update()));
@@ -123,8 +126,15 @@ pub(super) async fn follow(
     let discovery = match source {
         TaskSource::Count(n) => {
             let (fixed, tasks) = watch::channel(Tasks::serving(0..*n)?);
-            return Ok(Followed { tasks, discovery: None, _fixed: Some(fixed), _naming: None });
+            return Ok(Followed {
+                tasks,
+                _discovery: None,
+                addresses: None,
+                _fixed: Some(fixed),
+                _naming: None,
+            });
         }
+        // The port is a placeholder: the Assigner needs the indices only.
         TaskSource::Dns(name) => dns::discover(dns::DnsConfig::new(name.clone(), 1))
             .await
             .map_err(|e| format!("tasks.dns {name}: {e}"))?,
@@ -133,8 +143,9 @@ pub(super) async fn follow(
             registry::watch_job(&registry, job).await.map_err(|e| format!("tasks.registry: {e}"))?
         }
     };
+    let addresses = matches!(source, TaskSource::Registry { .. }).then(|| discovery.views());
     let tasks = follow_job(discovery.views());
-    Ok(Followed { tasks, discovery: Some(discovery), _fixed: None, _naming: None })
+    Ok(Followed { tasks, _discovery: Some(discovery), addresses, _fixed: None, _naming: None })
 }
 
 /// `source`'s task set with every task in `drained` draining, kept current by a task
