@@ -69,6 +69,62 @@ async fn the_binary_follows_the_backend_job_in_the_registry() {
     assert_eq!(until("task 1 has drained", &|o| !o.contains(&1)).await, [0, 2]);
     registrations.push(registry.register("users", 3, "10.0.0.3:50051").await.unwrap());
     assert!(until("task 3 has joined", &|o| o.contains(&3)).await.contains(&3));
+    // A119 clients get the tasks by the addresses they registered.
+    let names = a119_endpoints(&address, "users").await.unwrap();
+    assert!(names.iter().all(|name| name.starts_with("10.0.0.")), "{names:?}");
+}
+
+/// The binary serves gRPC's autosharding protocol (gRFC A119) beside Watch: the job's
+/// assignment, its tasks named by their index for `--tasks`; a job it does not serve is
+/// `NOT_FOUND`.
+#[tokio::test]
+async fn the_binary_serves_a119_beside_watch() {
+    let (_running, address, _stderr) = start(&["--job", "users", "--tasks", "3"]);
+    let names = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match a119_endpoints(&address, "users").await {
+                Ok(names) => return names,
+                // Until the first generation is published, after a spec it serves.
+                Err(status) => assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}"),
+            }
+        }
+    })
+    .await
+    .expect("an assignment within 10 s");
+    assert_eq!(names, ["0", "1", "2"]);
+    assert_eq!(a119_endpoints(&address, "nobody").await.unwrap_err().code(), tonic::Code::NotFound);
+}
+
+/// The endpoint names of `job`'s first assignment over A119 from the binary at `address`.
+async fn a119_endpoints(address: &str, job: &str) -> Result<Vec<String>, tonic::Status> {
+    use steady_proto::autosharding::reassembly::Reassembly;
+    use steady_proto::autosharding::v1::autosharding_service_client::AutoshardingServiceClient;
+    use steady_proto::autosharding::v1::{InitialClientConfig, WatchShardingAssignmentRequest};
+    let endpoint = Endpoint::from_shared(format!("http://{address}")).unwrap();
+    let mut client = AutoshardingServiceClient::connect(endpoint).await.unwrap();
+    let first = WatchShardingAssignmentRequest {
+        initial_client_config: Some(InitialClientConfig {
+            target: job.to_owned(),
+            client_uuid: "cli-test".to_owned(),
+            latest_generation: 0,
+        }),
+        ..Default::default()
+    };
+    // The request side stays open (a pending stream) while the responses are read.
+    let requests = futures_util::stream::iter([first]).chain(futures_util::stream::pending());
+    let mut responses = client.watch_sharding_assignment(requests).await?.into_inner();
+    let mut reassembly = Reassembly::default();
+    loop {
+        let response = tokio::time::timeout(Duration::from_secs(10), responses.message())
+            .await
+            .expect("a response within 10 s")?
+            .expect("the stream goes on");
+        if let Some(chunk) = response.chunk {
+            reassembly.chunk(chunk);
+        } else if let Some(metadata) = response.metadata {
+            return Ok(reassembly.finish(metadata).assignment.expect("a valid assignment").endpoints);
+        }
+    }
 }
 
 /// `--consistency exclusive` runs the job in exclusive mode on etcd: the generation it

@@ -205,6 +205,8 @@ fn metrics_parse_as_prometheus_text_and_carry_the_control_plane_s_instruments() 
         "steady_assigner_publications_total",
         "steady_distributor_publications_total",
         "steady_distributor_watchers",
+        "steady_autosharding_streams",
+        "steady_autosharding_encodings_total",
         "steady_collector_streams",
         "steady_assigner_run_time_seconds",
         "steady_assigner_recalls_total",

@@ -1,5 +1,5 @@
 //! The control plane's OpenTelemetry instruments (feature `metrics`): the Distributor's,
-//! the load collector's and the Assigner service's. Each is observable: it reads counters
+//! the A119 server's, the load collector's and the Assigner service's. Each is observable: it reads counters
 //! the component keeps anyway when the application's reader collects.
 
 use std::sync::atomic::Ordering;
@@ -38,6 +38,47 @@ impl Distributor {
                 "{assignment}",
                 "Assignments published (each newer than the one it replaced)",
                 |s| s.2,
+            );
+    }
+}
+
+impl crate::autosharding::Autosharding {
+    /// Registers the A119 server's instruments in `meter`: streams open, acks by outcome
+    /// (accepted, rejected, invalid), clients' load reports by outcome (accepted,
+    /// invalid), generations encoded.
+    pub fn observe_metrics(&self, meter: &Meter) {
+        let shared = Arc::downgrade(&self.shared);
+        let source = move || shared.upgrade().map(|shared| shared.figures());
+        let by_outcome = |outcomes: &'static [&'static str]| {
+            move |n: &[u64]| {
+                outcomes
+                    .iter()
+                    .zip(n)
+                    .map(|(outcome, n)| (vec![KeyValue::new("steady.outcome", *outcome)], *n))
+                    .collect::<Vec<_>>()
+            }
+        };
+        let (acks, reports) =
+            (by_outcome(&["accepted", "rejected", "invalid"]), by_outcome(&["accepted", "invalid"]));
+        Observed::new(meter, Vec::new(), source)
+            .gauge("steady.autosharding.streams", "{stream}", "A119 streams open", |f| f.0 as f64)
+            .counters(
+                "steady.autosharding.acks",
+                "{ack}",
+                "Clients' acks of assignments by outcome: accepted, rejected (the client keeps the one it had), invalid (a generation not sent)",
+                move |f| acks(&f.1),
+            )
+            .counters(
+                "steady.autosharding.reports",
+                "{report}",
+                "Clients' load reports by outcome: accepted, invalid",
+                move |f| reports(&f.2),
+            )
+            .counter(
+                "steady.autosharding.encodings",
+                "{generation}",
+                "Generations encoded as A119 responses (once per job and generation, for every stream)",
+                |f| f.3,
             );
     }
 }

@@ -29,9 +29,11 @@ pub mod client;
 pub mod keys;
 pub mod ranges;
 pub mod reassembly;
+pub mod server;
 
 pub use client::{follow_autosharding, AutoshardingConfig, AutoshardingError, KeyLoadSource};
 pub use keys::{key_bytes, key_from_header, slice_key_at, KEY_HEADER};
+pub use server::{EncodedAutosharding, EncodedAutoshardingServer, EncodedAutoshardingStream};
 
 /// Generated code of `proto/autosharding.proto` (package `google.cloud.autosharding.v1`).
 #[allow(missing_docs, clippy::all, clippy::pedantic)]

@@ -89,7 +89,10 @@
 //! the process at start with one line naming the cause and which connection (`store:` or
 //! `--registry:`).
 //!
-//! Serves `AssignmentDistributor.Watch` on `--listen`, campaigns to be the job's one
+//! Serves `AssignmentDistributor.Watch` on `--listen`, and beside it gRPC's autosharding
+//! protocol (gRFC A119, `AutoshardingService.WatchShardingAssignment`: the `target` is the
+//! job's name; tasks are named by the addresses they registered on the instance that runs
+//! the job's Assigner, by their index elsewhere, for `--tasks` and for `--dns`), campaigns to be the job's one
 //! Assigner in the store, and while it leads runs the chosen algorithm every cadence (and
 //! at once when the task set changes), writing each new generation to the store and to
 //! its Distributor. It also serves `LoadCollector.Report`, where Slicelets send their load.
@@ -121,6 +124,7 @@ use steady_proto::tls::{ClientAuth, TlsIncoming};
 use steady_slice::guard::Consistency;
 use steady_slice::MAX_TASK;
 use steady_slicer::assigner_service::{estimate, AssignerConfig};
+use steady_slicer::autosharding::{Autosharding, EndpointNames};
 use steady_slicer::fleet::{EtcdFleet, Instance};
 use steady_slicer::load::{LoadBook, LoadCollector, ReporterNames};
 use steady_slicer::specs::{EtcdSpecs, JobConfig, SpecDirectory, SpecStore, TaskSource};
@@ -691,8 +695,10 @@ async fn run(cli: Cli, checked: Checked) -> Result<(), Failure> {
         address: cli.advertise.clone().unwrap_or_else(|| bound.to_string()),
         pages: pages.as_ref().map(|p| p.local_addr()).transpose()?.map(|a| advertised_pages(&cli, a)),
     };
+    let names = EndpointNames::new();
     let fleet = Fleet::new(&cli.candidate, me.clone(), store, distributor.clone(), book.clone())
         .registry_access(etcd_access)
+        .endpoint_names(names.clone())
         .on_event(|event| eprintln!("steady-slicer: {event}"));
     let mut membership = None;
     let mut specs = None;
@@ -734,6 +740,12 @@ async fn run(cli: Cli, checked: Checked) -> Result<(), Failure> {
         }
     };
     let fleet = fleet.spawn();
+    // A119 streams may name any job with a spec, published yet or not. Clients' load
+    // reports are validated and counted here; the book does not take them yet.
+    let specified = fleet.status();
+    let autosharding = Autosharding::new(distributor.clone())
+        .with_endpoint_names(names)
+        .with_known_jobs(move |job| specified.borrow().jobs.contains_key(job));
     let mut collector = LoadCollector::new(book.clone());
     if let Some(names) = tls.reporters {
         collector = collector.authorize_reporters(names);
@@ -743,10 +755,11 @@ async fn run(cli: Cli, checked: Checked) -> Result<(), Failure> {
             StoreKind::Memory => "memory".to_owned(),
             StoreKind::Etcd => format!("etcd at {}", cli.endpoints.join(", ")),
         };
-        serve_pages(pages, &cli.candidate, store, &distributor, &collector, fleet.status())?;
+        serve_pages(pages, &cli.candidate, store, &distributor, &autosharding, &collector, fleet.status())?;
     }
     let router = tonic::transport::Server::builder()
         .add_service(distributor.service())
+        .add_service(autosharding.service())
         .add_service(collector.service());
     let server: std::pin::Pin<
         Box<dyn std::future::Future<Output = Result<(), tonic::transport::Error>> + Send>,
@@ -814,12 +827,14 @@ fn serve_pages(
     instance: &str,
     store: String,
     distributor: &Distributor,
+    autosharding: &Autosharding,
     collector: &LoadCollector,
     fleet: watch::Receiver<Arc<FleetStatus>>,
 ) -> Result<(), Failure> {
     let registry = MetricsRegistry::new();
     let meter = registry.meter();
     distributor.observe_metrics(&meter);
+    autosharding.observe_metrics(&meter);
     collector.observe_metrics(&meter);
     steady_slicer_server::status::observe_fleet(&meter, fleet.clone(), instance);
     let sources = StatusSources {

@@ -10,6 +10,7 @@ use futures_util::StreamExt;
 use steady_assigner::Tasks;
 use steady_slice::Assignment;
 use steady_slicer::assigner_service::{AssignerHandle, AssignerService, AssignerStats};
+use steady_slicer::autosharding::EndpointNames;
 use steady_slicer::load::LoadBook;
 use steady_slicer::specs::JobConfig;
 use steady_slicer::{AssignmentStore, Distributor};
@@ -36,6 +37,8 @@ pub(super) struct Shared {
     /// Jobs whose tasks the program gives ([`super::Fleet::tasks_from`]).
     pub(super) given_tasks: Arc<std::collections::BTreeMap<String, watch::Receiver<Tasks>>>,
     pub(super) tune: Option<Tune>,
+    /// Where the jobs led here name their tasks for A119 clients (`Fleet::endpoint_names`).
+    pub(super) endpoint_names: Option<EndpointNames>,
 }
 
 /// One job on this instance.
@@ -337,10 +340,13 @@ impl RunAssigner {
             self.shared.book.clone(),
         )
         .config(tuned)?;
-        let followed = match self.shared.given_tasks.get(&config.job) {
+        let mut followed = match self.shared.given_tasks.get(&config.job) {
             Some(given) => sources::Followed::given(given.clone()),
             None => sources::follow(&config.job, &config.tasks, &self.shared.registries).await?,
         };
+        if let Some(names) = &self.shared.endpoint_names {
+            followed.name_tasks(&config.job, names);
+        }
         let tasks = sources::with_drained(followed.tasks.clone(), self.drained.clone(), self.run_now.clone());
         self.tasks.send_replace(Some(tasks.clone()));
         Ok((service.spawn(tasks), followed))

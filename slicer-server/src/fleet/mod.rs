@@ -74,6 +74,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use steady_assigner::Tasks;
 use steady_slicer::assigner_service::AssignerConfig;
+use steady_slicer::autosharding::EndpointNames;
 use steady_slicer::fleet::{Instance, RunRequests};
 use steady_slicer::load::LoadBook;
 use steady_slicer::specs::{JobConfig, SpecChange, SpecStore, SpecStoreError};
@@ -150,6 +151,7 @@ pub struct Fleet {
     events: Events,
     given_tasks: BTreeMap<String, watch::Receiver<Tasks>>,
     tune: Option<Tune>,
+    endpoint_names: Option<EndpointNames>,
 }
 
 /// A program's adjustment of each job's Assigner configuration ([`Fleet::tune`]).
@@ -196,6 +198,7 @@ impl Fleet {
             events: Events(Arc::new(|event| tracing::info!(event, "fleet"))),
             given_tasks: BTreeMap::new(),
             tune: None,
+            endpoint_names: None,
         }
     }
 
@@ -211,6 +214,17 @@ impl Fleet {
     /// its Assigner starts here.
     pub fn tune(mut self, tune: impl Fn(&JobConfig, &mut AssignerConfig) + Send + Sync + 'static) -> Self {
         self.tune = Some(Tune(Arc::new(tune)));
+        self
+    }
+
+    /// Names the tasks of each job whose Assigner runs here in `names` (what the A119
+    /// server, `steady_slicer::autosharding::Autosharding`, sends clients), by the
+    /// addresses its registry gives (a count's and a DNS name's tasks are named by their
+    /// index: the spec's DNS name has no port), for as long as the Assigner runs here.
+    /// On the other instances the job's tasks are named by their index: a client maps
+    /// either name back to a task by its own view of the job.
+    pub fn endpoint_names(mut self, names: EndpointNames) -> Self {
+        self.endpoint_names = Some(names);
         self
     }
 
@@ -269,6 +283,7 @@ impl Fleet {
             events: self.events.clone(),
             given_tasks: Arc::new(std::mem::take(&mut self.given_tasks)),
             tune: self.tune.take(),
+            endpoint_names: self.endpoint_names.take(),
         };
         let mut control = Control {
             shared,

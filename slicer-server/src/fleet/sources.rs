@@ -5,11 +5,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use steady_assigner::{TaskState, Tasks};
+use steady_core::JobView;
 use steady_discovery::{dns, registry, Discovery};
 use steady_slicer::assigner_service::follow_job;
+use steady_slicer::autosharding::EndpointNames;
 use steady_slicer::specs::TaskSource;
 use steady_slicer::store::EtcdAccess;
 use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
 
 type Failure = Box<dyn std::error::Error + Send + Sync>;
 
@@ -52,14 +55,62 @@ impl Registries {
 pub(super) struct Followed {
     pub(super) tasks: watch::Receiver<Tasks>,
     _discovery: Option<Discovery>,
+    /// The tasks' addresses, from a source that has them (a registry).
+    addresses: Option<watch::Receiver<JobView<String>>>,
     _fixed: Option<watch::Sender<Tasks>>,
+    /// The task that names the job's tasks by their addresses, while it is followed.
+    _naming: Option<Naming>,
 }
 
 impl Followed {
     /// A task set the program keeps itself.
     pub(super) fn given(tasks: watch::Receiver<Tasks>) -> Self {
-        Self { tasks, _discovery: None, _fixed: None }
+        Self { tasks, _discovery: None, addresses: None, _fixed: None, _naming: None }
     }
+
+    /// Names the job's tasks in `names` by the addresses its source gives, for as long as
+    /// it is followed (then they are named by their index again). A source without
+    /// addresses leaves them named by their index: a count, and a DNS name (the spec
+    /// names no port, so its answers are not the tasks' endpoints; clients following the
+    /// same name number the tasks alike).
+    pub(super) fn name_tasks(&mut self, job: &str, names: &EndpointNames) {
+        let Some(mut views) = self.addresses.clone() else { return };
+        let (job, names) = (job.to_owned(), names.clone());
+        // Named at once, before the Assigner's first generation can be encoded.
+        names.set(&job, addresses(&views.borrow_and_update()));
+        let task = tokio::spawn({
+            let (job, names) = (job.clone(), names.clone());
+            async move {
+                while views.changed().await.is_ok() {
+                    names.set(&job, addresses(&views.borrow_and_update()));
+                }
+            }
+        });
+        self._naming = Some(Naming { job, names, task });
+    }
+}
+
+/// The task that keeps a job's endpoint names; the names go with it.
+struct Naming {
+    job: String,
+    names: EndpointNames,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Naming {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.names.remove(&self.job);
+    }
+}
+
+/// Each task of `view` (within its size) with its address.
+fn addresses(view: &JobView<String>) -> Vec<(u32, String)> {
+    view.tasks
+        .iter()
+        .filter(|(&index, _)| index < view.size)
+        .filter_map(|(&index, task)| Some((u32::try_from(index).ok()?, task.address.clone())))
+        .collect()
 }
 
 /// Starts following `source` for `job`.
@@ -75,8 +126,15 @@ pub(super) async fn follow(
     let discovery = match source {
         TaskSource::Count(n) => {
             let (fixed, tasks) = watch::channel(Tasks::serving(0..*n)?);
-            return Ok(Followed { tasks, _discovery: None, _fixed: Some(fixed) });
+            return Ok(Followed {
+                tasks,
+                _discovery: None,
+                addresses: None,
+                _fixed: Some(fixed),
+                _naming: None,
+            });
         }
+        // The port is a placeholder: the Assigner needs the indices only.
         TaskSource::Dns(name) => dns::discover(dns::DnsConfig::new(name.clone(), 1))
             .await
             .map_err(|e| format!("tasks.dns {name}: {e}"))?,
@@ -85,8 +143,9 @@ pub(super) async fn follow(
             registry::watch_job(&registry, job).await.map_err(|e| format!("tasks.registry: {e}"))?
         }
     };
+    let addresses = matches!(source, TaskSource::Registry { .. }).then(|| discovery.views());
     let tasks = follow_job(discovery.views());
-    Ok(Followed { tasks, _discovery: Some(discovery), _fixed: None })
+    Ok(Followed { tasks, _discovery: Some(discovery), addresses, _fixed: None, _naming: None })
 }
 
 /// `source`'s task set with every task in `drained` draining, kept current by a task
@@ -151,6 +210,14 @@ mod tests {
             overlay(&tasks, &BTreeSet::new()).iter().collect::<Vec<_>>(),
             tasks.iter().collect::<Vec<_>>()
         );
+    }
+
+    #[test]
+    fn tasks_are_named_by_their_address_within_the_job_s_size() {
+        let mut view =
+            JobView::serving(["10.0.0.1:80".to_owned(), "10.0.0.2:80".to_owned(), "10.0.0.3:80".to_owned()]);
+        view.size = 2;
+        assert_eq!(addresses(&view), vec![(0, "10.0.0.1:80".to_owned()), (1, "10.0.0.2:80".to_owned())]);
     }
 
     #[tokio::test]
