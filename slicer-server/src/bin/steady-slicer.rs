@@ -741,9 +741,10 @@ async fn run(cli: Cli, checked: Checked) -> Result<(), Failure> {
     };
     let fleet = fleet.spawn();
     // A119 streams may name any job with a spec, published yet or not. Clients' load
-    // reports are validated and counted here; the book does not take them yet.
+    // reports go to the book, beside the Slicelets'.
     let specified = fleet.status();
     let autosharding = Autosharding::new(distributor.clone())
+        .with_client_load(book.clone())
         .with_endpoint_names(names)
         .with_known_jobs(move |job| specified.borrow().jobs.contains_key(job));
     let mut collector = LoadCollector::new(book.clone());

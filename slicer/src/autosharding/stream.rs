@@ -143,8 +143,15 @@ impl Stream {
                 self.counters().streams_ended_invalid.fetch_add(1, Ordering::Relaxed);
             }
         })?;
+        // The job's task count as it is now sets the quantum when it is per task.
+        let mut watching = watching;
+        let tasks = watching.subscription.updates().borrow().as_ref().map(|p| {
+            let tasks: std::collections::HashSet<u32> =
+                p.assignment.slices().iter().flat_map(|s| s.replicas().iter().copied()).collect();
+            tasks.len()
+        });
         self.phase = Phase::Watching(Box::new(watching));
-        Ok(self.config_message())
+        Ok(self.config_message(tasks))
     }
 
     /// Checks the client's configuration and subscribes to its job.
@@ -182,12 +189,13 @@ impl Stream {
         })
     }
 
-    fn config_message(&self) -> Bytes {
+    /// The `LoadReportingConfig` for a job of `tasks` tasks (`None`: nothing published).
+    fn config_message(&self, tasks: Option<usize>) -> Bytes {
         let settings = &self.service.settings;
         let duration = |d: Duration| prost_types::Duration::try_from(d).ok();
         let response = WatchShardingAssignmentResponse {
             config: Some(LoadReportingConfig {
-                load_quantum_fraction: settings.quantum,
+                load_quantum_fraction: settings.quantum.fraction(tasks),
                 max_load_balancing_resolution_bytes: i32::try_from(settings.rules.resolution_bytes)
                     .unwrap_or(8),
                 load_reporting_interval: duration(settings.interval),
