@@ -8,6 +8,10 @@
 //!   What remote watchers can make it hold is bounded: job names of at most
 //!   [`MAX_JOB_NAME_LEN`](steady_core::MAX_JOB_NAME_LEN) bytes,
 //!   [`Distributor::with_max_unpublished_jobs`], [`Distributor::with_max_watchers`].
+//! * [`autosharding`]: gRPC's autosharding protocol (gRFC A119) served from the same
+//!   Distributor: [`autosharding::Autosharding`] sends each job's assignments as chunks
+//!   encoded once per generation, counts clients' acks and hands their load reports to a
+//!   [`autosharding::ClientLoadSink`].
 //! * [`load`]: the Assigner's side of load reports: the [`load::LoadCollector`] gRPC
 //!   server the Slicelets stream to, and the bounded [`load::LoadBook`] it feeds.
 //! * [`store`]: where each job's assignment lives and who may write it: the
@@ -71,6 +75,7 @@
 
 #[cfg(feature = "assigner")]
 pub mod assigner_service;
+pub mod autosharding;
 mod distributor;
 #[cfg(feature = "assigner")]
 pub mod fleet;

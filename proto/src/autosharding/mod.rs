@@ -26,8 +26,10 @@ pub mod chunks;
 pub mod keys;
 pub mod ranges;
 pub mod reassembly;
+pub mod server;
 
 pub use keys::{key_bytes, slice_key_at, KEY_HEADER};
+pub use server::{EncodedAutosharding, EncodedAutoshardingServer, EncodedAutoshardingStream};
 
 /// Generated code of `proto/autosharding.proto` (package `google.cloud.autosharding.v1`).
 #[allow(missing_docs, clippy::all, clippy::pedantic)]

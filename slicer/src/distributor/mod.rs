@@ -227,9 +227,21 @@ impl Distributor {
         DistributorServer::new(self.clone())
     }
 
+    /// Whether something was published for `job` (and it is held still).
+    pub(crate) fn is_published(&self, job: &str) -> bool {
+        self.lock().by_name.get(job).is_some_and(|sender| sender.borrow().is_some())
+    }
+
+    /// Changes with each [`Distributor::close_watchers`]: a stream of another protocol
+    /// over this distributor's jobs ends on it too.
+    pub(crate) fn closings(&self) -> watch::Receiver<u64> {
+        self.epoch.subscribe()
+    }
+
     /// A new watcher of `job`: joins its entry, or adds one if there is room for another
-    /// unpublished job.
-    fn subscribe(&self, job: String) -> Result<Subscription, Status> {
+    /// unpublished job. Every watcher counts against the limits, whatever protocol it
+    /// is served by.
+    pub(crate) fn subscribe(&self, job: String) -> Result<Subscription, Status> {
         let mut jobs = self.lock();
         if jobs.watchers >= self.max_watchers {
             return Err(Status::resource_exhausted(format!(
@@ -261,7 +273,7 @@ impl Distributor {
 /// One watcher's receiver of a job's assignments. Dropping it removes the job's entry
 /// when it was the last watcher and nothing was published.
 #[derive(Debug)]
-struct Subscription {
+pub(crate) struct Subscription {
     /// `Some` until dropped.
     updates: Option<watch::Receiver<Option<Published>>>,
     job: String,
@@ -269,7 +281,7 @@ struct Subscription {
 }
 
 impl Subscription {
-    fn updates(&mut self) -> &mut watch::Receiver<Option<Published>> {
+    pub(crate) fn updates(&mut self) -> &mut watch::Receiver<Option<Published>> {
         self.updates.as_mut().expect("taken only on drop")
     }
 }
@@ -315,7 +327,7 @@ impl Distributor {
         let mut subscription = self.subscribe(job)?;
         // Mark the current value unseen so a newer-than-known one is sent at once.
         subscription.updates().mark_changed();
-        let closed = self.epoch.subscribe();
+        let closed = self.closings();
         let state = (subscription, closed, known_generation);
         let stream =
             futures_util::stream::unfold(state, |(mut subscription, mut closed, known)| async move {

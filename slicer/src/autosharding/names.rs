@@ -1,0 +1,118 @@
+//! [`EndpointNames`]: what A119 clients call each task of a job.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+/// The longest endpoint name kept, in bytes: a longer one (no address is) is sent as the
+/// task's index instead, so that every name fits in the smallest chunk.
+pub const MAX_ENDPOINT_NAME_BYTES: usize = 256;
+
+/// The names A119 clients get for each job's tasks: the task's address as discovery gives
+/// it (`"10.0.0.7:8080"`) where the program sets one, else the task index in decimal
+/// (`"7"`). A client maps a name back to a task by its own view of the job.
+///
+/// Clone it freely: clones share one table, which the program keeps current (the fleet
+/// sets each job's names from the discovery it follows) and every [`Autosharding`]
+/// service reads.
+///
+/// # When a change reaches clients
+///
+/// Names are read when a generation is encoded (once per job and generation, for every
+/// client): a name changed later reaches clients with the job's next generation. Task
+/// addresses change with the task set, which makes the Assigner publish a new generation
+/// anyway.
+///
+/// [`Autosharding`]: super::Autosharding
+#[derive(Debug, Clone, Default)]
+pub struct EndpointNames {
+    by_job: Arc<RwLock<ByJob>>,
+}
+
+/// Each job's names by task.
+type ByJob = HashMap<String, Arc<HashMap<u32, String>>>;
+
+/// One job's names as read at one moment.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct JobNames(Option<Arc<HashMap<u32, String>>>);
+
+impl JobNames {
+    /// Task `task`'s name: the one set, else its index in decimal.
+    pub(crate) fn name(&self, task: u32) -> String {
+        self.0.as_ref().and_then(|names| names.get(&task)).cloned().unwrap_or_else(|| task.to_string())
+    }
+}
+
+impl EndpointNames {
+    /// An empty table: every task is named by its index.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Names `job`'s tasks from now on as `names` says (task index, name), replacing what
+    /// was set before; a task not listed is named by its index, as is one whose name is
+    /// empty or longer than [`MAX_ENDPOINT_NAME_BYTES`].
+    pub fn set(&self, job: &str, names: impl IntoIterator<Item = (u32, String)>) {
+        let names: HashMap<u32, String> = names
+            .into_iter()
+            .filter(|(_, name)| !name.is_empty() && name.len() <= MAX_ENDPOINT_NAME_BYTES)
+            .collect();
+        self.write().insert(job.to_owned(), Arc::new(names));
+    }
+
+    /// Forgets `job`'s names: its tasks are named by their index again.
+    pub fn remove(&self, job: &str) {
+        self.write().remove(job);
+    }
+
+    /// What task `task` of `job` is called now.
+    pub fn name(&self, job: &str, task: u32) -> String {
+        self.of(job).name(task)
+    }
+
+    /// How many jobs have names set.
+    pub fn jobs(&self) -> usize {
+        self.by_job.read().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// `job`'s names now (a snapshot: later changes do not reach it).
+    pub(crate) fn of(&self, job: &str) -> JobNames {
+        JobNames(self.by_job.read().unwrap_or_else(|p| p.into_inner()).get(job).cloned())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, ByJob> {
+        self.by_job.write().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_task_without_a_usable_name_is_named_by_its_index() {
+        let names = EndpointNames::new();
+        assert_eq!(names.name("users", 7), "7");
+        names.set(
+            "users",
+            vec![
+                (0, "10.0.0.1:80".to_owned()),
+                (1, String::new()),
+                (2, "x".repeat(MAX_ENDPOINT_NAME_BYTES + 1)),
+            ],
+        );
+        let got: Vec<String> = (0..4).map(|t| names.name("users", t)).collect();
+        assert_eq!(got, ["10.0.0.1:80", "1", "2", "3"]);
+        assert_eq!(names.name("other", 0), "0", "names are per job");
+    }
+
+    #[test]
+    fn a_snapshot_keeps_the_names_it_was_taken_with() {
+        let names = EndpointNames::new();
+        names.set("users", vec![(0, "a:1".to_owned())]);
+        let before = names.of("users");
+        names.set("users", vec![(0, "b:1".to_owned())]);
+        assert_eq!((before.name(0), names.name("users", 0)), ("a:1".to_owned(), "b:1".to_owned()));
+        names.remove("users");
+        assert_eq!((names.name("users", 0), names.jobs()), ("0".to_owned(), 0));
+    }
+}
