@@ -119,7 +119,7 @@ impl WatchEndpoint {
     }
 
     /// The endpoint for the next connection, with the TLS settings in force now.
-    fn current(&self) -> Result<Endpoint, tonic::transport::Error> {
+    pub(crate) fn current(&self) -> Result<Endpoint, tonic::transport::Error> {
         #[cfg(feature = "tls")]
         if let Some(tls) = &self.tls {
             return tls.apply(self.endpoint.clone());

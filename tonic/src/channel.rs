@@ -4,7 +4,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
@@ -23,9 +23,11 @@ use tower::{BoxError, Service};
 
 use steady_proto::{DEFAULT_KEY_HEADER, GENERATION_HEADER, MOVED_HEADER};
 
+use crate::autosharding::TaskNames;
 use crate::classify::GrpcClassifier;
 use crate::endpoint::TaskEndpoint;
 use crate::health::{with_health, HealthBoard, WatchGuard};
+use crate::key_tally::KeyTally;
 use crate::replay::{never_sent, replayable, Replay};
 use crate::template::{connect, EndpointTemplate};
 
@@ -105,10 +107,15 @@ pub struct SteadyChannel {
     origin: Arc<Origin>,
 }
 
-/// What a refused keyed request needs to be routed again: a channel to clone.
+/// What a refused keyed request needs to be routed again: a channel to clone. It also
+/// holds what every clone of the channel shares for an A119 server: the keyed requests'
+/// tally, and the tasks by name.
 struct Origin {
     balance: Balance<MemberChannel, MetadataKey, GrpcClassifier>,
     keys: MetadataKey,
+    /// Set once the channel reports its load ([`SteadyChannel::follow_autosharding`]).
+    tally: OnceLock<KeyTally>,
+    names: TaskNames,
 }
 
 impl Origin {
@@ -268,7 +275,8 @@ impl SteadyChannelBuilder {
         self,
         views: watch::Receiver<JobView<TaskEndpoint>>,
     ) -> Result<SteadyChannel, ConfigError> {
-        self.follow_views(WatchStream::new(views))
+        let first = views.borrow().clone();
+        self.follow_views(first, WatchStream::new(views))
     }
 
     /// A channel following job views of `host:port` addresses (or URIs), as a discovery
@@ -290,13 +298,21 @@ impl SteadyChannelBuilder {
         views: watch::Receiver<JobView<String>>,
     ) -> Result<SteadyChannel, ConfigError> {
         let template = self.template.clone();
-        self.follow_views(WatchStream::new(views).map(move |view| endpoints_of(view, &template)))
+        let first = endpoints_of(views.borrow().clone(), &template);
+        self.follow_views(first, WatchStream::new(views).map(move |view| endpoints_of(view, &template)))
     }
 
+    /// A channel following `views`, of which `first` is the current one (known before the
+    /// balancer reads it, so that the channel names its tasks from the start).
     fn follow_views(
         self,
+        first: JobView<TaskEndpoint>,
         views: impl Stream<Item = JobView<TaskEndpoint>> + Send + 'static,
     ) -> Result<SteadyChannel, ConfigError> {
+        let names = TaskNames::default();
+        names.update(&first);
+        let named = names.clone();
+        let views = views.inspect(move |view| named.update(view));
         let board = self.health_service.map(HealthBoard::new);
         // An endpoint without a connect timeout of its own gets the balancer's, so that a
         // reconnection inside tonic's channel gives up as a first connection does.
@@ -325,7 +341,8 @@ impl SteadyChannelBuilder {
         };
         let keys = MetadataKey { header: self.key_header };
         let balance = balance.with_key_extractor(keys.clone()).with_classifier(self.classifier);
-        let origin = Arc::new(Origin { balance: balance.clone(), keys: keys.clone() });
+        let origin =
+            Arc::new(Origin { balance: balance.clone(), keys: keys.clone(), tally: OnceLock::new(), names });
         Ok(SteadyChannel { balance, keys, origin })
     }
 }
@@ -451,9 +468,13 @@ impl Service<http::Request<Body>> for SteadyChannel {
         // The key is read once, here: the routing below gets it, not the request (whose
         // extensions move to its replay).
         let key = self.keys.slice_key(&req);
-        if key.is_some() {
+        if let Some(key) = key {
             self.stamp_generation(&mut req);
+            // A request routed again was counted the first time.
             if req.extensions().get::<Rerouted>().is_none() {
+                if let Some(tally) = self.origin.tally.get() {
+                    tally.record(key);
+                }
                 reroute = Some(self.origin.clone());
             }
         }
@@ -463,6 +484,17 @@ impl Service<http::Request<Body>> for SteadyChannel {
 }
 
 impl SteadyChannel {
+    /// The tally of keyed requests an A119 server is told of, made (and counting) from
+    /// the first call on.
+    pub(crate) fn key_tally(&self) -> &KeyTally {
+        self.origin.tally.get_or_init(KeyTally::default)
+    }
+
+    /// The tasks of the channel's latest job view by name.
+    pub(crate) fn task_names(&self) -> &TaskNames {
+        &self.origin.names
+    }
+
     /// Tells the backend which generation a keyed request was routed by, so that a
     /// Slicelet can tell a client behind from a misroute.
     fn stamp_generation(&self, req: &mut http::Request<Body>) {

@@ -13,10 +13,14 @@
 //!   last good assignment meanwhile; a refusal that retrying cannot change
 //!   (`InvalidArgument`) ends it with a [`WatchError`]. The message converts to and from
 //!   [`steady_slice::Assignment`] with `From`/`TryFrom`.
+//! * [`SteadyChannel::follow_autosharding`]: the channel follows an A119 server (gRPC's
+//!   autosharding protocol) instead, acknowledging each assignment and reporting its
+//!   keyed requests per key ([`KeyTally`]) as load on the same stream.
 //!
-//! [`watch_assignments`], [`WatchError`] and [`DEFAULT_KEY_HEADER`] are `steady-proto`'s,
-//! re-exported as part of the channel's API (a client author follows assignments and keys
-//! requests with no second dependency); the rest of the protocol is named in `steady_proto`.
+//! [`watch_assignments`], [`WatchError`], [`AutoshardingConfig`], [`AutoshardingError`]
+//! and [`DEFAULT_KEY_HEADER`] are `steady-proto`'s, re-exported as part of the channel's
+//! API (a client author follows assignments and keys requests with no second
+//! dependency); the rest of the protocol is named in `steady_proto`.
 //!
 //! * [`hedge`]: hedging (gRFC A6) for the methods one names, each extra attempt to
 //!   another member, throttled by a retry budget: [`hedge::HedgeLayer`] over the channel.
@@ -37,6 +41,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
 
+mod autosharding;
 #[cfg(feature = "call-metrics")]
 pub mod call_metrics;
 mod channel;
@@ -44,6 +49,7 @@ mod classify;
 mod endpoint;
 mod health;
 pub mod hedge;
+mod key_tally;
 mod replay;
 mod template;
 
@@ -55,9 +61,11 @@ pub use channel::{
 };
 pub use classify::{GrpcClassifier, DEFAULT_FAULTS};
 pub use endpoint::TaskEndpoint;
+pub use key_tally::{KeyTally, DEFAULT_TALLY_KEYS, MAX_TALLY_KEYS};
 pub use replay::MAX_REPLAY_BYTES;
 pub use template::{ConnectError, EndpointTemplate, TemplateError};
 
 // Part of the channel's API for a client author: the Watch client a channel follows, its
 // error, and the metadata a request's slice key travels in (all `steady-proto`'s).
+pub use steady_proto::autosharding::{AutoshardingConfig, AutoshardingError};
 pub use steady_proto::{watch_assignments, WatchError, DEFAULT_KEY_HEADER};

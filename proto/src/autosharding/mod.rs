@@ -18,16 +18,20 @@
 //!   validated by the gRFC's rules, gap-filled, answered with an ack.
 //! * [`ranges`]: load per key range: the client's aggregation of per-key load under the
 //!   server's quantum and resolution, and the server's validation of a report.
+//! * [`client`]: the client itself ([`follow_autosharding`]): assignments followed across
+//!   reconnections, acknowledged, converted to steady's, and load reported.
 //!
 //! The messages are a frozen contract (the protocol's): golden bytes in the tests pin
 //! them.
 
 pub mod chunks;
+pub mod client;
 pub mod keys;
 pub mod ranges;
 pub mod reassembly;
 pub mod server;
 
+pub use client::{follow_autosharding, AutoshardingConfig, AutoshardingError, KeyLoadSource};
 pub use keys::{key_bytes, slice_key_at, KEY_HEADER};
 pub use server::{EncodedAutosharding, EncodedAutoshardingServer, EncodedAutoshardingStream};
 
