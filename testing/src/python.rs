@@ -72,8 +72,8 @@ mod peer {
     use std::time::Duration;
 
     use serde_json::Value;
-    use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader, Lines};
-    use tokio::process::{Child, ChildStdout, Command};
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
+    use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
     use super::PythonGrpc;
 
@@ -81,7 +81,8 @@ mod peer {
     const STDERR_KEPT: usize = 16 * 1024;
 
     /// A Python script running as a child process that writes one JSON object per line on
-    /// its standard output, each with an `"event"` field naming what happened.
+    /// its standard output, each with an `"event"` field naming what happened. Its
+    /// standard input stays open until [`PythonPeer::close_input`] (or the drop).
     ///
     /// Every wait is bounded: past its time, or when the peer exits first, it panics with
     /// the events read so far and the end of the peer's standard error. Dropping it kills
@@ -90,6 +91,7 @@ mod peer {
     pub struct PythonPeer {
         name: String,
         child: Child,
+        stdin: Option<ChildStdin>,
         stdout: Lines<BufReader<ChildStdout>>,
         stderr: Arc<Mutex<String>>,
         seen: Vec<Value>,
@@ -112,7 +114,7 @@ mod peer {
                 .env("PYTHONUNBUFFERED", "1")
                 // The source tree stays as it is: no __pycache__ beside the scripts.
                 .env("PYTHONDONTWRITEBYTECODE", "1")
-                .stdin(Stdio::null())
+                .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .kill_on_drop(true)
@@ -120,6 +122,7 @@ mod peer {
                 .unwrap_or_else(|e| {
                     panic!("cannot run {} {}: {e}", self.python().display(), script.display())
                 });
+            let stdin = child.stdin.take();
             let stdout = BufReader::new(child.stdout.take().expect("piped")).lines();
             let stderr = Arc::new(Mutex::new(String::new()));
             let mut pipe = child.stderr.take().expect("piped");
@@ -140,7 +143,7 @@ mod peer {
             let name = script
                 .file_name()
                 .map_or_else(|| script.display().to_string(), |n| n.to_string_lossy().into());
-            PythonPeer { name, child, stdout, stderr, seen: Vec::new() }
+            PythonPeer { name, child, stdin, stdout, stderr, seen: Vec::new() }
         }
     }
 
@@ -200,6 +203,29 @@ mod peer {
                 Ok(Err(e)) => self.fail(&format!("cannot wait for it: {e}")),
                 Err(_) => self.fail(&format!("did not exit within {within:?}")),
             }
+        }
+
+        /// Writes `line` (and a newline) to the peer's standard input: a command, for a
+        /// peer that takes them.
+        ///
+        /// # Panics
+        ///
+        /// When the input was closed, or the peer is gone.
+        pub async fn send_line(&mut self, line: &str) {
+            let Some(stdin) = self.stdin.as_mut() else { self.fail("its input is closed") };
+            let written = async {
+                stdin.write_all(format!("{line}\n").as_bytes()).await?;
+                stdin.flush().await
+            };
+            if let Err(e) = written.await {
+                self.fail(&format!("cannot write {line:?} to its input: {e}"));
+            }
+        }
+
+        /// Closes the peer's standard input: a signal a peer may wait for (the A119
+        /// client's `--stay` leaves when it comes).
+        pub fn close_input(&mut self) {
+            self.stdin = None;
         }
 
         /// Every event read so far, in order.

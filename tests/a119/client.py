@@ -23,8 +23,14 @@ interval running from the previous report's end (on any stream) to now.
 Output: one JSON object per line on stdout: `stream` (each stream opened), `config`,
 `assignment` (generation, chunk count, accepted, error_message, endpoints, slices as
 validated), `report` (each sent), `status` (how a stream ended), `violation` (the
-server broke a rule), `done` (the asked-for counts reached) and last `exit`. It gives
-up after `--deadline` seconds (`timeout`, exit code 3).
+server broke a rule), `done` (the asked-for counts reached), `released` and last
+`exit`. It gives up after `--deadline` seconds (`timeout`, exit code 3).
+
+Standard input steers it, one command a line: `reconnect` leaves the stream and opens
+another (with the newest generation accepted); the end of input, with `--stay`, ends
+the run. With `--stay` it does not leave when done but keeps the stream (still acking)
+until its input closes: an ack is never answered, so only the test, watching the
+server, knows when the server has read it.
 """
 
 import argparse
@@ -32,6 +38,7 @@ import asyncio
 import json
 import os
 import sys
+import threading
 import time
 import uuid
 
@@ -58,6 +65,26 @@ def field_of(message):
     return fields[0] if fields else None
 
 
+def read_commands(signals):
+    """Puts each line of standard input on the asyncio queue `signals`, then "eof"; read
+    on a daemon thread, which never holds the process back."""
+    loop = asyncio.get_running_loop()
+
+    def put(item):
+        try:
+            loop.call_soon_threadsafe(signals.put_nowait, item)
+        except RuntimeError:  # the loop is gone: the process is ending anyway
+            pass
+
+    def read():
+        for line in sys.stdin:
+            if line.strip():
+                put(line.strip())
+        put("eof")
+
+    threading.Thread(target=read, daemon=True).start()
+
+
 def seconds(pb_duration):
     return pb_duration.seconds + pb_duration.nanos / 1e9
 
@@ -71,11 +98,15 @@ def parse_args():
     parser.add_argument("--latest-generation", type=int, default=0)
     parser.add_argument("--assignments", type=int, default=1, help="done after this many assignments")
     parser.add_argument("--reports", type=int, default=0, help="done after this many load reports")
-    parser.add_argument("--reconnect-after", type=int, default=0, help="a new stream after N assignments")
     parser.add_argument("--reject-first", action="store_true", help="refuse the first assignment")
     parser.add_argument("--loads", default="{}", help='per-key load per interval: {"<hex key>": load}')
     parser.add_argument("--metric", default="requests")
     parser.add_argument("--min-interval", type=float, default=0.05, help="floor on the reporting interval (s)")
+    parser.add_argument(
+        "--stay",
+        action="store_true",
+        help="once done, keep the stream (still acking) until standard input closes",
+    )
     parser.add_argument("--deadline", type=float, default=60.0)
     return parser.parse_args()
 
@@ -150,17 +181,21 @@ class Follower:
         self.reports = 0
         self.rejected_first = False
         self.last_report_end = time.time()
-        self.finished = asyncio.Event()
+        self.signals = asyncio.Queue()
+        self.done = False
+        read_commands(self.signals)
 
     def request(self, **fields):
         return self.pb2.WatchShardingAssignmentRequest(**fields)
 
     def check_finished(self):
-        if self.assignments >= self.args.assignments and self.reports >= self.args.reports:
-            self.finished.set()
+        if not self.done and self.assignments >= self.args.assignments and self.reports >= self.args.reports:
+            self.done = True
+            self.signals.put_nowait("done")
 
     async def follow(self, number):
-        """One stream: returns "done", "reconnect" or "ended" (the server closed it)."""
+        """One stream: returns "done", "released", "reconnect" or "ended" (the server
+        closed it)."""
         call = self.stub.WatchShardingAssignment()
         hello = self.pb2.InitialClientConfig(
             target=self.args.target, client_uuid=self.args.uuid, latest_generation=self.latest
@@ -171,10 +206,22 @@ class Follower:
         writer = asyncio.ensure_future(self.write(call, writes))
         reporter = []
         reading = asyncio.ensure_future(self.read(call, number, writes, reporter))
-        finished = asyncio.ensure_future(self.finished.wait())
+        signal = None
         try:
-            await asyncio.wait({reading, finished}, return_when=asyncio.FIRST_COMPLETED)
-            outcome = reading.result() if reading.done() else "done"
+            outcome = None
+            while outcome is None:
+                signal = asyncio.ensure_future(self.signals.get())
+                await asyncio.wait({reading, signal}, return_when=asyncio.FIRST_COMPLETED)
+                if reading.done():
+                    outcome = reading.result()
+                elif signal.result() == "done":
+                    emit("done", assignments=self.assignments, reports=self.reports)
+                    if not self.args.stay:
+                        outcome = "done"
+                elif signal.result() == "reconnect":
+                    outcome = "reconnect"
+                elif signal.result() == "eof" and self.args.stay:
+                    outcome = "released"
             await writes.put(None)
             try:
                 await asyncio.wait_for(writer, 5)
@@ -182,7 +229,9 @@ class Follower:
                 pass
             return outcome
         finally:
-            for task in [reading, finished, writer, *reporter]:
+            for task in [reading, signal, writer, *reporter]:
+                if task is None:
+                    continue
                 task.cancel()
             call.cancel()
 
@@ -222,7 +271,6 @@ class Follower:
         start_latest = self.latest
         configured = False
         chunks = []
-        on_stream = 0
         try:
             while True:
                 response = await call.read()
@@ -276,10 +324,7 @@ class Follower:
                         )
                     await self.close_assignment(number, writes, chunks, generation)
                     chunks = []
-                    on_stream += 1
                     self.check_finished()
-                    if number == 1 and on_stream == self.args.reconnect_after:
-                        return "reconnect"
                 else:
                     emit("violation", stream=number, rule=f"a response with {kind or 'no field'} set")
         except grpc.aio.AioRpcError as error:
@@ -316,8 +361,8 @@ async def run(args):
         while True:
             number += 1
             outcome = await follower.follow(number)
-            if outcome == "done":
-                emit("done", assignments=follower.assignments, reports=follower.reports)
+            if outcome == "released":
+                emit("released")
             if outcome != "reconnect":
                 break
     emit("exit", latest_generation=follower.latest)

@@ -7,7 +7,8 @@ chunks (the slices spread over the chunks in reverse order, the endpoint list sp
 across them in order); once that is acknowledged, generation G+1 (every slice moved to
 the next endpoint); once that is acknowledged, generation G again, stale, which the
 client must refuse. Every stream gets the configuration and only what is newer than the
-client's `latest_generation`, and the stale one only after both. Streams stay open for
+client's `latest_generation`, and the stale one only after both; a client that refuses
+a new one gets nothing more on that stream. Streams stay open for
 load reports until the client leaves or the server stops.
 
 It checks the client as it goes: the first message must be `initial_client_config`
@@ -176,10 +177,11 @@ class Service:
             latest = hello.latest_generation
             plan = [(self.script.generation, self.script.first), (self.script.generation + 1, self.script.second)]
             sent = [g for g, _ in plan if g > latest]
+            refused = False
             for generation, slices in plan:
-                if generation > latest:
-                    await self.send(stream, context, acks, generation, slices, expect=True)
-            if len(sent) == len(plan):
+                if generation > latest and not refused:
+                    refused = not await self.send(stream, context, acks, generation, slices, expect=True)
+            if len(sent) == len(plan) and not refused:
                 # Stale on purpose: older than what the client just accepted.
                 generation, slices = plan[0]
                 await self.send(stream, context, acks, generation, slices, expect=False)
@@ -189,6 +191,7 @@ class Service:
             emit("stream_end", stream=stream)
 
     async def send(self, stream, context, acks, generation, slices, expect):
+        """Sends one assignment and waits for its ack; returns whether it was accepted."""
         responses = self.chunks(generation, slices)
         for response in responses:
             await context.write(response)
@@ -204,9 +207,10 @@ class Service:
             ack = await asyncio.wait_for(acks.get(), self.args.ack_timeout)
         except asyncio.TimeoutError:
             emit("violation", stream=stream, rule=f"no ack for generation {generation}")
-            return
+            return False
         if ack.generation != generation:
             emit("violation", stream=stream, rule=f"ack for {ack.generation}, expected {generation}")
+        return ack.accepted
 
     async def read(self, stream, context, acks):
         while True:

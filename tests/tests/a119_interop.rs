@@ -134,8 +134,18 @@ async fn the_python_client_follows_the_python_server_and_each_checks_the_other()
         &python,
         address,
         "jobs/a",
-        &["--assignments", "3", "--reports", "2", "--loads", &loads()],
+        &["--assignments", "3", "--reports", "2", "--loads", &loads(), "--stay"],
     );
+    client.event("done", WAIT).await;
+    // The server: every ack came back (the client stays until then: an ack is never
+    // answered).
+    let mut acks = Vec::new();
+    for _ in 0..3 {
+        let ack = server.event("ack", WAIT).await;
+        acks.push((ack["generation"].as_i64().unwrap(), ack["accepted"].as_bool().unwrap()));
+    }
+    assert_eq!(acks, [(10, true), (11, true), (10, false)]);
+    client.close_input();
     finish(&mut client).await;
 
     // The client: the configuration, then G and G+1 accepted, G again refused as stale.
@@ -148,13 +158,7 @@ async fn the_python_client_follows_the_python_server_and_each_checks_the_other()
     assert!(assignments.iter().all(|a| a["chunks"] == 3 && a["endpoints"] == json!(endpoints)));
     assert!(client.seen_named("violation").is_empty(), "{:?}", client.seen());
 
-    // The server: what it sent is what the client put together, and every ack came back.
-    let mut acks = Vec::new();
-    for _ in 0..3 {
-        let ack = server.event("ack", WAIT).await;
-        acks.push((ack["generation"].as_i64().unwrap(), ack["accepted"].as_bool().unwrap()));
-    }
-    assert_eq!(acks, [(10, true), (11, true), (10, false)]);
+    // What the server sent is what the client put together.
     let sent = server.seen_named("sent");
     assert_eq!(sent[0]["slices"], assignments[0]["slices"], "the chunks put together again");
     assert_eq!(sent[1]["slices"], assignments[1]["slices"]);
@@ -197,21 +201,17 @@ async fn the_python_client_fills_a_gap_refuses_one_on_purpose_and_gets_it_again_
         &python,
         address,
         "jobs/a",
-        &["--uuid", "c-1", "--assignments", "3", "--reject-first", "--reconnect-after", "1"],
+        &["--uuid", "c-1", "--assignments", "4", "--reject-first", "--stay"],
     );
-    finish(&mut client).await;
-
-    let streams = client.seen_named("stream");
-    assert_eq!(streams.len(), 2);
-    assert_eq!(streams[1]["latest_generation"], 0, "nothing accepted before the reconnection");
-    let assignments = client.seen_named("assignment");
-    assert_eq!(verdicts(&assignments), [(10, false), (10, true), (11, true)]);
-    // G lacks its second slice: the client fills the hole with a slice of no endpoint.
-    let slices = assignments[1]["slices"].as_array().unwrap();
-    assert_eq!(slices.len(), 4);
-    assert_eq!(slices[1], json!({"start": "4000000000000000", "end": "8000000000000000", "endpoints": []}));
-    assert_eq!(assignments[1]["error_message"], "gaps filled: 1");
-
+    let refused = client.event("assignment", WAIT).await;
+    assert_eq!((refused["generation"].as_i64(), refused["accepted"].as_bool()), (Some(10), Some(false)));
+    let ack = server.event("ack", WAIT).await;
+    assert_eq!(
+        (ack["stream"].as_i64(), ack["generation"].as_i64(), ack["accepted"].as_bool()),
+        (Some(1), Some(10), Some(false))
+    );
+    client.send_line("reconnect").await;
+    client.event("done", WAIT).await;
     let mut acks = Vec::new();
     for _ in 0..3 {
         let ack = server.event("ack", WAIT).await;
@@ -221,7 +221,23 @@ async fn the_python_client_fills_a_gap_refuses_one_on_purpose_and_gets_it_again_
             ack["accepted"].as_bool().unwrap(),
         ));
     }
-    assert_eq!(acks, [(1, 10, false), (2, 10, true), (2, 11, true)]);
+    // Refused on the first stream, so sent again on the second, where G+1 and the stale
+    // G follow.
+    assert_eq!(acks, [(2, 10, true), (2, 11, true), (2, 10, false)]);
+    client.close_input();
+    finish(&mut client).await;
+
+    let streams = client.seen_named("stream");
+    assert_eq!(streams.len(), 2);
+    assert_eq!(streams[1]["latest_generation"], 0, "nothing accepted before the reconnection");
+    let assignments = client.seen_named("assignment");
+    assert_eq!(verdicts(&assignments), [(10, false), (10, true), (11, true), (10, false)]);
+    // G lacks its second slice: the client fills the hole with a slice of no endpoint.
+    let slices = assignments[1]["slices"].as_array().unwrap();
+    assert_eq!(slices.len(), 4);
+    assert_eq!(slices[1], json!({"start": "4000000000000000", "end": "8000000000000000", "endpoints": []}));
+    assert_eq!(assignments[1]["error_message"], "gaps filled: 1");
+
     let hellos = server.seen_named("stream");
     assert!(hellos.iter().all(|h| h["client_uuid"] == "c-1"), "one uuid across streams: {hellos:?}");
     assert!(server.seen_named("violation").is_empty(), "{:?}", server.seen());
