@@ -27,7 +27,7 @@ pub mod keys;
 pub mod ranges;
 pub mod reassembly;
 
-pub use keys::{key_bytes, slice_key_at, KEY_HEADER};
+pub use keys::{key_bytes, key_from_header, slice_key_at, KEY_HEADER};
 
 /// Generated code of `proto/autosharding.proto` (package `google.cloud.autosharding.v1`).
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
