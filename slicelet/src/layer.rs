@@ -10,6 +10,7 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::{HeaderName, HeaderValue};
 use http_body_util::Either;
+use steady_proto::autosharding::{key_from_header, KEY_HEADER};
 use steady_proto::{FORWARDED_HEADER, GENERATION_HEADER, MOVED_HEADER};
 use steady_slice::SliceKey;
 use tonic::body::Body;
@@ -20,6 +21,11 @@ use super::Slicelet;
 
 /// Records the slice key of every request on a [`Slicelet`] and decides what becomes of
 /// misrouted ones (see [`Slicelet::layer`]; by default they are served).
+///
+/// The key is read from the key header (`x-slice-key`, hashed), or, when a request has
+/// none, from the binary header `x-slice-key-bin` that clients of gRPC's autosharding
+/// protocol send (the 8-byte slice key itself: `steady_proto::autosharding::keys`). A
+/// request with neither, or with an unreadable binary key, is served and not recorded.
 ///
 /// ```
 /// use std::time::Duration;
@@ -107,10 +113,14 @@ where
     }
 
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
-        let Some(value) = req.headers().get(&self.header) else {
-            return SliceletFuture::inner(self.inner.call(req));
+        let key = match req.headers().get(&self.header) {
+            Some(value) => SliceKey::of(value.as_bytes()),
+            // A client of gRPC's autosharding protocol sends the slice key itself.
+            None => match req.headers().get(KEY_HEADER).and_then(|v| key_from_header(v.as_bytes())) {
+                Some(key) => key,
+                None => return SliceletFuture::inner(self.inner.call(req)),
+            },
         };
-        let key = SliceKey::of(value.as_bytes());
         let headers = req.headers();
         let verdict = self.slicelet.verdict(key, &self.policy, || Misroute {
             client_generation: headers

@@ -40,6 +40,33 @@ pub fn slice_key_at(key: &[u8]) -> Option<SliceKey> {
     Some(SliceKey(value))
 }
 
+/// The slice key a request's [`KEY_HEADER`] value carries: the header's value as it is
+/// on the wire (base64 of the 8 bytes, as gRPC sends every `-bin` header, with or without
+/// padding), decoded. `None` unless it decodes to exactly 8 bytes.
+pub fn key_from_header(value: &[u8]) -> Option<SliceKey> {
+    let trimmed = value.strip_suffix(b"=").unwrap_or(value);
+    if trimmed.len() != 11 {
+        return None;
+    }
+    // 11 characters of 6 bits: 66 bits, the last two of which must be zero.
+    let mut bits: u128 = 0;
+    for &c in trimmed {
+        let sextet = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' | b'-' => 62,
+            b'/' | b'_' => 63,
+            _ => return None,
+        };
+        bits = (bits << 6) | u128::from(sextet);
+    }
+    if bits & 0b11 != 0 {
+        return None;
+    }
+    u64::try_from(bits >> 2).ok().map(SliceKey)
+}
+
 /// The A119 form of a slice start: the empty key for the first slice (A119's slices
 /// start at the empty key), else the 8 bytes.
 pub fn start_bytes(start: SliceKey) -> Vec<u8> {
@@ -59,6 +86,18 @@ mod tests {
         // A frozen contract: the reference XXH3-64 of the empty key, big-endian.
         assert_eq!(key_bytes(SliceKey::of(b"")), [0x2D, 0x06, 0x80, 0x05, 0x38, 0xD3, 0x94, 0xC2]);
         assert_eq!(key_bytes(SliceKey(0x0102_0304_0506_0708)), [1, 2, 3, 4, 5, 6, 7, 8]);
+    }
+
+    #[test]
+    fn the_header_carries_the_8_bytes_in_base64() {
+        // base64 of 01 02 03 04 05 06 07 08 is "AQIDBAUGBwg=".
+        assert_eq!(key_from_header(b"AQIDBAUGBwg="), Some(SliceKey(0x0102_0304_0506_0708)));
+        assert_eq!(key_from_header(b"AQIDBAUGBwg"), Some(SliceKey(0x0102_0304_0506_0708)));
+        assert_eq!(key_from_header(b"//////////8="), Some(SliceKey(u64::MAX)));
+        assert_eq!(key_from_header(b"AAAAAAAAAAA="), Some(SliceKey(0)));
+        for bad in [&b""[..], b"AQIDBAUGBw==", b"AQIDBAUGBwgJ", b"AQIDBAUG*wg=", b"AQIDBAUGBwh="] {
+            assert_eq!(key_from_header(bad), None, "{}", String::from_utf8_lossy(bad));
+        }
     }
 
     #[test]

@@ -32,7 +32,7 @@ pub mod reassembly;
 pub mod server;
 
 pub use client::{follow_autosharding, AutoshardingConfig, AutoshardingError, KeyLoadSource};
-pub use keys::{key_bytes, slice_key_at, KEY_HEADER};
+pub use keys::{key_bytes, key_from_header, slice_key_at, KEY_HEADER};
 pub use server::{EncodedAutosharding, EncodedAutoshardingServer, EncodedAutoshardingStream};
 
 /// Generated code of `proto/autosharding.proto` (package `google.cloud.autosharding.v1`).
