@@ -722,11 +722,13 @@ fn a_crate_re_exports_another_s_type_only_where_its_own_api_takes_or_returns_it(
                 "steady_slice::guard::Consistency",
             ],
         ),
-        // The channel follows the Watch client's stream and reads the key header by default.
+        // The channel follows the Watch client's stream, or an A119 server by its
+        // configuration, and reads the key header by default.
         (
             "tonic",
             vec![
                 "steady_proto::DEFAULT_KEY_HEADER",
+                "steady_proto::autosharding::AutoshardingConfig",
                 "steady_proto::WatchError",
                 "steady_proto::watch_assignments",
             ],

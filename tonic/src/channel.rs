@@ -23,12 +23,12 @@ use tower::{BoxError, Service};
 
 use steady_proto::{DEFAULT_KEY_HEADER, GENERATION_HEADER, MOVED_HEADER};
 
-use crate::autosharding::TaskNames;
 use crate::classify::GrpcClassifier;
 use crate::endpoint::TaskEndpoint;
 use crate::health::{with_health, HealthBoard, WatchGuard};
 use crate::key_tally::KeyTally;
 use crate::replay::{never_sent, replayable, Replay};
+use crate::task_names::TaskNames;
 use crate::template::{connect, EndpointTemplate};
 
 /// The connection to one member of the subset: a tonic `Channel`, and the member's

@@ -29,7 +29,7 @@ const EMPTY: u64 = 0;
 ///
 /// Counting a request is two relaxed atomic operations when its key holds a slot (a
 /// load, an add), three when it takes a free one (a compare-and-swap), and nothing is
-/// allocated. A key finds its slot among [`PROBES`] neighbours of its hash; when all of
+/// allocated. A key finds its slot among 8 neighbours of its hash; when all of
 /// them hold other keys, the request is counted in one of 1,024 equal bins of the key
 /// space instead, and reported as load at the bin's middle key. That happens only with
 /// more distinct keys in an interval than the table holds, when each bin gathers the

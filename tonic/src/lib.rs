@@ -17,8 +17,8 @@
 //!   autosharding protocol) instead, acknowledging each assignment and reporting its
 //!   keyed requests per key ([`KeyTally`]) as load on the same stream.
 //!
-//! [`watch_assignments`], [`WatchError`], [`AutoshardingConfig`], [`AutoshardingError`]
-//! and [`DEFAULT_KEY_HEADER`] are `steady-proto`'s, re-exported as part of the channel's
+//! [`watch_assignments`], [`WatchError`], [`AutoshardingConfig`] and
+//! [`DEFAULT_KEY_HEADER`] are `steady-proto`'s, re-exported as part of the channel's
 //! API (a client author follows assignments and keys requests with no second
 //! dependency); the rest of the protocol is named in `steady_proto`.
 //!
@@ -51,6 +51,7 @@ mod health;
 pub mod hedge;
 mod key_tally;
 mod replay;
+mod task_names;
 mod template;
 
 #[cfg(feature = "call-metrics")]
@@ -66,6 +67,7 @@ pub use replay::MAX_REPLAY_BYTES;
 pub use template::{ConnectError, EndpointTemplate, TemplateError};
 
 // Part of the channel's API for a client author: the Watch client a channel follows, its
-// error, and the metadata a request's slice key travels in (all `steady-proto`'s).
-pub use steady_proto::autosharding::{AutoshardingConfig, AutoshardingError};
+// error, how it follows an A119 server, and the metadata a request's slice key travels in
+// (all `steady-proto`'s).
+pub use steady_proto::autosharding::AutoshardingConfig;
 pub use steady_proto::{watch_assignments, WatchError, DEFAULT_KEY_HEADER};

@@ -187,10 +187,10 @@ fn refused_for_good(code: Code) -> bool {
 /// not asked for it again, and a newer one is taken.
 ///
 /// With a [`AutoshardingConfig::load_source`], once a stream has the server's
-/// [`LoadReportingConfig`](super::v1::LoadReportingConfig), the client drains the source
+/// [`LoadReportingConfig`](crate::autosharding::v1::LoadReportingConfig), the client drains the source
 /// every `load_reporting_interval` (kept within [`MIN_REPORT_INTERVAL`] and
 /// [`MAX_REPORT_INTERVAL`]) and reports the load under the server's quantum and
-/// resolution ([`aggregate`](super::ranges::aggregate)), as the metric
+/// resolution ([`aggregate`](crate::autosharding::ranges::aggregate)), as the metric
 /// [`AutoshardingConfig::metric`]. The source is drained only when a report is sent:
 /// load seen while no stream is open goes in the next report, whatever the stream, as the
 /// protocol asks; a report sent just before its stream broke may be lost with it; and a
