@@ -620,3 +620,38 @@ async fn a_steady_channel_routes_by_the_python_servers_assignment_and_reports_it
     assert_eq!(reported, requests as f64, "each keyed request counted once");
     assert!(server.seen_named("violation").is_empty(), "{:?}", server.seen());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steadys_client_reports_at_the_coarser_resolution_and_finer_quantum_the_python_server_asks() {
+    let Some(python) = PythonGrpc::find() else { return };
+    let (mut server, address) = python_server(
+        &python,
+        "jobs/a",
+        &["0"],
+        &["--slices", "1", "--resolution", "2", "--quantum", "0.05", "--interval", "1"],
+    )
+    .await;
+    // 200 keys spread over the key space, some sharing their first two bytes, one hot.
+    let load: Vec<(SliceKey, f64)> = (0..200u64)
+        .map(|i| (SliceKey(i.wrapping_mul(0x9E37_79B9_7F4A_7C15)), if i == 7 { 100.0 } else { 1.0 }))
+        .collect();
+    let total: f64 = load.iter().map(|(_, l)| l).sum();
+    let config = AutoshardingConfig {
+        load_source: Some(Arc::new(move || load.clone())),
+        ..AutoshardingConfig::default()
+    };
+    let mut items = drive(follow_autosharding(endpoint(address), "jobs/a", config).unwrap());
+    assert_eq!(next_item(&mut items).await.unwrap().expect("G accepted").generation(), 10);
+
+    let report = server.event("report", WAIT).await;
+    assert_eq!(report["violations"], json!([]), "{report}");
+    assert!((report_total(&report, "requests") - total).abs() < 1e-6, "{report}");
+    let ranges = report["metrics"]["requests"].as_array().unwrap();
+    assert!(
+        ranges.iter().all(|r| r["start"].as_str().unwrap().len() <= 4),
+        "start keys of at most 2 bytes: {report}"
+    );
+    // 199 of the load in keys of 1 under a limit of 5% of 299 (14.95): 14 ranges at least,
+    // and the hot key's own.
+    assert!(ranges.len() >= 15, "a 5% quantum cuts the load into many ranges: {}", ranges.len());
+}
