@@ -212,7 +212,8 @@ class Follower:
             while outcome is None:
                 signal = asyncio.ensure_future(self.signals.get())
                 await asyncio.wait({reading, signal}, return_when=asyncio.FIRST_COMPLETED)
-                if reading.done():
+                # A signal first: taken off the queue, it must not be lost to the stream's end.
+                if not signal.done():
                     outcome = reading.result()
                 elif signal.result() == "done":
                     emit("done", assignments=self.assignments, reports=self.reports)
