@@ -40,7 +40,8 @@ impl PythonGrpc {
         let imports = Command::new(&python).args(["-c", "import grpc, grpc_tools"]).output();
         let problem = match imports {
             Ok(out) if out.status.success() => return Some(Self { python }),
-            Ok(out) => String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            // The traceback's last line says what is missing.
+            Ok(out) => String::from_utf8_lossy(&out.stderr).trim().lines().last().unwrap_or("").to_owned(),
             Err(e) => e.to_string(),
         };
         let message = format!(
