@@ -32,6 +32,11 @@
 //! * [`Browser`]: Debian's Chromium, headless, for pages: the DOM it renders and a
 //!   screenshot. Missing, it skips the test unless [`REQUIRE_BROWSER`] is set (as
 //!   `scripts/test.sh` sets it), as for etcd.
+//! * [`PythonGrpc`]: a Python interpreter with `grpcio` and `grpcio-tools` (the virtual
+//!   environment `scripts/test.sh` makes at [`PYTHON_GRPC_VENV`]), for tests against
+//!   peers written in Python; missing, it skips the test unless [`REQUIRE_PYTHON_GRPC`]
+//!   is set, as for etcd. With the feature `python`, `PythonPeer` runs one such peer and
+//!   reads its standard output as JSON lines, each wait bounded, killed on drop.
 //! * [`wait`]: bounded waits for the state a test asserts (`eventually` and its kin):
 //!   a condition polled until it holds, never a fixed sleep, and a panic naming what the
 //!   test waited for when it does not come in time.
@@ -64,7 +69,8 @@
 //! `rcgen` (on ring) to make certificates; `tokio` adds tokio for the async waits;
 //! `grpc` adds tonic and prost, and generates the echo service's code at build time with
 //! a protoc that cargo installs (`protoc-bin-vendored`), as steady-proto does; `proxy`
-//! adds tokio's networking; `clock` adds `rustix` (its safe `clock_gettime`);
+//! adds tokio's networking; `clock` adds `rustix` (its safe `clock_gettime`); `python` adds
+//! tokio's processes and `serde_json`;
 //! `alloc-count` adds nothing but the crate's one unsafe module, a counting allocator.
 //!
 //! A dev-dependency of the published crates only (it is never published); the
@@ -90,6 +96,7 @@ pub mod loopback;
 mod percentile;
 #[cfg(feature = "proxy")]
 pub mod proxy;
+mod python;
 #[cfg(feature = "tls")]
 pub mod tls;
 pub mod wait;
@@ -98,6 +105,9 @@ pub use browser::{Browser, BROWSER_BIN, PAGE_TIMEOUT, REQUIRE_BROWSER};
 pub use cluster::EtcdCluster;
 pub use golden::check_golden_file;
 pub use percentile::percentile;
+#[cfg(feature = "python")]
+pub use python::PythonPeer;
+pub use python::{PythonGrpc, PYTHON_GRPC_BIN, PYTHON_GRPC_VENV, REQUIRE_PYTHON_GRPC};
 pub use wait::eventually_blocking;
 #[cfg(feature = "tokio")]
 pub use wait::{eventually, eventually_within, holds_within, within};
