@@ -125,7 +125,7 @@ impl Fleet {
         strategy: Strategy,
         config: &FleetConfig,
     ) -> Result<Self, Box<dyn std::error::Error>> {
-        let control = ControlPlane::start(DemoStore::Memory, &[]).await?;
+        let control = ControlPlane::start(DemoStore::Memory, &[], Duration::from_secs(1)).await?;
         let database = DatabaseServer::start(config.database).await?;
         let replicas = strategy.slicer_replicas();
         // Handover: the new owner warms for half an assignment period; the old one

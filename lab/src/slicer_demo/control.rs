@@ -9,6 +9,7 @@ use std::time::Duration;
 use steady_assigner::Tasks;
 use steady_slicelet::Slicelet;
 use steady_slicer::assigner_service::{AssignerConfig, AssignerStats};
+use steady_slicer::autosharding::Autosharding;
 use steady_slicer::fleet::Instance;
 use steady_slicer::load::{LoadBook, LoadCollector};
 use steady_slicer::specs::{JobConfig, TaskSource};
@@ -51,18 +52,26 @@ pub(crate) struct ControlPlane {
 }
 
 impl ControlPlane {
+    /// Serves the Distributor's Watch, gRPC's autosharding protocol (A119: clients' load
+    /// reports, asked every `report_interval`, go to the book) and the load collector.
     pub(crate) async fn start(
         store: DemoStore,
         endpoints: &[String],
+        report_interval: Duration,
     ) -> Result<Self, Box<dyn std::error::Error>> {
         let distributor = Distributor::new();
         let book = LoadBook::new();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let address = listener.local_addr()?;
         let collector = LoadCollector::new(book.clone());
+        let autosharding = Autosharding::new(distributor.clone())
+            .with_client_load(book.clone())
+            .with_report_interval(report_interval)
+            .with_known_jobs(|job| job == JOB);
         tokio::spawn(
             Server::builder()
                 .add_service(distributor.service())
+                .add_service(autosharding.service())
                 .add_service(collector.service())
                 .serve_with_incoming(
                     tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),

@@ -29,7 +29,7 @@ use steady_testing::echo::echo_client::EchoClient;
 use steady_testing::echo::EchoRequest;
 use steady_testing::loopback::ServerGuard;
 use steady_testing::{holds_within, percentile};
-use steady_tonic::{SteadyChannel, TaskEndpoint};
+use steady_tonic::{AutoshardingConfig, SteadyChannel, TaskEndpoint};
 use tokio::sync::watch;
 use tonic::transport::Endpoint;
 
@@ -55,6 +55,17 @@ pub enum DemoStore {
     /// etcd at `--endpoints`: two Assigners campaign; the leader is killed and the
     /// standby takes over when its lease lapses.
     Etcd,
+}
+
+/// Where the demo's Assigner learns the load from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LoadFrom {
+    /// The backends' Slicelets report what they served (steady's load reports).
+    Slicelets,
+    /// The frontends report what they sent, per key range, on gRPC's autosharding
+    /// protocol (gRFC A119), which they also follow assignments on; the backends report
+    /// nothing.
+    Clients,
 }
 
 /// Arguments of `steady-lab slicer`.
@@ -103,6 +114,10 @@ pub struct SlicerArgs {
     /// The assignment store.
     #[arg(long, value_enum, default_value = "memory")]
     store: DemoStore,
+    /// Where the load comes from: the backends' Slicelets, or the frontends over gRPC's
+    /// autosharding protocol (A119), whose assignments they then follow.
+    #[arg(long, value_enum, default_value = "slicelets")]
+    load_from: LoadFrom,
     /// etcd endpoints for `--store etcd`.
     #[arg(long, value_delimiter = ',')]
     endpoints: Vec<String>,
@@ -117,8 +132,8 @@ struct Backend {
     slicelet: Slicelet,
     address: SocketAddr,
     stop: Option<ServerGuard>,
-    /// Reports flow while this is kept.
-    _reporter: LoadReporter,
+    /// Reports flow while this is kept (none when the clients report the load).
+    _reporter: Option<LoadReporter>,
 }
 
 /// What the request loops recorded during a step.
@@ -154,7 +169,9 @@ async fn demo(out: &mut impl Write, args: &SlicerArgs) -> LabResult {
         return Err("--backends must be at least 2, --frontends and --keys at least 1".into());
     }
     let step = Duration::from_millis(args.step_ms.max(100));
-    let control = ControlPlane::start(args.store, &args.endpoints).await?;
+    // Client reports cover a second each (the shortest interval a client takes): the
+    // Slicelets' rates decay over two steps.
+    let control = ControlPlane::start(args.store, &args.endpoints, step.max(Duration::from_secs(1))).await?;
     let mut backends = Vec::new();
     for task in 0..args.backends {
         // Rates decay over two steps: Slicer's window is five minutes, with steps of one.
@@ -162,7 +179,8 @@ async fn demo(out: &mut impl Write, args: &SlicerArgs) -> LabResult {
             Slicelet::with_meter(task, MeterConfig { half_life: step * 2, ..MeterConfig::default() })?;
         let (address, stop) = control::serve(task, &slicelet).await;
         slicelet.follow(steady_tonic::watch_assignments(control.endpoint(), JOB, Default::default())?);
-        let reporter = slicelet.report_to(control.endpoint(), JOB, step / 4);
+        let reporter = (args.load_from == LoadFrom::Slicelets)
+            .then(|| slicelet.report_to(control.endpoint(), JOB, step / 4));
         backends.push(Backend { slicelet, address, stop: Some(stop), _reporter: reporter });
     }
 
@@ -225,11 +243,17 @@ async fn demo(out: &mut impl Write, args: &SlicerArgs) -> LabResult {
     for m in 0..args.frontends {
         let channel =
             SteadyChannel::builder(BalanceConfig::new(m, args.backends as usize)).from_job(views.clone())?;
-        channel.follow_assignments(steady_tonic::watch_assignments(
-            control.endpoint(),
-            JOB,
-            Default::default(),
-        )?);
+        match args.load_from {
+            LoadFrom::Slicelets => channel.follow_assignments(steady_tonic::watch_assignments(
+                control.endpoint(),
+                JOB,
+                Default::default(),
+            )?),
+            // The channel reports its keyed requests at the interval the server asks.
+            LoadFrom::Clients => {
+                channel.follow_autosharding(control.endpoint(), JOB, AutoshardingConfig::default())?;
+            }
+        }
         for l in 0..loops_per_frontend {
             let (channel, log, stop, popularity) =
                 (channel.clone(), log.clone(), stop.clone(), popularity.clone());
@@ -256,7 +280,7 @@ async fn demo(out: &mut impl Write, args: &SlicerArgs) -> LabResult {
         }
     }
 
-    writeln!(out, "# steady-lab slicer: {} backends, {} frontends, {} keys Zipf {}, {} req/s, steps of {:?}, {:?} store", args.backends, args.frontends, args.keys, args.zipf, args.rate, step, args.store)?;
+    writeln!(out, "# steady-lab slicer: {} backends, {} frontends, {} keys Zipf {}, {} req/s, steps of {:?}, {:?} store, load from {:?}", args.backends, args.frontends, args.keys, args.zipf, args.rate, step, args.store, args.load_from)?;
     writeln!(
         out,
         "{:>4} {:>5} {:>9} {:>8} {:>8} {:>9} {:>7} {:>7} {:>7}  event",
