@@ -39,9 +39,10 @@ pub struct ShardingArgs {
     #[arg(long, default_value_t = 8)]
     clients: usize,
     /// With `--load-from clients`: the most a range may carry of a client's load unless
-    /// it holds a single key.
-    #[arg(long, default_value_t = 0.01)]
-    quantum: f64,
+    /// it holds a single key [default: per task, as steady-slicer sends it:
+    /// 1/(16 tasks) within [1/1024, 1/20]].
+    #[arg(long)]
+    quantum: Option<f64>,
 }
 
 /// Where the assigners' load comes from.
@@ -72,7 +73,7 @@ pub fn run(out: &mut impl Write, args: &ShardingArgs) -> LabResult {
     } else {
         args.assigner.iter().map(String::as_str).collect()
     };
-    if args.load_from == LoadFrom::Clients && !(args.clients >= 1 && (0.0..=1.0).contains(&args.quantum)) {
+    if args.load_from == LoadFrom::Clients && !(args.clients >= 1 && args.quantum.is_none_or(|q| (0.0..=1.0).contains(&q))) {
         return Err("--clients must be at least 1 and --quantum within [0, 1]".into());
     }
     let clients = (args.load_from == LoadFrom::Clients)

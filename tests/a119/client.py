@@ -107,7 +107,7 @@ def parse_args():
         action="store_true",
         help="once done, keep the stream (still acking) until standard input closes",
     )
-    parser.add_argument("--deadline", type=float, default=60.0)
+    parser.add_argument("--deadline", type=float, default=120.0)
     return parser.parse_args()
 
 

@@ -55,8 +55,8 @@ def parse_args():
     parser.add_argument("--resolution", type=int, default=8)
     parser.add_argument("--interval", type=float, default=0.2, help="load reporting interval (s)")
     parser.add_argument("--threshold", type=float, default=300.0, help="report start threshold (s)")
-    parser.add_argument("--ack-timeout", type=float, default=10.0)
-    parser.add_argument("--deadline", type=float, default=60.0, help="stop after this long (s)")
+    parser.add_argument("--ack-timeout", type=float, default=60.0)
+    parser.add_argument("--deadline", type=float, default=120.0, help="stop after this long (s)")
     return parser.parse_args()
 
 

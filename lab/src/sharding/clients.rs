@@ -19,14 +19,15 @@ use steady_subset::prng::SplitMix64;
 pub struct ClientView {
     /// The clients the requests are split over.
     pub clients: usize,
-    /// The quantum, as a fraction of a client's total load.
-    pub quantum: f64,
+    /// The quantum, as a fraction of a client's total load (`None`: per task, as
+    /// steady's server sends it: `steady_slicer::autosharding::quantum_per_task`).
+    pub quantum: Option<f64>,
 }
 
 impl Default for ClientView {
-    /// 8 clients, quantum 1%.
+    /// 8 clients, the quantum per task.
     fn default() -> Self {
-        Self { clients: 8, quantum: 0.01 }
+        Self { clients: 8, quantum: None }
     }
 }
 
@@ -40,7 +41,15 @@ impl ClientView {
     /// # Errors
     ///
     /// The [`ReportError`] of a report the server would refuse.
-    pub fn load(&self, keys: &[u64], rates: &[f64], seconds: f64, seed: u64) -> Result<Load, ReportError> {
+    pub fn load(
+        &self,
+        keys: &[u64],
+        rates: &[f64],
+        seconds: f64,
+        seed: u64,
+        tasks: usize,
+    ) -> Result<Load, ReportError> {
+        let quantum = self.quantum.unwrap_or_else(|| steady_slicer::autosharding::quantum_per_task(tasks));
         let clients = self.clients.max(1);
         let mut rng = SplitMix64::new(seed ^ 0xC11E_475E_ED00_0000);
         let mut loads: Vec<Vec<(SliceKey, f64)>> = vec![Vec::new(); clients];
@@ -63,7 +72,7 @@ impl ClientView {
         let rates = loads
             .into_iter()
             .map(|client| {
-                let ranges = aggregate(client, self.quantum, rules.resolution_bytes);
+                let ranges = aggregate(client, quantum, rules.resolution_bytes);
                 validate(&report(DEFAULT_METRIC, ranges, start, end), &rules, end)
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -83,7 +92,7 @@ mod tests {
         sorted.sort_unstable();
         let mut rates = vec![1.0; sorted.len()];
         rates[500] = 1000.0;
-        let load = ClientView::default().load(&sorted, &rates, 300.0, 7).unwrap();
+        let load = ClientView::default().load(&sorted, &rates, 300.0, 7, 10).unwrap();
         let total: f64 = rates.iter().sum();
         assert!((load.total() - total).abs() < 1e-6 * total, "{} != {total}", load.total());
         let heavy = KeyRange::new(SliceKey(sorted[500]), Some(SliceKey(sorted[500] + 1)));

@@ -244,7 +244,7 @@ pub fn simulate_with(
                 let seconds = seen as f64 * scenario.step_seconds;
                 let seed = scenario.seed ^ (step as u64).wrapping_mul(0x2545_F491_4F6C_DD1D);
                 Some(
-                    c.load(&keys.sorted, &means, seconds, seed)
+                    c.load(&keys.sorted, &means, seconds, seed, serving.len())
                         .map_err(|error| SimulateError::ClientReport { step, error })?,
                 )
             }

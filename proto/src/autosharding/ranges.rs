@@ -129,6 +129,9 @@ impl Default for ReportRules {
     }
 }
 
+/// The highest rate (load per second) one range may come to: 10^12, beyond any fleet.
+pub const MAX_RATE: f64 = 1e12;
+
 /// The metric steady balances by default: requests, one per keyed request.
 pub const DEFAULT_METRIC: &str = "requests";
 
@@ -165,7 +168,7 @@ pub enum ReportError {
     KeyTooLong(usize),
     /// Start keys that do not strictly increase.
     NotIncreasing,
-    /// A load that is negative, infinite or not a number.
+    /// A load that is negative, infinite or not a number, or a rate over [`MAX_RATE`].
     BadLoad,
 }
 
@@ -181,7 +184,7 @@ impl std::fmt::Display for ReportError {
             Self::TooManyRanges(n) => write!(f, "load with {n} ranges"),
             Self::KeyTooLong(n) => write!(f, "range start key of {n} bytes, above the resolution"),
             Self::NotIncreasing => f.write_str("range start keys not strictly increasing"),
-            Self::BadLoad => f.write_str("range load negative or not finite"),
+            Self::BadLoad => f.write_str("range load negative, not finite, or a rate over 10^12 per second"),
         }
     }
 }
@@ -243,6 +246,11 @@ pub fn validate(
         }
         let start = slice_key_at(&range.start_key).expect("at most 8 bytes");
         let rate = range.load / seconds;
+        if rate > MAX_RATE {
+            // A finite load over a tiny interval: a rate no fleet serves, which summed
+            // over clients could reach infinity.
+            return Err(ReportError::BadLoad);
+        }
         match ranges.last_mut() {
             // "ab" and "ab\0" are one place in steady's key space: the first is empty.
             Some(last) if last.0 == start => last.2 += rate,
@@ -355,6 +363,11 @@ mod tests {
             ),
             (report("requests", vec![one(&[2], f64::NAN)], now - s(1), now), ReportError::BadLoad),
             (report("requests", vec![one(&[2], -1.0)], now - s(1), now), ReportError::BadLoad),
+            // Finite, but over a nanosecond: a rate that summed over clients overflows.
+            (
+                report("requests", vec![one(&[2], 1e300)], now - Duration::from_nanos(1), now),
+                ReportError::BadLoad,
+            ),
             (
                 report(
                     "requests",

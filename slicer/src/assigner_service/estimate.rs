@@ -83,13 +83,21 @@ pub fn estimate(
     } else {
         combine(from_slicelets, from_clients, current)
     };
-    match combined.and_then(|source| source.load()) {
-        Ok(load) if load.total().is_finite() => load,
-        _ => {
-            tracing::warn!("assigner: reported load does not add up to a finite total; taken as uniform");
-            Load::none().with_uniform(1.0).expect("1 is a valid load")
+    let usable = |source: Result<Source, AssignError>| {
+        source.and_then(|source| source.load()).ok().filter(|load| load.total().is_finite())
+    };
+    if let Some(load) = usable(combined) {
+        return load;
+    }
+    // Clients are remote peers: load they make unusable must not cost the Slicelets' too.
+    if !fresh.is_empty() {
+        if let Some(load) = usable(Ok(slicelet_source(fresh, current, serving))) {
+            tracing::warn!("assigner: the clients' load does not add up to a finite total; the Slicelets' alone");
+            return load;
         }
     }
+    tracing::warn!("assigner: reported load does not add up to a finite total; taken as uniform");
+    Load::none().with_uniform(1.0).expect("1 is a valid load")
 }
 
 /// The load clients report, alone: their rates per range summed, each range's rate
@@ -161,7 +169,7 @@ fn client_source<'a>(reports: impl IntoIterator<Item = &'a RangeRates>) -> Sourc
     for rates in reports {
         for &(start, end, rate) in &rates.ranges {
             let (from, to) = (u128::from(start.get()), end.map_or(SPACE, |e| u128::from(e.get())));
-            if rate <= 0.0 || to <= from {
+            if !(rate > 0.0 && rate.is_finite()) || to <= from {
                 // No load (or, from a valid report, never: an empty range).
                 continue;
             }
@@ -416,6 +424,18 @@ mod tests {
             assert_eq!(estimate(&fresh, &silent, current, &[0, 1]), estimate(&fresh, &[], current, &[0, 1]));
         }
         assert_eq!(estimate(&[], &silent, Some(&a), &[0, 1]), estimate(&[], &[], Some(&a), &[0, 1]));
+    }
+
+    #[test]
+    fn clients_whose_load_overflows_cost_the_slicelets_nothing() {
+        let (a, half) = (two_halves(), 1u64 << 63);
+        let fresh = [
+            received(0, &a, vec![(SliceKey(0), 100.0)], vec![]),
+            received(1, &a, vec![(SliceKey(half), 40.0)], vec![]),
+        ];
+        // Each finite; summed, past f64: the clients' load is unusable.
+        let hostile = [client("a", vec![(5, Some(6), f64::MAX)]), client("b", vec![(5, Some(6), f64::MAX)])];
+        assert_eq!(estimate(&fresh, &hostile, Some(&a), &[0, 1]), estimate(&fresh, &[], Some(&a), &[0, 1]));
     }
 
     #[test]

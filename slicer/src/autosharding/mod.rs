@@ -202,6 +202,12 @@ struct Counters {
 /// (the default; see [`Autosharding::with_load_quantum`]).
 pub const DEFAULT_LOAD_QUANTUM: f64 = 0.01;
 
+/// The quantum sent to the clients of a job of `tasks` tasks by default: `1 / (16 *
+/// tasks)`, within `[1/1024, 1/20]`.
+pub fn quantum_per_task(tasks: usize) -> f64 {
+    (1.0 / (16.0 * tasks.max(1) as f64)).clamp(1.0 / 1024.0, 1.0 / 20.0)
+}
+
 /// The most load one reported range may carry, as a share of a client's total.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Quantum {
@@ -218,7 +224,7 @@ impl Quantum {
         match (self, tasks) {
             (Self::Fixed(fraction), _) => fraction,
             (Self::PerTask, None | Some(0)) => DEFAULT_LOAD_QUANTUM,
-            (Self::PerTask, Some(tasks)) => (1.0 / (16.0 * tasks as f64)).clamp(1.0 / 1024.0, 1.0 / 20.0),
+            (Self::PerTask, Some(tasks)) => quantum_per_task(tasks),
         }
     }
 }
@@ -271,14 +277,15 @@ impl Autosharding {
     }
 
     /// Asks clients to keep each reported range at most `fraction` of their total load,
-    /// for every job (clamped to `[0.0001, 1]`; not a number: per task). By default the
+    /// for every job (clamped to `[1/1024, 1]`, so that a conforming report stays within
+    /// the 4,096 ranges a report may have; not a number: per task). By default the
     /// quantum is per task: `1 / (16 * tasks)` of the job's assignment when the stream
     /// starts, within `[1/1024, 1/20]` (0.01 before the job's first assignment). In the
     /// sharding simulation a fixed 0.01 balanced 10 tasks to 1.12 but 50 to 1.52; ranges
     /// well under a task's share are what the Assigner needs to place load finely.
     pub fn with_load_quantum(mut self, fraction: f64) -> Self {
         self.settings.quantum =
-            if fraction.is_nan() { Quantum::PerTask } else { Quantum::Fixed(fraction.clamp(1e-4, 1.0)) };
+            if fraction.is_nan() { Quantum::PerTask } else { Quantum::Fixed(fraction.clamp(1.0 / 1024.0, 1.0)) };
         self
     }
 
@@ -292,6 +299,8 @@ impl Autosharding {
     /// clients so.
     pub fn with_report_start_threshold(mut self, threshold: Duration) -> Self {
         self.settings.rules.start_threshold = threshold;
+        // A report may then cover all of it.
+        self.settings.rules.max_interval = self.settings.rules.max_interval.max(threshold);
         self
     }
 

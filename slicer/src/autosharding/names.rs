@@ -18,9 +18,11 @@ pub const MAX_ENDPOINT_NAME_BYTES: usize = 256;
 /// # When a change reaches clients
 ///
 /// Names are read when a generation is encoded (once per job and generation, for every
-/// client): a name changed later reaches clients with the job's next generation. Task
-/// addresses change with the task set, which makes the Assigner publish a new generation
-/// anyway.
+/// client): a name changed later reaches clients with the job's next generation. A task
+/// that comes back at another address under the same index, with the task set otherwise
+/// unchanged, gives the Assigner nothing to publish, so A119 clients keep its old address
+/// until the job's next generation (steady's own channel routes by index and is not
+/// affected). Registering tasks under stable names avoids it.
 ///
 /// [`Autosharding`]: super::Autosharding
 #[derive(Debug, Clone, Default)]
