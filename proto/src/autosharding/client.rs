@@ -452,7 +452,10 @@ impl Follow {
         let pending = self.pending.as_mut()?;
         match to_assignment(&pending.received, &*self.names) {
             Ok(assignment) => {
-                tracing::info!(generation = pending.received.generation, "autosharding assignment routable now: followed");
+                tracing::info!(
+                    generation = pending.received.generation,
+                    "autosharding assignment routable now: followed"
+                );
                 self.converted = pending.received.generation;
                 self.pending = None;
                 self.failures = 0;

@@ -23,9 +23,7 @@ use std::mem::size_of;
 
 use steady_slice::MAX_SLICES;
 
-use super::v1::{
-    AssignmentAck, AssignmentChunk, AssignmentMetadata, EndpointState, SliceAssignment,
-};
+use super::v1::{AssignmentAck, AssignmentChunk, AssignmentMetadata, EndpointState, SliceAssignment};
 use super::{MAX_ACK_MESSAGE_CHARS, MAX_SLICE_KEY_BYTES};
 
 /// The default bound on the memory the chunks of one assignment hold in a client (128
@@ -177,10 +175,16 @@ impl Reassembly {
         };
         match overflowed {
             Some(Overflow::Bytes) => {
-                return reject(format!("assignment larger than the client's bound of {} bytes", self.max_bytes))
+                return reject(format!(
+                    "assignment larger than the client's bound of {} bytes",
+                    self.max_bytes
+                ))
             }
             Some(Overflow::Slices) => {
-                return reject(format!("assignment of more than the client's bound of {} slices", self.max_slices))
+                return reject(format!(
+                    "assignment of more than the client's bound of {} slices",
+                    self.max_slices
+                ))
             }
             Some(Overflow::Endpoints) => {
                 return reject(format!(
@@ -260,9 +264,10 @@ pub fn held_bytes(chunk: &AssignmentChunk) -> usize {
         .slice_assignments
         .iter()
         .map(|a| {
-            let keys = a.slice.as_ref().map_or(0, |s| {
-                s.start_key.capacity() + s.end_key.as_ref().map_or(0, Vec::capacity)
-            });
+            let keys = a
+                .slice
+                .as_ref()
+                .map_or(0, |s| s.start_key.capacity() + s.end_key.as_ref().map_or(0, Vec::capacity));
             size_of::<SliceAssignment>() + keys + a.endpoints.capacity() * size_of::<usize>()
         })
         .sum();

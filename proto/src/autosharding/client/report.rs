@@ -201,7 +201,11 @@ mod tests {
     #[test]
     fn a_quantum_that_is_unset_or_not_a_number_is_the_default_not_a_range_per_key() {
         for quantum in [0.0, -0.0, -1.0, f64::NAN, f64::NEG_INFINITY] {
-            assert_eq!(ReportingRules::of(&config(quantum, 8, None, None)).quantum, DEFAULT_REPORT_QUANTUM, "{quantum}");
+            assert_eq!(
+                ReportingRules::of(&config(quantum, 8, None, None)).quantum,
+                DEFAULT_REPORT_QUANTUM,
+                "{quantum}"
+            );
         }
         assert_eq!(ReportingRules::of(&config(f64::INFINITY, 8, None, None)).quantum, 1.0);
     }
@@ -212,7 +216,11 @@ mod tests {
         let loads: Vec<(SliceKey, f64)> = (0..100_000u64).map(|i| (SliceKey(i << 40), 1.0)).collect();
         let rules = ReportingRules { quantum: 1e-5, ..ReportingRules::of(&config(0.01, 8, None, None)) };
         let ranges = bounded_ranges(loads.clone(), &rules);
-        assert!(ranges.len() <= MAX_REPORT_RANGES && ranges.len() > MAX_REPORT_RANGES / 4, "{}", ranges.len());
+        assert!(
+            ranges.len() <= MAX_REPORT_RANGES && ranges.len() > MAX_REPORT_RANGES / 4,
+            "{}",
+            ranges.len()
+        );
         assert_eq!(ranges.iter().map(|r| r.load).sum::<f64>(), 100_000.0, "no load lost");
         // Within the bound, the rules' quantum is kept.
         let coarse = ReportingRules { quantum: 0.01, ..rules };
