@@ -74,8 +74,8 @@ pub struct AutoshardingConfig {
     pub backoff: Backoff,
     /// The metric load is reported as: `requests` by default, what steady balances.
     pub metric: String,
-    /// The most bytes of one assignment's chunks the client buffers (64 MiB by default):
-    /// past it, the assignment is rejected.
+    /// The most bytes one assignment's chunks may hold in the client, decoded (128 MiB by
+    /// default, [`DEFAULT_MAX_ASSIGNMENT_BYTES`]): past it, the assignment is rejected.
     pub max_assignment_bytes: usize,
     /// How endpoint names map to task indices; `None`: names that are decimal indices
     /// ([`decimal_index`]).
