@@ -33,8 +33,9 @@ const EMPTY: u64 = 0;
 /// them hold other keys, the request is counted in one of 1,024 equal bins of the key
 /// space instead, and reported as load at the bin's middle key. That happens only with
 /// more distinct keys in an interval than the table holds, when each bin gathers the
-/// load of many keys: at the default quantum (1% of a report's load per range) a range
-/// spans several bins anyway.
+/// load of many keys: a report's range then spans several bins anyway, at the quanta
+/// steady's server sends (a share of a report's load per range of 1/(16 tasks), kept
+/// within 1/1024 and 1/20).
 ///
 /// [`KeyTally::drain`] takes the counts since the last drain. A slot stays with its key
 /// while the key carries at least an even share of the drained requests (one in the

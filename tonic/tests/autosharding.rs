@@ -5,6 +5,7 @@
 
 use std::net::SocketAddr;
 use std::pin::pin;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -42,10 +43,13 @@ type RawSlice<'a> = (&'a [u8], Option<&'a [u8]>, &'a [i32]);
 type Rejected<'a> = (i64, &'a [&'a str], Vec<RawSlice<'a>>, &'a str);
 
 /// The server's side: every stream a client opens is handed to the test as a [`Call`];
-/// a stream for the target `unknown` is refused with `NOT_FOUND`.
+/// a stream for the target `unknown` is refused with `NOT_FOUND`. While the test holds
+/// the gate closed, a new stream waits at it (counted in `attempts`).
 #[derive(Clone)]
 struct ScriptedServer {
     calls: mpsc::UnboundedSender<Call>,
+    gate: Arc<tokio::sync::watch::Sender<bool>>,
+    attempts: Arc<AtomicUsize>,
 }
 
 #[tonic::async_trait]
@@ -56,6 +60,8 @@ impl AutoshardingService for ScriptedServer {
         &self,
         request: Request<Streaming<WatchShardingAssignmentRequest>>,
     ) -> Result<Response<Self::WatchShardingAssignmentStream>, Status> {
+        self.attempts.fetch_add(1, Ordering::SeqCst);
+        let _ = self.gate.subscribe().wait_for(|&open| open).await;
         let mut requests = request.into_inner();
         let first = requests.message().await?.ok_or_else(|| Status::invalid_argument("no first message"))?;
         let initial =
@@ -73,14 +79,29 @@ impl AutoshardingService for ScriptedServer {
 struct Script {
     addr: SocketAddr,
     calls: mpsc::UnboundedReceiver<Call>,
+    gate: Arc<tokio::sync::watch::Sender<bool>>,
+    attempts: Arc<AtomicUsize>,
     _server: ServerGuard,
 }
 
 impl Script {
     async fn start() -> Self {
         let (calls, received) = mpsc::unbounded_channel();
-        let (addr, server) = loopback::serve(AutoshardingServiceServer::new(ScriptedServer { calls })).await;
-        Self { addr, calls: received, _server: server }
+        let gate = Arc::new(tokio::sync::watch::Sender::new(true));
+        let attempts = Arc::new(AtomicUsize::new(0));
+        let server = ScriptedServer { calls, gate: gate.clone(), attempts: attempts.clone() };
+        let (addr, server) = loopback::serve(AutoshardingServiceServer::new(server)).await;
+        Self { addr, calls: received, gate, attempts, _server: server }
+    }
+
+    /// Holds new streams at the gate (`false`) or lets them through (`true`).
+    fn gate(&self, open: bool) {
+        self.gate.send_replace(open);
+    }
+
+    /// How many streams clients have opened, taken or held at the gate.
+    fn attempts(&self) -> usize {
+        self.attempts.load(Ordering::SeqCst)
     }
 
     fn endpoint(&self) -> tonic::transport::Endpoint {
@@ -319,7 +340,10 @@ async fn every_assignment_is_acknowledged_with_the_clients_final_decision() {
     drop(call);
     let mut call = script.next_call().await;
     assert_eq!(call.initial.client_uuid, uuid);
-    assert_eq!(call.initial.latest_generation, 6, "the newest answered, though rejected");
+    assert_eq!(
+        call.initial.latest_generation, 4,
+        "the newest followed: 5 and 6 were answered, but not followed"
+    );
     let assignment = quarters(7, [2, 0, 3, 1]);
     call.assignment(&assignment, |t| t.to_string(), 2).await;
     assert_eq!(next_item(&mut items).await.unwrap().unwrap(), assignment);
@@ -347,6 +371,85 @@ async fn refusals_that_asking_again_cannot_change_end_the_stream() {
         matches!(&items[..], [Err(AutoshardingError::Refused(s))] if s.code() == Code::Unimplemented),
         "{items:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_argument_ends_the_following_only_when_it_refuses_a_streams_first_message() {
+    let mut script = Script::start().await;
+    let mut items = follow(&script, "users", AutoshardingConfig { backoff: fast(), ..Default::default() });
+    // After the stream delivered its configuration, the server refuses some later
+    // message (steady's server: 8 invalid load reports in a row): the client connects
+    // again, as the same client.
+    let call = script.next_call().await;
+    call.config(0.01, 8).await;
+    call.responses.send(Err(Status::invalid_argument("8 invalid messages in a row"))).await.unwrap();
+    let uuid = call.initial.client_uuid.clone();
+    let again = script.next_call().await;
+    assert_eq!(again.initial.client_uuid, uuid);
+    assert!(items.try_recv().is_err(), "nothing came through");
+    drop(call);
+
+    // Before any response, it refuses the client's first message: final.
+    again.responses.send(Err(Status::invalid_argument("a late first message"))).await.unwrap();
+    match next_item(&mut items).await {
+        Some(Err(AutoshardingError::Refused(status))) => {
+            assert_eq!(status.code(), Code::InvalidArgument, "{status:?}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(next_item(&mut items).await.is_none(), "the stream ended");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_assignment_naming_endpoints_not_known_yet_is_followed_once_they_are() {
+    let mut script = Script::start().await;
+    // The client knows "backend-<i>" for i below `known`: its view lags the server's.
+    let known = Arc::new(AtomicU32::new(2));
+    let view = known.clone();
+    let names = move |name: &str| {
+        let task: u32 = name.strip_prefix("backend-")?.parse().ok()?;
+        (task < view.load(Ordering::SeqCst)).then_some(task)
+    };
+    let config =
+        AutoshardingConfig { backoff: fast(), endpoint_names: Some(Arc::new(names)), ..Default::default() };
+    let mut items = follow(&script, "users", config);
+    let name = |t: u32| format!("backend-{t}");
+    let mut call = script.next_call().await;
+    let first = quarters(1, [0, 1, 0, 1]);
+    call.assignment(&first, name, 1).await;
+    assert_eq!(next_item(&mut items).await.unwrap().unwrap(), first);
+    assert!(call.next_ack().await.accepted);
+
+    // A scale-up the client has not seen yet: rejected for now.
+    let scaled = quarters(2, [0, 1, 2, 3]);
+    call.assignment(&scaled, name, 1).await;
+    let rejected = |item: Option<Result<Assignment, AutoshardingError>>| match item {
+        Some(Err(AutoshardingError::Rejected { generation: 2, reason })) => {
+            assert!(reason.contains("backend-2"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    };
+    rejected(next_item(&mut items).await);
+    assert!(!call.next_ack().await.accepted);
+
+    // A new stream names the newest generation followed, so the server sends its
+    // current one again.
+    drop(call);
+    let mut call = script.next_call().await;
+    assert_eq!(call.initial.latest_generation, 1, "2 was never followed");
+    call.assignment(&scaled, name, 1).await;
+    rejected(next_item(&mut items).await);
+    assert!(!call.next_ack().await.accepted);
+
+    // The client's view catches up: the assignment is followed with no newer one and no
+    // second ack.
+    known.store(4, Ordering::SeqCst);
+    assert_eq!(next_item(&mut items).await.unwrap().unwrap(), scaled);
+    let newer = quarters(3, [3, 2, 1, 0]);
+    call.assignment(&newer, name, 1).await;
+    assert_eq!(next_item(&mut items).await.unwrap().unwrap(), newer);
+    let ack = call.next_ack().await;
+    assert_eq!((ack.generation, ack.accepted), (3, true), "{ack:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -398,16 +501,20 @@ async fn load_reports_hold_every_counted_request_under_the_servers_rules() {
         .sum();
     assert!(hot_load >= 300.0, "the hot key has a range of its own: {hot_load}");
 
-    // Load counted while no stream can take a report goes in the next stream's first.
-    let before = call.reports.len();
+    // Load counted while no stream is open (the stream is cut, and the server holds the
+    // client's next one at its gate) goes in the next stream's first report.
+    script.gate(false);
+    let attempts = script.attempts();
     drop(call);
-    let mut call = script.next_call().await;
+    eventually("the client asking for another stream", || script.attempts() > attempts).await;
     for _ in 0..50 {
         tally.record(hot);
     }
+    script.gate(true);
+    let mut call = script.next_call().await;
     call.config(quantum, resolution).await;
     call.reports_until(50.0).await;
-    assert!(before > 0);
+    assert_eq!(call.reports.len(), 1, "all of it in the first report: {:?}", call.reports);
 }
 
 /// The next byte string of the same length (what follows a single-key range).

@@ -25,7 +25,7 @@ use tokio::sync::mpsc;
 use tonic::{Code, Status, Streaming};
 
 use super::ranges::DEFAULT_METRIC;
-use super::reassembly::{bounded, Reassembly, DEFAULT_MAX_ASSIGNMENT_BYTES};
+use super::reassembly::{bounded, Reassembly, Received, DEFAULT_MAX_ASSIGNMENT_BYTES};
 use super::v1::autosharding_service_client::AutoshardingServiceClient;
 use super::v1::{
     AssignmentAck, InitialClientConfig, LoadReport, WatchShardingAssignmentRequest,
@@ -35,7 +35,8 @@ use crate::WatchEndpoint;
 
 pub use convert::{decimal_index, to_assignment, EndpointNames, Unroutable};
 pub use report::{
-    KeyLoadSource, DEFAULT_REPORT_INTERVAL, MAX_REPORT_INTERVAL, MAX_REPORT_SPAN, MIN_REPORT_INTERVAL,
+    KeyLoadSource, DEFAULT_REPORT_INTERVAL, DEFAULT_REPORT_QUANTUM, MAX_REPORT_INTERVAL, MAX_REPORT_RANGES,
+    MAX_REPORT_SPAN, MIN_REPORT_INTERVAL,
 };
 
 use report::{Reporter, ReportingRules};
@@ -43,6 +44,14 @@ use report::{Reporter, ReportingRules};
 /// How many requests (acks, reports) wait to be sent on one stream before the client
 /// waits for the server to read them.
 const REQUEST_BUFFER: usize = 8;
+
+/// How often an assignment rejected for endpoint names the client does not know yet is
+/// converted again (the client's view of its endpoints may lag the server's).
+const UNKNOWN_NAMES_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How many times such an assignment is converted again before the client gives it up
+/// (until the server sends it again on a new stream).
+const UNKNOWN_NAMES_TRIES: u32 = 300;
 
 /// How [`follow_autosharding`] follows a server.
 ///
@@ -65,8 +74,8 @@ pub struct AutoshardingConfig {
     pub backoff: Backoff,
     /// The metric load is reported as: `requests` by default, what steady balances.
     pub metric: String,
-    /// The most bytes of one assignment's chunks the client buffers (64 MiB by default):
-    /// past it, the assignment is rejected.
+    /// The most bytes one assignment's chunks may hold in the client, decoded (128 MiB by
+    /// default, [`DEFAULT_MAX_ASSIGNMENT_BYTES`]): past it, the assignment is rejected.
     pub max_assignment_bytes: usize,
     /// How endpoint names map to task indices; `None`: names that are decimal indices
     /// ([`decimal_index`]).
@@ -163,11 +172,18 @@ impl std::error::Error for AutoshardingError {
 }
 
 /// Whether a status ending a stream will be the answer to every new one: the target is
-/// unknown (`NotFound`), the client may not watch it (`PermissionDenied`), the request
-/// is wrong (`InvalidArgument`), or the server has no such RPC (`Unimplemented`). Every
-/// other code, and every transport failure, is retried.
-fn refused_for_good(code: Code) -> bool {
-    matches!(code, Code::NotFound | Code::PermissionDenied | Code::InvalidArgument | Code::Unimplemented)
+/// unknown (`NotFound`), the client may not watch it (`PermissionDenied`), the server
+/// has no such RPC (`Unimplemented`), or, before the stream `delivered` any response,
+/// the client's first message is wrong (`InvalidArgument`). An `InvalidArgument` after
+/// the stream delivered something refuses a later message (a load report the server
+/// found invalid, say from a skewed clock, one time too many) and is retried like every
+/// other code and every transport failure.
+fn refused_for_good(code: Code, delivered: bool) -> bool {
+    match code {
+        Code::NotFound | Code::PermissionDenied | Code::Unimplemented => true,
+        Code::InvalidArgument => !delivered,
+        _ => false,
+    }
 }
 
 /// The assignments of `target` from the A119 server at `endpoint`
@@ -183,8 +199,17 @@ fn refused_for_good(code: Code) -> bool {
 /// steady's stricter one, **every key routed to at least one task** (A119 lets a client
 /// fail the requests of keys without an endpoint; steady does not route by such an
 /// assignment). A rejected assignment comes through as [`AutoshardingError::Rejected`]
-/// and the one in force stays. Its generation still counts as answered: the server is
-/// not asked for it again, and a newer one is taken.
+/// and the one in force stays. Its generation still counts as answered on this stream:
+/// the server is not asked for it again, and a newer one is taken.
+///
+/// An assignment rejected only because some keys have no endpoint but names the client
+/// does not know ([`Unroutable::UnknownEndpoints`]: its view of the endpoints lags the
+/// server's, as right after a scale-up) is kept and converted again every second (at
+/// most 300 times) until a newer one arrives. Once it converts, it comes through as an
+/// assignment like any other, with no second ack (the server saw it rejected; the
+/// client's load reports tell it where keys go). And while the newest assignment the
+/// client took was never converted, a new stream names the newest one that was as its
+/// `latest_generation`, so that the server sends its current assignment again.
 ///
 /// With a [`AutoshardingConfig::load_source`], once a stream has the server's
 /// [`LoadReportingConfig`](crate::autosharding::v1::LoadReportingConfig), the client drains the source
@@ -201,8 +226,11 @@ fn refused_for_good(code: Code) -> bool {
 /// [`AutoshardingConfig::backoff`] (with jitter); an assignment cut off mid-way is
 /// forgotten, and the next stream sends it whole. The stream ends only when the server
 /// ends one with a status that retrying cannot change: `NotFound` (an unknown target),
-/// `PermissionDenied`, `InvalidArgument` or `Unimplemented` (the endpoint is no A119
-/// server). That status comes as a last [`AutoshardingError::Refused`] item.
+/// `PermissionDenied`, `Unimplemented` (the endpoint is no A119 server), or
+/// `InvalidArgument` before the stream delivered any response (the server refused the
+/// client's first message; later, it refuses only some message on the way, and the
+/// client connects again). That status comes as a last [`AutoshardingError::Refused`]
+/// item.
 ///
 /// The stream is driven by its consumer: acks and reports are sent while it is polled
 /// (a balancer polls its source all the time).
@@ -239,6 +267,19 @@ struct Follow {
     stream: Option<Connected>,
     /// Set once the server refused for good: the stream has ended.
     done: bool,
+    /// The newest generation converted to a steady assignment (0: none).
+    converted: i64,
+    /// The newest assignment, rejected for endpoint names the client does not know yet.
+    pending: Option<Pending>,
+}
+
+/// An assignment rejected for unknown endpoint names, converted again now and then.
+struct Pending {
+    received: Received,
+    /// When it is converted again.
+    next_try: tokio::time::Instant,
+    /// How many more times.
+    tries_left: u32,
 }
 
 /// One open `WatchShardingAssignment` stream.
@@ -248,12 +289,15 @@ struct Connected {
     /// The server's reporting rules on this stream (`None`: none received yet, so no
     /// report is sent).
     rules: Option<ReportingRules>,
+    /// Whether the stream delivered a response.
+    delivered: bool,
 }
 
 /// What woke the client.
 enum Event {
     Response(Result<Option<WatchShardingAssignmentResponse>, Status>),
     ReportDue,
+    RetryDue,
 }
 
 impl Follow {
@@ -271,6 +315,8 @@ impl Follow {
             failures: 0,
             stream: None,
             done: false,
+            converted: 0,
+            pending: None,
         }
     }
 
@@ -288,7 +334,7 @@ impl Follow {
                         tracing::debug!(target_name = %self.target, latest = self.reassembly.latest_generation(), "following autosharding assignments");
                         self.stream = Some(stream);
                     }
-                    Err(Failure::Status(status)) if refused_for_good(status.code()) => {
+                    Err(Failure::Status(status)) if refused_for_good(status.code(), false) => {
                         return Some(self.refused(status));
                     }
                     Err(error) => {
@@ -305,18 +351,29 @@ impl Follow {
             // Biased: a response is read before a report is sent, so that an assignment
             // is never held back by a report (which may wait a moment: it covers the
             // time up to when it is sent).
+            let retry = self.pending.as_ref().map(|p| p.next_try);
             let event = tokio::select! {
                 biased;
                 response = stream.responses.message() => Event::Response(response),
                 () = sleep_until(due) => Event::ReportDue,
+                () = sleep_until(retry) => Event::RetryDue,
             };
             let response = match event {
                 Event::ReportDue => {
                     self.send_report().await;
                     continue;
                 }
-                Event::Response(Ok(Some(response))) => response,
-                Event::Response(Err(status)) if refused_for_good(status.code()) => {
+                Event::RetryDue => {
+                    if let Some(assignment) = self.retry_pending() {
+                        return Some(Ok(assignment));
+                    }
+                    continue;
+                }
+                Event::Response(Ok(Some(response))) => {
+                    stream.delivered = true;
+                    response
+                }
+                Event::Response(Err(status)) if refused_for_good(status.code(), stream.delivered) => {
                     return Some(self.refused(status));
                 }
                 Event::Response(end) => {
@@ -346,10 +403,28 @@ impl Follow {
             self.reassembly.chunk(chunk);
         }
         let metadata = response.metadata?;
+        if self.pending.as_ref().is_some_and(|p| p.received.generation < metadata.generation) {
+            // A newer assignment replaces the one waiting for its names.
+            self.pending = None;
+        }
         let outcome = self.reassembly.finish(metadata);
         let (mut ack, received) = (outcome.ack, outcome.assignment);
-        let item = match received.map(|r| to_assignment(&r, &*self.names)) {
-            Some(Ok(assignment)) => Ok(assignment),
+        let converted = received.map(|r| {
+            let result = to_assignment(&r, &*self.names);
+            if let Err(Unroutable::UnknownEndpoints { .. }) = result {
+                self.pending = Some(Pending {
+                    received: r,
+                    next_try: tokio::time::Instant::now() + UNKNOWN_NAMES_RETRY,
+                    tries_left: UNKNOWN_NAMES_TRIES,
+                });
+            }
+            result
+        });
+        let item = match converted {
+            Some(Ok(assignment)) => {
+                self.converted = ack.generation;
+                Ok(assignment)
+            }
             Some(Err(unroutable)) => {
                 ack.accepted = false;
                 ack.error_message = bounded(unroutable.to_string());
@@ -368,6 +443,35 @@ impl Follow {
         }
         self.send(ack_request(ack)).await;
         Some(item)
+    }
+
+    /// Converts the assignment waiting for its endpoint names again: the assignment
+    /// when it converts now (no second ack: the first said it was rejected); `None`
+    /// when it does not, and the next try is in a second, or never after the last.
+    fn retry_pending(&mut self) -> Option<Assignment> {
+        let pending = self.pending.as_mut()?;
+        match to_assignment(&pending.received, &*self.names) {
+            Ok(assignment) => {
+                tracing::info!(
+                    generation = pending.received.generation,
+                    "autosharding assignment routable now: followed"
+                );
+                self.converted = pending.received.generation;
+                self.pending = None;
+                self.failures = 0;
+                Some(assignment)
+            }
+            Err(unroutable) => {
+                pending.tries_left = pending.tries_left.saturating_sub(1);
+                if pending.tries_left == 0 {
+                    tracing::warn!(generation = pending.received.generation, %unroutable, "autosharding assignment still unroutable: given up");
+                    self.pending = None;
+                } else {
+                    pending.next_try += UNKNOWN_NAMES_RETRY;
+                }
+                None
+            }
+        }
     }
 
     /// Sends the load since the last report, if the stream can take it: the source is
@@ -415,8 +519,11 @@ impl Follow {
         Err(AutoshardingError::Refused(status))
     }
 
-    /// Connects and opens a stream, its first request the client's configuration.
-    async fn open(&self) -> Result<Connected, Failure> {
+    /// Connects and opens a stream, its first request the client's configuration: its
+    /// `latest_generation` the newest one converted, so that an assignment taken but
+    /// never converted is sent again.
+    async fn open(&mut self) -> Result<Connected, Failure> {
+        self.reassembly.rewind_to(self.converted);
         let endpoint = self.endpoint.current().map_err(Failure::Transport)?;
         let channel = endpoint.connect().await.map_err(Failure::Transport)?;
         let (requests, mut outgoing) = mpsc::channel(REQUEST_BUFFER);
@@ -437,7 +544,7 @@ impl Follow {
             .await
             .map_err(Failure::Status)?
             .into_inner();
-        Ok(Connected { requests, responses, rules: None })
+        Ok(Connected { requests, responses, rules: None, delivered: false })
     }
 }
 
@@ -519,9 +626,11 @@ mod tests {
 
     #[test]
     fn only_refusals_that_retrying_cannot_change_end_the_stream() {
-        for code in [Code::NotFound, Code::PermissionDenied, Code::InvalidArgument, Code::Unimplemented] {
-            assert!(refused_for_good(code), "{code:?}");
+        for code in [Code::NotFound, Code::PermissionDenied, Code::Unimplemented] {
+            assert!(refused_for_good(code, false) && refused_for_good(code, true), "{code:?}");
         }
+        assert!(refused_for_good(Code::InvalidArgument, false), "the first message refused");
+        assert!(!refused_for_good(Code::InvalidArgument, true), "a later message refused");
         for code in [
             Code::Unavailable,
             Code::ResourceExhausted,
@@ -534,7 +643,7 @@ mod tests {
             Code::FailedPrecondition,
             Code::Ok,
         ] {
-            assert!(!refused_for_good(code), "{code:?}");
+            assert!(!refused_for_good(code, false) && !refused_for_good(code, true), "{code:?}");
         }
     }
 

@@ -4,22 +4,43 @@
 //! The rules, in order:
 //! 1. The generation must be above every generation accepted before; a stale one is
 //!    rejected (`accepted: false`) and dropped.
-//! 2. A slice must have `start < end` and endpoint indices inside the endpoint list; and
-//!    must not overlap a slice before it (by start). A slice that breaks a rule is
-//!    dropped: its keys become a gap.
+//! 2. A slice must have `start < end`, keys of at most [`MAX_SLICE_KEY_BYTES`] bytes and
+//!    endpoint indices inside the endpoint list; and must not overlap a slice before it
+//!    (by start). A slice that breaks a rule is dropped: its keys become a gap.
 //! 3. Gaps between the remaining slices (and before the first, after the last) are filled
 //!    with slices of no endpoint, so the result covers every key, sorted, contiguous.
 //! 4. If no slice remains, the assignment is rejected; otherwise it is accepted, and the
 //!    ack's `error_message` names what was dropped or filled (at most 512 characters).
+//!
+//! Before all that, the chunks are bounded as they arrive: by the memory they hold
+//! decoded, by [`MAX_SLICES`] slice assignments and by [`MAX_ENDPOINTS`] endpoints. An
+//! assignment past a bound is rejected at its metadata, its chunks dropped as soon as it
+//! went past.
 
 use std::fmt::Write as _;
 
-use super::v1::{AssignmentAck, AssignmentChunk, AssignmentMetadata};
-use super::MAX_ACK_MESSAGE_CHARS;
+use std::mem::size_of;
 
-/// The default bound on the chunks of one assignment a client buffers (64 MiB of encoded
-/// messages): past it, the assignment is refused instead of growing memory.
-pub const DEFAULT_MAX_ASSIGNMENT_BYTES: usize = 64 * 1024 * 1024;
+use steady_slice::MAX_SLICES;
+
+use super::v1::{AssignmentAck, AssignmentChunk, AssignmentMetadata, EndpointState, SliceAssignment};
+use super::{MAX_ACK_MESSAGE_CHARS, MAX_SLICE_KEY_BYTES};
+
+/// The default bound on the memory the chunks of one assignment hold in a client (128
+/// MiB, decoded: [`MAX_SLICES`] slices of 8-byte keys and one endpoint each fit):
+/// past it, the assignment is refused instead of growing memory.
+pub const DEFAULT_MAX_ASSIGNMENT_BYTES: usize = 128 * 1024 * 1024;
+
+/// The most endpoints one assignment may list: past it, the assignment is refused.
+pub const MAX_ENDPOINTS: usize = 1 << 20;
+
+/// Which bound an assignment went past.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Overflow {
+    Bytes,
+    Slices,
+    Endpoints,
+}
 
 /// A validated assignment: slices covering every key, sorted, each ending where the next
 /// starts.
@@ -61,8 +82,12 @@ pub struct Outcome {
 pub struct Reassembly {
     chunks: Vec<AssignmentChunk>,
     bytes: usize,
+    slices: usize,
+    endpoints: usize,
     max_bytes: usize,
-    overflowed: bool,
+    max_slices: usize,
+    max_endpoints: usize,
+    overflowed: Option<Overflow>,
     latest: i64,
 }
 
@@ -73,9 +98,22 @@ impl Default for Reassembly {
 }
 
 impl Reassembly {
-    /// Buffers at most `max_bytes` of one assignment's chunks (by encoded size).
+    /// Buffers at most `max_bytes` of one assignment's chunks, counted by the memory
+    /// they hold decoded ([`held_bytes`]: their vectors and strings, up to some 20 times
+    /// their encoded size), and at most [`MAX_SLICES`] slice assignments and
+    /// [`MAX_ENDPOINTS`] endpoints.
     pub fn new(max_bytes: usize) -> Self {
-        Self { chunks: Vec::new(), bytes: 0, max_bytes, overflowed: false, latest: 0 }
+        Self {
+            chunks: Vec::new(),
+            bytes: 0,
+            slices: 0,
+            endpoints: 0,
+            max_bytes,
+            max_slices: MAX_SLICES,
+            max_endpoints: MAX_ENDPOINTS,
+            overflowed: None,
+            latest: 0,
+        }
     }
 
     /// The newest generation accepted (0: none): what a reconnecting client sends as its
@@ -89,21 +127,39 @@ impl Reassembly {
     pub fn restart(&mut self) {
         self.chunks.clear();
         self.bytes = 0;
-        self.overflowed = false;
+        self.slices = 0;
+        self.endpoints = 0;
+        self.overflowed = None;
     }
 
-    /// Takes one chunk. Past the byte bound the chunk is dropped and the assignment it
-    /// belongs to will be rejected at its metadata.
+    /// Takes `generation` as the newest accepted when it is older than the newest: the
+    /// client could not use the newer ones (it could not route them) and, naming this
+    /// one on its next stream, asks for the server's current assignment again.
+    pub fn rewind_to(&mut self, generation: i64) {
+        self.latest = self.latest.min(generation);
+    }
+
+    /// Takes one chunk. Past a bound (bytes held, slices, endpoints) the chunk is
+    /// dropped with those before it, and the assignment they belong to will be rejected
+    /// at its metadata.
     pub fn chunk(&mut self, chunk: AssignmentChunk) {
-        use prost::Message;
-        let len = chunk.encoded_len();
-        if self.overflowed || self.bytes + len > self.max_bytes {
-            self.overflowed = true;
-            self.chunks.clear();
+        if self.overflowed.is_some() {
             return;
         }
-        self.bytes += len;
-        self.chunks.push(chunk);
+        self.bytes = self.bytes.saturating_add(held_bytes(&chunk));
+        self.slices = self.slices.saturating_add(chunk.slice_assignments.len());
+        self.endpoints = self.endpoints.saturating_add(chunk.endpoints.len());
+        self.overflowed = if self.bytes > self.max_bytes {
+            Some(Overflow::Bytes)
+        } else if self.slices > self.max_slices {
+            Some(Overflow::Slices)
+        } else if self.endpoints > self.max_endpoints {
+            Some(Overflow::Endpoints)
+        } else {
+            self.chunks.push(chunk);
+            return;
+        };
+        self.chunks = Vec::new();
     }
 
     /// Closes the assignment the chunks since the last metadata make, validates it and
@@ -111,14 +167,32 @@ impl Reassembly {
     pub fn finish(&mut self, metadata: AssignmentMetadata) -> Outcome {
         let generation = metadata.generation;
         let chunks = std::mem::take(&mut self.chunks);
-        let overflowed = std::mem::replace(&mut self.overflowed, false);
-        self.bytes = 0;
+        let overflowed = self.overflowed;
+        self.restart();
         let reject = |message: String| Outcome {
             ack: AssignmentAck { generation, accepted: false, error_message: bounded(message) },
             assignment: None,
         };
-        if overflowed {
-            return reject(format!("assignment larger than the client's bound of {} bytes", self.max_bytes));
+        match overflowed {
+            Some(Overflow::Bytes) => {
+                return reject(format!(
+                    "assignment larger than the client's bound of {} bytes",
+                    self.max_bytes
+                ))
+            }
+            Some(Overflow::Slices) => {
+                return reject(format!(
+                    "assignment of more than the client's bound of {} slices",
+                    self.max_slices
+                ))
+            }
+            Some(Overflow::Endpoints) => {
+                return reject(format!(
+                    "assignment of more than the client's bound of {} endpoints",
+                    self.max_endpoints
+                ))
+            }
+            None => {}
         }
         if generation <= self.latest {
             return reject(format!("stale generation {generation}: already accepted {}", self.latest));
@@ -132,6 +206,12 @@ impl Reassembly {
                 problems.note("a slice assignment without a slice");
                 continue;
             };
+            if slice.start_key.len() > MAX_SLICE_KEY_BYTES
+                || slice.end_key.as_ref().is_some_and(|end| end.len() > MAX_SLICE_KEY_BYTES)
+            {
+                problems.note("a slice key longer than 512 bytes");
+                continue;
+            }
             if slice.end_key.as_ref().is_some_and(|end| *end <= slice.start_key) {
                 problems.note("a slice whose end is not after its start");
                 continue;
@@ -172,6 +252,26 @@ impl Reassembly {
             assignment: Some(Received { generation, slices: filled, endpoints }),
         }
     }
+}
+
+/// The memory `chunk` holds decoded, and its indices once validated: its vectors'
+/// capacities and its strings'. A slice assignment with empty keys takes a few bytes
+/// encoded and some 100 here.
+pub fn held_bytes(chunk: &AssignmentChunk) -> usize {
+    let endpoints: usize =
+        chunk.endpoints.iter().map(|e| size_of::<EndpointState>() + e.endpoint.capacity()).sum();
+    let slices: usize = chunk
+        .slice_assignments
+        .iter()
+        .map(|a| {
+            let keys = a
+                .slice
+                .as_ref()
+                .map_or(0, |s| s.start_key.capacity() + s.end_key.as_ref().map_or(0, Vec::capacity));
+            size_of::<SliceAssignment>() + keys + a.endpoints.capacity() * size_of::<usize>()
+        })
+        .sum();
+    size_of::<AssignmentChunk>() + endpoints + slices
 }
 
 /// `slices` (sorted, not overlapping) with every gap filled by a slice of no endpoint.
@@ -312,18 +412,87 @@ mod tests {
 
     #[test]
     fn no_usable_slice_and_an_overlong_assignment_are_rejected() {
-        let mut r = Reassembly::new(200);
+        let mut r = Reassembly::new(1000);
         r.chunk(chunk(&["a"], vec![slice(b"x", Some(b"a"), &[0])]));
         let out = r.finish(AssignmentMetadata { generation: 2 });
         assert!(!out.ack.accepted);
         assert!(out.ack.error_message.contains("no usable slice"));
-        let long = "n".repeat(300);
+        let long = "n".repeat(1000);
         r.chunk(chunk(&[long.as_str()], vec![slice(b"", None, &[0])]));
         let out = r.finish(AssignmentMetadata { generation: 3 });
         assert!(!out.ack.accepted && out.ack.error_message.contains("larger than"), "{:?}", out.ack);
         // The bound held nothing back for the next one.
         r.chunk(chunk(&["a"], vec![slice(b"", None, &[0])]));
         assert!(r.finish(AssignmentMetadata { generation: 3 }).ack.accepted);
+    }
+
+    #[test]
+    fn the_byte_bound_counts_what_chunks_hold_decoded_not_their_encoded_size() {
+        use prost::Message;
+        // 1,000 slice assignments of empty keys: some 6 bytes each encoded, 80 held.
+        let many = chunk(&["a"], (0..1000).map(|_| slice(b"", None, &[0])).collect());
+        assert!(many.encoded_len() < 10_000, "{}", many.encoded_len());
+        assert!(held_bytes(&many) > 10 * many.encoded_len(), "{}", held_bytes(&many));
+        let mut r = Reassembly::new(10_000);
+        r.chunk(many);
+        let out = r.finish(AssignmentMetadata { generation: 1 });
+        assert!(!out.ack.accepted && out.ack.error_message.contains("10000 bytes"), "{:?}", out.ack);
+        // A typical slice (8-byte keys, one endpoint) holds about 100 bytes: the default
+        // bound takes the most slices an assignment may have.
+        let typical = chunk(&[], vec![slice(&[1; 8], Some(&[2; 8]), &[0])]);
+        let per_slice = held_bytes(&typical) - held_bytes(&chunk(&[], vec![]));
+        assert!(per_slice * MAX_SLICES < DEFAULT_MAX_ASSIGNMENT_BYTES, "{per_slice}");
+    }
+
+    #[test]
+    fn more_slices_or_endpoints_than_the_bounds_are_refused_at_the_metadata() {
+        let mut r = Reassembly { max_slices: 3, max_endpoints: 2, ..Reassembly::default() };
+        r.chunk(chunk(&["a"], vec![slice(b"", Some(b"b"), &[0]), slice(b"b", Some(b"c"), &[0])]));
+        r.chunk(chunk(&["b"], vec![slice(b"c", Some(b"d"), &[0]), slice(b"d", None, &[0])]));
+        let out = r.finish(AssignmentMetadata { generation: 1 });
+        assert!(!out.ack.accepted && out.ack.error_message.contains("3 slices"), "{:?}", out.ack);
+        r.chunk(chunk(&["a", "b"], vec![slice(b"", None, &[0])]));
+        r.chunk(chunk(&["c"], vec![]));
+        let out = r.finish(AssignmentMetadata { generation: 1 });
+        assert!(!out.ack.accepted && out.ack.error_message.contains("2 endpoints"), "{:?}", out.ack);
+        // At the bounds, taken.
+        r.chunk(chunk(&["a", "b"], vec![slice(b"", Some(b"b"), &[0]), slice(b"b", None, &[1])]));
+        assert!(r.finish(AssignmentMetadata { generation: 1 }).ack.accepted);
+        assert_eq!((MAX_SLICES, MAX_ENDPOINTS), (1 << 20, 1 << 20));
+        let defaults = Reassembly::default();
+        assert_eq!((defaults.max_slices, defaults.max_endpoints), (MAX_SLICES, MAX_ENDPOINTS));
+    }
+
+    #[test]
+    fn a_slice_with_a_key_longer_than_512_bytes_becomes_a_gap() {
+        let long = [7u8; 513];
+        let mut r = Reassembly::default();
+        r.chunk(chunk(
+            &["a"],
+            vec![slice(b"", Some(&long), &[0]), slice(&long, Some(&[8]), &[0]), slice(&[8], None, &[0])],
+        ));
+        let out = r.finish(AssignmentMetadata { generation: 1 });
+        assert!(out.ack.accepted);
+        assert!(out.ack.error_message.contains("longer than 512 bytes (x2)"), "{}", out.ack.error_message);
+        let got = out.assignment.unwrap();
+        assert_eq!(got.slices.len(), 2, "{:?}", got.slices);
+        assert_eq!(got.slices[0], ReceivedSlice { start: vec![], end: Some(vec![8]), endpoints: vec![] });
+        let at_bound = [7u8; 512];
+        r.chunk(chunk(&["a"], vec![slice(b"", Some(&at_bound), &[0]), slice(&at_bound, None, &[0])]));
+        assert_eq!(r.finish(AssignmentMetadata { generation: 2 }).ack.error_message, "");
+    }
+
+    #[test]
+    fn rewinding_asks_for_a_generation_again() {
+        let mut r = Reassembly::default();
+        r.chunk(chunk(&["a"], vec![slice(b"", None, &[0])]));
+        assert!(r.finish(AssignmentMetadata { generation: 5 }).ack.accepted);
+        r.rewind_to(3);
+        assert_eq!(r.latest_generation(), 3);
+        r.rewind_to(4);
+        assert_eq!(r.latest_generation(), 3, "never forward");
+        r.chunk(chunk(&["a"], vec![slice(b"", None, &[0])]));
+        assert!(r.finish(AssignmentMetadata { generation: 5 }).ack.accepted, "taken again");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use steady_slice::SliceKey;
 use tokio::time::Instant;
 
 use super::super::ranges::{aggregate, report};
-use super::super::v1::{LoadReport, LoadReportingConfig};
+use super::super::v1::{LoadReport, LoadReportingConfig, RangeLoad};
 
 /// Where a client's per-key load comes from: what it sent since the last report.
 ///
@@ -44,6 +44,15 @@ pub const DEFAULT_REPORT_INTERVAL: Duration = Duration::from_secs(10);
 /// long) is dropped, its load with it.
 pub const MAX_REPORT_SPAN: Duration = Duration::from_secs(300);
 
+/// The quantum a client reports under when the server's is unset (zero), negative or
+/// not a number: a range holds at most 1% of a report's load. Taking such a value as it
+/// is would give every key a range of its own.
+pub const DEFAULT_REPORT_QUANTUM: f64 = 0.01;
+
+/// The most ranges one report holds (what steady's server takes): a report the
+/// aggregation makes longer is aggregated again under twice the quantum until it fits.
+pub const MAX_REPORT_RANGES: usize = 4096;
+
 /// A server's [`LoadReportingConfig`], with every value brought inside the bounds a
 /// client keeps to.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -59,19 +68,16 @@ pub(super) struct ReportingRules {
 }
 
 impl ReportingRules {
-    /// The rules `config` gives: a quantum outside `[0, 1]` is brought to its nearest
-    /// bound, and one that is not a number taken as 1 (the coarsest reports); the
+    /// The rules `config` gives: a quantum above 1 is taken as 1, and one that is not
+    /// above 0 (unset, negative) or not a number as [`DEFAULT_REPORT_QUANTUM`]; the
     /// resolution to `0..=8` bytes; the interval to
     /// [`MIN_REPORT_INTERVAL`]`..=`[`MAX_REPORT_INTERVAL`] (none: 10 s) and at most half
     /// the span, so that a report late by a little still starts inside it; the span to
     /// the server's start threshold, at most [`MAX_REPORT_SPAN`].
     pub(super) fn of(config: &LoadReportingConfig) -> Self {
         let duration = |d: &Option<prost_types::Duration>| d.and_then(|d| Duration::try_from(d).ok());
-        let quantum = if config.load_quantum_fraction.is_nan() {
-            1.0
-        } else {
-            config.load_quantum_fraction.clamp(0.0, 1.0)
-        };
+        let quantum = config.load_quantum_fraction;
+        let quantum = if quantum > 0.0 { quantum.min(1.0) } else { DEFAULT_REPORT_QUANTUM };
         let resolution = usize::try_from(config.max_load_balancing_resolution_bytes.clamp(0, 8)).unwrap_or(8);
         let span = duration(&config.load_report_start_threshold)
             .filter(|d| !d.is_zero())
@@ -131,8 +137,22 @@ impl Reporter {
             );
             return None;
         }
-        let ranges = aggregate(loads, rules.quantum, rules.resolution);
-        Some(report(&self.metric, ranges, start, end))
+        Some(report(&self.metric, bounded_ranges(loads, rules), start, end))
+    }
+}
+
+/// `loads` aggregated under `rules`, in at most [`MAX_REPORT_RANGES`] ranges: when the
+/// rules' quantum gives more, the quantum is doubled until they fit (at a quantum of 1
+/// a report has at most two ranges).
+fn bounded_ranges(loads: Vec<(SliceKey, f64)>, rules: &ReportingRules) -> Vec<RangeLoad> {
+    let mut quantum = rules.quantum;
+    loop {
+        let ranges = aggregate(loads.iter().copied(), quantum, rules.resolution);
+        if ranges.len() <= MAX_REPORT_RANGES || quantum >= 1.0 {
+            return ranges;
+        }
+        tracing::debug!(ranges = ranges.len(), quantum, "a report over its bound: aggregated coarser");
+        quantum = (quantum * 2.0).min(1.0);
     }
 }
 
@@ -163,8 +183,10 @@ mod tests {
         let wild = ReportingRules::of(&config(7.0, 40, Some(0), None));
         assert_eq!(wild, ReportingRules { quantum: 1.0, resolution: 8, interval: s(1), span: s(300) });
         let wild = ReportingRules::of(&config(-1.0, -3, Some(100_000), Some(100_000)));
-        assert_eq!(wild, ReportingRules { quantum: 0.0, resolution: 0, interval: s(150), span: s(300) });
-        assert_eq!(ReportingRules::of(&config(f64::NAN, 8, None, Some(60))).quantum, 1.0);
+        assert_eq!(
+            wild,
+            ReportingRules { quantum: DEFAULT_REPORT_QUANTUM, resolution: 0, interval: s(150), span: s(300) }
+        );
         let short = ReportingRules::of(&config(0.1, 8, Some(50), Some(60)));
         assert_eq!((short.interval, short.span), (s(30), s(60)), "two reports per span at least");
         let tiny = ReportingRules::of(&config(0.1, 8, Some(50), Some(1)));
@@ -174,6 +196,35 @@ mod tests {
             ..config(0.1, 8, None, None)
         };
         assert_eq!(ReportingRules::of(&negative).interval, DEFAULT_REPORT_INTERVAL);
+    }
+
+    #[test]
+    fn a_quantum_that_is_unset_or_not_a_number_is_the_default_not_a_range_per_key() {
+        for quantum in [0.0, -0.0, -1.0, f64::NAN, f64::NEG_INFINITY] {
+            assert_eq!(
+                ReportingRules::of(&config(quantum, 8, None, None)).quantum,
+                DEFAULT_REPORT_QUANTUM,
+                "{quantum}"
+            );
+        }
+        assert_eq!(ReportingRules::of(&config(f64::INFINITY, 8, None, None)).quantum, 1.0);
+    }
+
+    #[test]
+    fn a_report_holds_at_most_its_bound_of_ranges_whatever_the_quantum() {
+        // 100,000 keys of equal load: at a quantum of 1/100,000 each would be a range.
+        let loads: Vec<(SliceKey, f64)> = (0..100_000u64).map(|i| (SliceKey(i << 40), 1.0)).collect();
+        let rules = ReportingRules { quantum: 1e-5, ..ReportingRules::of(&config(0.01, 8, None, None)) };
+        let ranges = bounded_ranges(loads.clone(), &rules);
+        assert!(
+            ranges.len() <= MAX_REPORT_RANGES && ranges.len() > MAX_REPORT_RANGES / 4,
+            "{}",
+            ranges.len()
+        );
+        assert_eq!(ranges.iter().map(|r| r.load).sum::<f64>(), 100_000.0, "no load lost");
+        // Within the bound, the rules' quantum is kept.
+        let coarse = ReportingRules { quantum: 0.01, ..rules };
+        assert_eq!(bounded_ranges(loads.clone(), &coarse), aggregate(loads, 0.01, 8));
     }
 
     #[tokio::test]
