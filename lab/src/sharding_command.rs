@@ -73,7 +73,9 @@ pub fn run(out: &mut impl Write, args: &ShardingArgs) -> LabResult {
     } else {
         args.assigner.iter().map(String::as_str).collect()
     };
-    if args.load_from == LoadFrom::Clients && !(args.clients >= 1 && args.quantum.is_none_or(|q| (0.0..=1.0).contains(&q))) {
+    if args.load_from == LoadFrom::Clients
+        && !(args.clients >= 1 && args.quantum.is_none_or(|q| (0.0..=1.0).contains(&q)))
+    {
         return Err("--clients must be at least 1 and --quantum within [0, 1]".into());
     }
     let clients = (args.load_from == LoadFrom::Clients)

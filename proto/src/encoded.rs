@@ -63,12 +63,20 @@ impl<W> NamedService for EncodedWatchServer<W> {
     const NAME: &'static str = SERVICE;
 }
 
-/// Responses: already-encoded messages, written as they are. Requests: `WatchRequest`.
-#[derive(Debug, Clone, Copy, Default)]
-struct EncodedCodec;
+/// Responses: already-encoded messages, written as they are. Requests: `D`, decoded by
+/// prost. The codec of both hand-written services (Watch here, A119's
+/// `WatchShardingAssignment`).
+#[derive(Debug)]
+pub(crate) struct EncodedCodec<D>(std::marker::PhantomData<fn() -> D>);
+
+impl<D> Default for EncodedCodec<D> {
+    fn default() -> Self {
+        Self(std::marker::PhantomData)
+    }
+}
 
 #[derive(Debug, Clone, Copy, Default)]
-struct PassThrough;
+pub(crate) struct PassThrough;
 
 impl Encoder for PassThrough {
     type Item = Bytes;
@@ -80,11 +88,11 @@ impl Encoder for PassThrough {
     }
 }
 
-impl Codec for EncodedCodec {
+impl<D: prost::Message + Default + Send + 'static> Codec for EncodedCodec<D> {
     type Encode = Bytes;
-    type Decode = WatchRequest;
+    type Decode = D;
     type Encoder = PassThrough;
-    type Decoder = tonic_prost::ProstDecoder<WatchRequest>;
+    type Decoder = tonic_prost::ProstDecoder<D>;
 
     fn encoder(&mut self) -> Self::Encoder {
         PassThrough
@@ -137,7 +145,7 @@ where
         Box::pin(async move {
             // tonic's default bound on a request (4 MiB), as the generated service had:
             // an overlong job name is then refused by name, `INVALID_ARGUMENT`.
-            let mut grpc = Grpc::new(EncodedCodec);
+            let mut grpc = Grpc::new(EncodedCodec::<WatchRequest>::default());
             Ok(grpc.server_streaming(WatchMethod(source), request).await)
         })
     }

@@ -312,8 +312,8 @@ async fn open(endpoint: &WatchEndpoint, request: WatchRequest) -> Result<Updates
         .map_err(Failure::Status)
 }
 
-/// Why a watch could not be opened.
-enum Failure {
+/// Why a stream (a Watch, an A119 stream) could not be opened.
+pub(crate) enum Failure {
     Transport(tonic::transport::Error),
     Status(Status),
 }

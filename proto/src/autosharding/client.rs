@@ -31,6 +31,7 @@ use super::v1::{
     AssignmentAck, InitialClientConfig, LoadReport, WatchShardingAssignmentRequest,
     WatchShardingAssignmentResponse,
 };
+use crate::watch::Failure;
 use crate::WatchEndpoint;
 
 pub use convert::{decimal_index, to_assignment, EndpointNames, Unroutable};
@@ -589,21 +590,6 @@ fn random_uuid() -> (String, u64) {
         low & 0xFFFF_FFFF_FFFF
     );
     (uuid, high ^ low.rotate_left(17))
-}
-
-/// Why a stream could not be opened.
-enum Failure {
-    Transport(tonic::transport::Error),
-    Status(Status),
-}
-
-impl fmt::Display for Failure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Transport(error) => write!(f, "{error}"),
-            Self::Status(status) => write!(f, "{status}"),
-        }
-    }
 }
 
 #[cfg(test)]

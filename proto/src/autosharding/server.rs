@@ -11,15 +11,16 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use futures_util::Stream;
-use prost::bytes::{BufMut, Bytes};
+use prost::bytes::Bytes;
 use tonic::body::Body;
-use tonic::codec::{Codec, EncodeBuf, Encoder, Streaming};
+use tonic::codec::Streaming;
 use tonic::codegen::{http, BoxFuture, Service, StdError};
 use tonic::server::{Grpc, NamedService, StreamingService};
 use tonic::Status;
 
 use super::v1::WatchShardingAssignmentRequest;
 use super::{SERVICE, WATCH_SHARDING_ASSIGNMENT};
+use crate::encoded::EncodedCodec;
 
 /// The default bound on one request message (1 MiB): a load report at the most ranges a
 /// server takes (4,096 by default, about 20 bytes each) is far below it. A larger message
@@ -81,39 +82,6 @@ impl<A> NamedService for EncodedAutoshardingServer<A> {
     const NAME: &'static str = SERVICE;
 }
 
-/// Responses: already-encoded messages, written as they are. Requests:
-/// `WatchShardingAssignmentRequest`.
-#[derive(Debug, Clone, Copy, Default)]
-struct EncodedCodec;
-
-#[derive(Debug, Clone, Copy, Default)]
-struct PassThrough;
-
-impl Encoder for PassThrough {
-    type Item = Bytes;
-    type Error = Status;
-
-    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        dst.put(item);
-        Ok(())
-    }
-}
-
-impl Codec for EncodedCodec {
-    type Encode = Bytes;
-    type Decode = WatchShardingAssignmentRequest;
-    type Encoder = PassThrough;
-    type Decoder = tonic_prost::ProstDecoder<WatchShardingAssignmentRequest>;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        PassThrough
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        tonic_prost::ProstDecoder::default()
-    }
-}
-
 /// The method, for tonic's bidirectional-streaming machinery.
 struct WatchMethod<A>(A);
 
@@ -154,7 +122,8 @@ where
         }
         let (source, max) = (self.source.clone(), self.max_request_bytes);
         Box::pin(async move {
-            let mut grpc = Grpc::new(EncodedCodec).max_decoding_message_size(max);
+            let mut grpc = Grpc::new(EncodedCodec::<WatchShardingAssignmentRequest>::default())
+                .max_decoding_message_size(max);
             Ok(grpc.streaming(WatchMethod(source), request).await)
         })
     }

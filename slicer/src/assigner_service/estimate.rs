@@ -92,7 +92,9 @@ pub fn estimate(
     // Clients are remote peers: load they make unusable must not cost the Slicelets' too.
     if !fresh.is_empty() {
         if let Some(load) = usable(Ok(slicelet_source(fresh, current, serving))) {
-            tracing::warn!("assigner: the clients' load does not add up to a finite total; the Slicelets' alone");
+            tracing::warn!(
+                "assigner: the clients' load does not add up to a finite total; the Slicelets' alone"
+            );
             return load;
         }
     }

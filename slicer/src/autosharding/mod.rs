@@ -284,8 +284,11 @@ impl Autosharding {
     /// sharding simulation a fixed 0.01 balanced 10 tasks to 1.12 but 50 to 1.52; ranges
     /// well under a task's share are what the Assigner needs to place load finely.
     pub fn with_load_quantum(mut self, fraction: f64) -> Self {
-        self.settings.quantum =
-            if fraction.is_nan() { Quantum::PerTask } else { Quantum::Fixed(fraction.clamp(1.0 / 1024.0, 1.0)) };
+        self.settings.quantum = if fraction.is_nan() {
+            Quantum::PerTask
+        } else {
+            Quantum::Fixed(fraction.clamp(1.0 / 1024.0, 1.0))
+        };
         self
     }
 
