@@ -103,6 +103,18 @@ impl<D: prost::Message + Default + Send + 'static> Codec for EncodedCodec<D> {
     }
 }
 
+/// The answer of a hand-written service to a method it does not serve: `UNIMPLEMENTED`, as
+/// a generated service answers.
+pub(crate) fn unimplemented() -> BoxFuture<http::Response<Body>, Infallible> {
+    Box::pin(async {
+        let mut response = http::Response::new(Body::default());
+        let headers = response.headers_mut();
+        headers.insert(Status::GRPC_STATUS, (tonic::Code::Unimplemented as i32).into());
+        headers.insert(http::header::CONTENT_TYPE, tonic::metadata::GRPC_CONTENT_TYPE);
+        Ok(response)
+    })
+}
+
 /// The Watch method, for tonic's server-streaming machinery.
 struct WatchMethod<W>(W);
 
@@ -133,13 +145,7 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         if request.uri().path() != WATCH {
-            return Box::pin(async {
-                let mut response = http::Response::new(Body::default());
-                let headers = response.headers_mut();
-                headers.insert(Status::GRPC_STATUS, (tonic::Code::Unimplemented as i32).into());
-                headers.insert(http::header::CONTENT_TYPE, tonic::metadata::GRPC_CONTENT_TYPE);
-                Ok(response)
-            });
+            return unimplemented();
         }
         let source = self.source.clone();
         Box::pin(async move {

@@ -20,7 +20,7 @@ use tonic::Status;
 
 use super::v1::WatchShardingAssignmentRequest;
 use super::{SERVICE, WATCH_SHARDING_ASSIGNMENT};
-use crate::encoded::EncodedCodec;
+use crate::encoded::{unimplemented, EncodedCodec};
 
 /// The default bound on one request message (1 MiB): a load report at the most ranges a
 /// server takes (4,096 by default, about 20 bytes each) is far below it. A larger message
@@ -112,13 +112,7 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         if request.uri().path() != WATCH_SHARDING_ASSIGNMENT {
-            return Box::pin(async {
-                let mut response = http::Response::new(Body::default());
-                let headers = response.headers_mut();
-                headers.insert(Status::GRPC_STATUS, (tonic::Code::Unimplemented as i32).into());
-                headers.insert(http::header::CONTENT_TYPE, tonic::metadata::GRPC_CONTENT_TYPE);
-                Ok(response)
-            });
+            return unimplemented();
         }
         let (source, max) = (self.source.clone(), self.max_request_bytes);
         Box::pin(async move {

@@ -145,11 +145,7 @@ impl Stream {
         })?;
         // The job's task count as it is now sets the quantum when it is per task.
         let mut watching = watching;
-        let tasks = watching.subscription.updates().borrow().as_ref().map(|p| {
-            let tasks: std::collections::HashSet<u32> =
-                p.assignment.slices().iter().flat_map(|s| s.replicas().iter().copied()).collect();
-            tasks.len()
-        });
+        let tasks = watching.subscription.updates().borrow().as_ref().map(|p| p.tasks);
         self.phase = Phase::Watching(Box::new(watching));
         Ok(self.config_message(tasks))
     }

@@ -66,12 +66,17 @@ pub(crate) struct Jobs {
 pub(crate) struct Published {
     pub(crate) assignment: Assignment,
     pub(crate) encoded: Bytes,
+    /// How many distinct tasks serve a slice (counted once here, read by every A119
+    /// stream that starts: its quantum is per task).
+    pub(crate) tasks: usize,
 }
 
 impl Published {
     fn new(assignment: Assignment) -> Self {
         let encoded = steady_proto::encode_update(&assignment);
-        Self { assignment, encoded }
+        let tasks: std::collections::HashSet<u32> =
+            assignment.slices().iter().flat_map(|s| s.replicas().iter().copied()).collect();
+        Self { assignment, encoded, tasks: tasks.len() }
     }
 
     fn generation(&self) -> u64 {
