@@ -195,8 +195,13 @@ async fn steadyctl_and_the_pages_show_a_running_fleet() {
     })
     .await;
     assert_eq!(listed["jobs"].as_array().unwrap().len(), jobs.len());
-    let (table, notes) = ctl(&["tasks", "users"]);
-    assert!(!notes.contains("no loads"), "the leader's page answered: {notes}");
+    // The store names a leader the moment its campaign wins; its page says it leads a
+    // moment later (once its Assigner sees the win): wait for the page to answer.
+    let table = until(WAIT, "steadyctl tasks reads the loads from the leader's page", async || {
+        let (table, notes) = ctl(&["tasks", "users"]);
+        (!notes.contains("no loads")).then_some(table)
+    })
+    .await;
     assert_eq!(table.lines().filter(|l| l.contains("serving")).count(), 4, "{table}");
     let records = EtcdFleet::new(&store).instances().await.unwrap();
     assert_eq!(records.len(), instances.len());

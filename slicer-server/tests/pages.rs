@@ -199,6 +199,7 @@ fn metrics_parse_as_prometheus_text_and_carry_the_control_plane_s_instruments() 
         value(s, "steady_assigner_generation", &users).is_some_and(|g| g >= 1.0)
             && value(s, "steady_assigner_leader", &users) == Some(1.0)
             && value(s, "steady_distributor_publications_total", &[]).is_some_and(|p| p >= 1.0)
+            && value(s, "steady_fleet_assigners", &[("steady_state", "leading")]) == Some(1.0)
     });
     for name in [
         "steady_assigner_runs_total",
@@ -246,10 +247,23 @@ fn the_overview_lists_the_job_and_its_json_gives_six_tasks_with_loads() {
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let traffic = serve_keys(backends.iter().map(|(s, _)| s.clone()).collect(), stop.clone());
 
-    let overview = get(&format!("{}/", running.pages));
-    assert!(overview.contains("<a href=\"/jobs/users\">users</a>"), "{overview}");
-    let row = overview.split("<a href=\"/jobs/users\">").nth(1).unwrap().split("</tr>").next().unwrap();
-    assert!(row.contains("<td class=\"here\">leading</td>") && row.contains("weighted-move"), "{row}");
+    // The backends hold an assignment once the Assigner has published it; the pages show
+    // its leadership from the instance's status, which follows: wait for the row to say so.
+    let mut row = String::new();
+    eventually_blocking(WAIT, "the overview's row of users to show it led here", || {
+        let overview = get(&format!("{}/", running.pages));
+        assert!(overview.contains("<a href=\"/jobs/users\">users</a>"), "{overview}");
+        row = overview
+            .split("<a href=\"/jobs/users\">")
+            .nth(1)
+            .unwrap()
+            .split("</tr>")
+            .next()
+            .unwrap()
+            .to_owned();
+        row.contains("<td class=\"here\">leading</td>")
+    });
+    assert!(row.contains("weighted-move"), "{row}");
 
     let mut json = serde_json::Value::Null;
     // Task 5 serves 51 times the requests of task 0 per key (the traffic above): its
@@ -260,6 +274,7 @@ fn the_overview_lists_the_job_and_its_json_gives_six_tasks_with_loads() {
         json = serde_json::from_str(&get(&format!("{}/jobs/users.json", running.pages))).unwrap();
         json["tasks"].as_array().is_some_and(|t| t.iter().all(|t| t["load"].as_f64().is_some()))
             && load(&json, 5) > load(&json, 0)
+            && json["here"] == "leading"
     });
     assert_eq!(
         (&json["job"], &json["here"], &json["owner"]),
@@ -299,12 +314,16 @@ fn the_status_page_renders_the_tasks_generation_and_imbalance_in_a_real_browser(
     let deadline = Instant::now() + WAIT;
     let (dom, imbalance) = loop {
         let dom = browser.dump_dom(&format!("{}/jobs/users", running.pages));
+        // The page shows the leadership from the instance's status, which follows the
+        // Assigner's start: wait for it too.
         if let Ok(imbalance) = text_of(&dom, "imbalance").parse::<f64>() {
-            break (dom, imbalance);
+            if dom.contains("assigner leads") {
+                break (dom, imbalance);
+            }
         }
         assert!(
             Instant::now() < deadline,
-            "no imbalance on the page within {WAIT:?}: {:?}",
+            "no imbalance and leader on the page within {WAIT:?}: {:?}",
             text_of(&dom, "imbalance")
         );
     };
@@ -325,7 +344,8 @@ fn the_status_page_renders_the_tasks_generation_and_imbalance_in_a_real_browser(
         std::fs::copy(&shot, &target).unwrap();
     }
     let _ = std::fs::remove_file(shot);
-    // The overview, rendered too: the job, led here, links to its page.
+    // The overview, rendered too: the job, led here, links to its page (the page above
+    // says the Assigner here leads, so the overview, from the same status, does too).
     let overview = browser.dump_dom(&format!("{}/", running.pages));
     assert_eq!(text_of(&overview, "instance"), "assigner");
     assert_eq!(text_of(&overview, "jobs-count"), "1");

@@ -39,6 +39,10 @@ pub(super) struct Shared {
     pub(super) tune: Option<Tune>,
     /// Where the jobs led here name their tasks for A119 clients (`Fleet::endpoint_names`).
     pub(super) endpoint_names: Option<EndpointNames>,
+    /// Wakes the control task when what its status shows of a job changed outside it (an
+    /// Assigner here started or stopped, its task set answered), so that the pages show
+    /// it at once rather than at the next health check.
+    pub(super) changed: Arc<Notify>,
 }
 
 /// One job on this instance.
@@ -273,7 +277,7 @@ impl RunAssigner {
                     continue;
                 }
             };
-            self.stats.send_replace(Some(handle.shared_stats()));
+            self.shown(|run| run.stats.send_replace(Some(handle.shared_stats())));
             let started_at = tokio::time::Instant::now();
             let ended = async {
                 while handle.is_running() {
@@ -289,12 +293,12 @@ impl RunAssigner {
                             self.release_late_win(job).await;
                         }
                     }
-                    self.stats.send_replace(None);
+                    self.shown(|run| run.stats.send_replace(None));
                     return;
                 }
                 () = ended => {
                     self.shared.events.say(format!("job {job}: its Assigner stopped by itself; starting it again"));
-                    self.stats.send_replace(None);
+                    self.shown(|run| run.stats.send_replace(None));
                     // Backoff for an Assigner that keeps stopping; afresh after one that
                     // ran a while.
                     if started_at.elapsed() > MAX_RESTART {
@@ -348,7 +352,14 @@ impl RunAssigner {
             followed.name_tasks(&config.job, names);
         }
         let tasks = sources::with_drained(followed.tasks.clone(), self.drained.clone(), self.run_now.clone());
-        self.tasks.send_replace(Some(tasks.clone()));
+        self.shown(|run| run.tasks.send_replace(Some(tasks.clone())));
         Ok((service.spawn(tasks), followed))
+    }
+
+    /// Changes what the instance's status shows of this Assigner with `change`, and
+    /// wakes the control task to show it.
+    fn shown<T>(&self, change: impl FnOnce(&Self) -> T) {
+        change(self);
+        self.shared.changed.notify_one();
     }
 }

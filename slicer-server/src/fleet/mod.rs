@@ -112,7 +112,8 @@ impl Specs {
     }
 }
 
-/// How often the control task looks for Assigners that stopped and for status to show.
+/// How often the control task looks for Assigners that stopped (what its status shows
+/// is sent as it changes).
 const HEALTH_EVERY: Duration = Duration::from_secs(1);
 
 /// The live instances as a fleet's members watch gives them (`None` until listed).
@@ -284,6 +285,7 @@ impl Fleet {
             given_tasks: Arc::new(std::mem::take(&mut self.given_tasks)),
             tune: self.tune.take(),
             endpoint_names: self.endpoint_names.take(),
+            changed: Arc::new(tokio::sync::Notify::new()),
         };
         let mut control = Control {
             shared,
@@ -299,6 +301,7 @@ impl Fleet {
             resigning: BTreeMap::new(),
         };
         let mut specs = self.specs.watch();
+        let changed = control.shared.changed.clone();
         let mut health = tokio::time::interval(HEALTH_EVERY);
         health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let halt = loop {
@@ -316,6 +319,7 @@ impl Fleet {
                 },
                 members = next_members(&mut self.members) => control.instances = members,
                 asked = next_requests(&mut self.run_requests) => control.run(&asked),
+                () = changed.notified() => {}
                 _ = health.tick() => control.restart_ended(),
             }
             control.reconcile();
@@ -578,3 +582,6 @@ impl FleetHandle {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
