@@ -38,18 +38,33 @@ async fn a_draining_backend_gets_no_new_requests_and_none_fail() {
             .unwrap();
 
     // Steady load through the drain.
+    // `dropped`: set once the balancer has dropped backend 2; of the requests sent after
+    // that, `sent_after` counts the answered ones and `served_by_2_after` those backend 2
+    // served (none may be).
     let (stop, failed, served_by_2) =
+        (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let (dropped, sent_after, served_by_2_after) =
         (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let mut loops = Vec::new();
     for _ in 0..4 {
         let (mut client, stop, failed, served_by_2) =
             (EchoClient::new(channel.clone()), stop.clone(), failed.clone(), served_by_2.clone());
+        let (dropped, sent_after, served_by_2_after) =
+            (dropped.clone(), sent_after.clone(), served_by_2_after.clone());
         loops.push(tokio::spawn(async move {
             let mut sent = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                match client.echo(EchoRequest { payload: vec![1; 16] }).await {
+                let after_drop = dropped.load(Ordering::SeqCst);
+                let reply = client.echo(EchoRequest { payload: vec![1; 16] }).await;
+                if after_drop && reply.is_ok() {
+                    sent_after.fetch_add(1, Ordering::Relaxed);
+                }
+                match reply {
                     Ok(reply) if reply.get_ref().task == 2 => {
                         served_by_2.fetch_add(1, Ordering::Relaxed);
+                        if after_drop {
+                            served_by_2_after.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                     Ok(_) => {}
                     Err(_) => {
@@ -70,17 +85,18 @@ async fn a_draining_backend_gets_no_new_requests_and_none_fail() {
     // Once the balancer has the view, backend 2 gets nothing new.
     eventually("the balancer to drop backend 2", || channel.stats().members.iter().all(|m| m.task != 2))
         .await;
-    // Requests already in flight to it finish (an echo takes well under 100 ms).
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let after_drain = served_by_2.load(Ordering::Relaxed);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Requests already in flight to it finish; every request sent from now on goes
+    // elsewhere. The load runs on until 200 more were answered.
+    dropped.store(true, Ordering::SeqCst);
+    eventually("200 requests answered after the drop", || sent_after.load(Ordering::Relaxed) >= 200).await;
     stop.store(true, Ordering::Relaxed);
     let mut sent = 0;
     for l in loops {
         sent += l.await.unwrap();
     }
     assert!(sent > 100, "{sent}");
-    assert_eq!(served_by_2.load(Ordering::Relaxed), after_drain, "backend 2 served after draining");
+    assert!(served_by_2.load(Ordering::Relaxed) > 10);
+    assert_eq!(served_by_2_after.load(Ordering::Relaxed), 0, "backend 2 served requests sent after draining");
     assert_eq!(failed.load(Ordering::Relaxed), 0, "requests failed through the drain");
     drop(servers);
 }

@@ -64,18 +64,18 @@ async fn a_strict_lease_is_lost_at_its_own_deadline_while_etcd_is_down_and_stays
 async fn a_strict_lease_survives_an_outage_shorter_than_its_ttl_by_retrying_soon_after_a_failure() {
     let Some(mut etcd) = Etcd::start() else { return };
     let client = connect(&etcd).await;
-    // 15 s: renewals every 5 s. With etcd down from the grant until 10.2 s after it
-    // (and then restarting, which takes one to two seconds), the renewals due at 5 s
-    // and 10 s both fail; only a retry sooner than the next period renews before the
-    // deadline at 15 s.
-    let ttl = Duration::from_secs(15);
+    // 30 s: renewals every 10 s. With etcd down from the grant until 20.2 s after it
+    // (and then restarting, which takes one to two seconds, more on a loaded machine),
+    // the renewals due at 10 s and 20 s both fail; only a retry sooner than the next
+    // period renews before the deadline at 30 s.
+    let ttl = Duration::from_secs(30);
     let lease = grant(&client, ttl, LeaseMode::Strict).await;
     let first_deadline = lease.renewed_until();
     let granted = first_deadline - ttl;
     let held = lease.held();
     etcd.kill();
     // The outage itself: the fault lasts this long, whatever the keeper does.
-    tokio::time::sleep_until(granted + Duration::from_millis(10_200)).await;
+    tokio::time::sleep_until(granted + Duration::from_millis(20_200)).await;
     etcd.restart();
     let back = Instant::now();
     eprintln!("etcd back {:?} after the grant (strict lease, TTL {ttl:?})", back - granted);

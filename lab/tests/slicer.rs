@@ -54,5 +54,7 @@ fn on_etcd_the_standby_takes_over_within_the_lease() {
         demo(&["--store", "etcd", "--endpoints", &etcd.endpoint(), "--kill-at", "3", "--drain-at", "0"]);
     assert_eq!(figure(&text, "; failed "), 0.0, "{text}");
     let failover = figure(&text, "the standby led ");
-    assert!(failover < 2.0 + 1.5, "{text}");
+    // Within the 2 s lease and what a loaded machine adds after it (the demo prints the
+    // measurement; this bound only catches a takeover that waits for something else).
+    assert!(failover < 2.0 + 3.0, "{text}");
 }

@@ -72,7 +72,7 @@ fn refused_for_good(code: Code) -> bool {
 }
 
 /// Where a watch connects: an [`Endpoint`] and, with the `tls` feature, TLS settings
-/// that may be replaced while it runs ([`crate::tls::ClientTlsSource`]), read afresh at
+/// that may be replaced while it runs (`tls::ClientTlsSource`), read afresh at
 /// each connection. An `Endpoint` converts into one (its own TLS settings, if any, fixed
 /// for the watch's life).
 ///

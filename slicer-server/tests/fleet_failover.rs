@@ -28,6 +28,7 @@ use steady_slice::{Assignment, SliceKey};
 use steady_slicelet::{LoadReporter, Slicelet};
 use steady_slicer::fleet::EtcdFleet;
 use steady_slicer::specs::{EtcdSpecs, JobConfig, SpecStore, TaskSource};
+use steady_slicer::spread::Spread;
 use steady_slicer::store::{EtcdConfig, EtcdStore};
 use steady_testing::echo::echo_client::EchoClient;
 use steady_testing::echo::echo_server::EchoServer;
@@ -268,7 +269,18 @@ async fn a_killed_instance_s_job_is_led_elsewhere_with_no_failed_keyed_request()
 
     // Led, assigned over the four backends, and every frontend and backend routing or
     // serving by an assignment.
-    let led = until(WAIT, "users led", async || fleet.leader(JOB).await.unwrap()).await;
+    // The instances start one after another, and a job moves as each joins: wait for
+    // users to be led where the spread of the whole fleet puts it, with all three listed.
+    let names: Vec<String> =
+        std::iter::once(JOB.to_owned()).chain((0..OTHER_JOBS).map(|n| format!("other-{n}"))).collect();
+    let spread = Spread::of(names.iter().map(String::as_str), INSTANCES);
+    let owner = spread.owner(JOB).unwrap().to_owned();
+    let led = until(WAIT, "users led by its owner in the spread of the three", async || {
+        let listed = fleet.instances().await.unwrap().len() == INSTANCES.len();
+        let leader = fleet.leader(JOB).await.unwrap();
+        (listed && leader.as_deref() == Some(owner.as_str())).then_some(owner.clone())
+    })
+    .await;
     let all: BTreeSet<u32> = (0..BACKENDS).collect();
     let first = next_such(&mut watch(endpoints[0].clone()), "an assignment of the four backends", |a| {
         named(a) == all

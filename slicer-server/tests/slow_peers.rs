@@ -23,8 +23,10 @@ use tokio::task::JoinSet;
 const SCRAPE: &[u8] = b"GET /metrics HTTP/1.1\r\nHost: pages\r\n\r\n";
 /// The most connections the server serves at once (its documented bound).
 const SLOTS: usize = 64;
-/// How long a fresh scraper may take to get its page, the storm raging.
-const SCRAPE_BOUND: Duration = Duration::from_secs(1);
+/// How long a fresh scraper may take to get its page, the storm raging: well under the
+/// 5 s head timeout a locked-out scraper would wait for a slot, with room for a loaded
+/// machine (the storm's 96 peers share its two cores; the figures are printed).
+const SCRAPE_BOUND: Duration = Duration::from_secs(2);
 
 /// The pages' server on a runtime of its own (as in the binary: the peers are other
 /// processes, not tasks sharing its threads), stopped when dropped.
@@ -217,7 +219,7 @@ impl Storm {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fresh_scraper_gets_its_page_within_a_second_during_a_slow_loris_storm() {
+async fn a_fresh_scraper_gets_its_page_within_two_seconds_during_a_slow_loris_storm() {
     let pages = serve(|server| server);
     let addr = pages.addr;
     // Half again as many peers as the server serves at once, a third of each kind.
@@ -332,9 +334,11 @@ async fn the_timeouts_close_silent_trickling_and_idle_peers_and_spare_keep_alive
     let idle = async {
         let mut stream = TcpStream::connect(addr).await.unwrap();
         stream.write_all(SCRAPE).await.unwrap();
+        // Timed from the request sent: the server's idle time starts later (as it writes
+        // the response), so the time measured is never shorter than the server's.
+        let served = Instant::now();
         let (head, _) = read_response(&mut stream).await.unwrap();
         assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-        let served = Instant::now();
         closed_after("the idle peer to be closed", &mut stream, served, std::future::pending()).await
     };
 
@@ -359,10 +363,8 @@ async fn the_timeouts_close_silent_trickling_and_idle_peers_and_spare_keep_alive
     assert!(silent >= HEAD && silent < HEAD + LATE, "the silent peer was closed after {silent:?}");
     assert!(trickler >= HEAD && trickler < HEAD + LATE, "the trickler was closed after {trickler:?}");
     assert!(sent >= 4, "the trickler made progress all along ({sent} bytes)");
-    // The server's idle time starts as it writes the response, a moment before the
-    // client has read it.
     assert!(idle > HEAD + Duration::from_millis(300), "idle closed by the head timeout ({idle:?})");
-    assert!(idle >= IDLE - Duration::from_millis(100) && idle < IDLE + LATE, "idle closed after {idle:?}");
+    assert!(idle >= IDLE - Duration::from_millis(10) && idle < IDLE + LATE, "idle closed after {idle:?}");
     assert!(first.starts_with("HTTP/1.1 200") && second.starts_with("HTTP/1.1 200"), "{first}\n{second}");
     assert!(body.contains("steady_test_up 1"), "{body}");
 }

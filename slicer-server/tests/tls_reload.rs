@@ -117,9 +117,14 @@ async fn until<F: std::future::Future<Output = bool>>(what: &str, mut check: imp
 }
 
 fn copy(from: &Path, to: &Path) {
-    // Written to a temporary name and renamed, as a rotation tool does (never half a file).
+    put(to, std::fs::read(from).unwrap());
+}
+
+/// Writes `contents` to `to` as a rotation tool does: to a temporary name, then renamed
+/// (the binary, reading the file every 100 ms, never sees half of it).
+fn put(to: &Path, contents: impl AsRef<[u8]>) {
     let tmp = to.with_extension("tmp");
-    std::fs::copy(from, &tmp).unwrap();
+    std::fs::write(&tmp, contents).unwrap();
     std::fs::rename(&tmp, to).unwrap();
 }
 
@@ -142,7 +147,7 @@ async fn the_binary_reloads_rotated_files_without_dropping_watch_streams_and_ref
     let old_server = old_ca.issue(&["127.0.0.1"]);
     copy(old_server.cert_file(), &cert);
     copy(old_server.key_file(), &key);
-    std::fs::write(&bundle, old_ca.ca_pem()).unwrap();
+    put(&bundle, old_ca.ca_pem());
     let binary = Running::start(&[
         "--job",
         "users",
@@ -201,7 +206,7 @@ async fn the_binary_reloads_rotated_files_without_dropping_watch_streams_and_ref
     after(3).await;
 
     // 1. The bundle gains the new CA: a client of the new CA gets in.
-    std::fs::write(&bundle, format!("{}{}", old_ca.ca_pem(), new_ca.ca_pem())).unwrap();
+    put(&bundle, format!("{}{}", old_ca.ca_pem(), new_ca.ca_pem()));
     until("the new CA trusted", || watch_ok(&address, client_tls(&[&old_ca], Some(&new_client)))).await;
     after(3).await;
 
@@ -218,7 +223,7 @@ async fn the_binary_reloads_rotated_files_without_dropping_watch_streams_and_ref
     after(3).await;
 
     // 4. The bundle drops the old CA: the old certificate is refused at its next handshake.
-    std::fs::write(&bundle, new_ca.ca_pem()).unwrap();
+    put(&bundle, new_ca.ca_pem());
     until("the old client certificate refused", || async {
         !watch_ok(&address, client_tls(&[&new_ca], Some(&old_client))).await
     })

@@ -170,12 +170,12 @@ async fn with_handover_a_drained_task_keeps_its_slices_while_their_new_owners_wa
     let assigner = job.spawn("a", config);
     let first = job.until("the first generation", |_| true).await;
     assert!(!first.has_warming(), "the first generation has nothing to hand over from");
+    let changed = Instant::now();
     job.tasks.send_replace(
         Tasks::new((0..4).map(|t| (t, if t == 3 { TaskState::Draining } else { TaskState::Serving })))
             .unwrap(),
     );
     let warming = job.until("the warming step", |a| a.has_warming()).await;
-    let seen = Instant::now();
     assert_eq!(warming.generation(), first.generation() + 1);
     assert_eq!(assigner.stats().handovers(), 1);
     // Every key task 3 served is still served by it, and warms on another task; keys
@@ -188,11 +188,14 @@ async fn with_handover_a_drained_task_keeps_its_slices_while_their_new_owners_wa
         assert_eq!(now.warming().is_empty(), !before.replicas().contains(&3), "key {key}");
         assert!(!now.warming().contains(&3));
     }
-    // The switch waits for the warm-up.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(job.distributor.current(JOB).map(|a| a.generation()), Some(warming.generation()));
+    // The switch waits for the warm-up, which starts after the change was sent: it is
+    // seen no sooner than the warm-up after that.
     let switched = job.until("the switch", |a| a.generation() > warming.generation()).await;
-    assert!(seen.elapsed() >= warm_up - Duration::from_millis(300), "switched after {:?}", seen.elapsed());
+    assert!(
+        changed.elapsed() >= warm_up,
+        "switched {:?} after the change, before its {warm_up:?} warm-up",
+        changed.elapsed()
+    );
     assert_eq!(switched.generation(), warming.generation() + 1);
     assert!(!switched.has_warming());
     for &key in &probes {
@@ -304,8 +307,10 @@ async fn on_etcd_a_standby_takes_over_within_the_lease() {
     let failover = killed.elapsed();
     println!("etcd failover: the standby published {failover:?} after the leader was killed (lease {ttl:?})");
     assert!(next.generation() > first.generation());
-    // The lease must lapse first (the term was not resigned), then one run.
-    assert!(failover >= ttl / 2 && failover < ttl + Duration::from_secs(2), "{failover:?}");
+    // The lease must lapse first (the term was not resigned), then one run. The upper
+    // bound is loose (the figure printed above is the measurement): a loaded machine
+    // delays the campaign, the run and the write after the lapse.
+    assert!(failover >= ttl / 2 && failover < ttl + Duration::from_secs(3), "{failover:?}");
 }
 
 #[test]

@@ -433,7 +433,9 @@ async fn a_standby_leads_within_the_lease_ttl_after_the_leader_stops_renewing() 
     // for lapsed leases every 500 ms.
     eprintln!("failover after the leader stopped renewing: {failover:?} (TTL {TTL:?})");
     assert!(failover >= TTL / 2, "took over after {failover:?}, before the lease could lapse");
-    assert!(failover <= TTL + Duration::from_millis(1500), "took over after {failover:?}");
+    // The upper bound is loose (the figure printed above is the measurement): a loaded
+    // machine delays the watch and the campaign after the lapse, never the lapse itself.
+    assert!(failover <= TTL + Duration::from_secs(3), "took over after {failover:?}");
     assert_eq!(leadership.candidate(), "b");
     // The old leader knows by now that its term is over.
     within(WAIT, "the old leader to see its loss", leader.lost()).await;

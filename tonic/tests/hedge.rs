@@ -178,14 +178,15 @@ async fn a_keyed_request_hedges_only_to_its_slices_other_replicas() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_first_answer_wins_and_the_losing_attempt_is_cancelled() {
     let fleet = Fleet::start(3).await;
-    // A third attempt would go 200 ms in: the second one's answer comes long before.
-    let hedge = fleet.hedged(policy(3, 100), RetryBudget::default());
+    // Two attempts at most: a third, had the policy allowed it, would race the second's
+    // answer on a loaded machine.
+    let hedge = fleet.hedged(policy(2, 100), RetryBudget::default());
     for round in 0..5 {
         let payload = format!("first:{round}");
         let answer =
             within(Duration::from_secs(10), "the hedge's answer", send(&hedge, &payload, None)).await;
         let tasks = fleet.log.tasks_of(&payload);
-        // The first attempt stalls; the second answers; no third is sent.
+        // The first attempt stalls; the second answers.
         assert_eq!(tasks.len(), 2, "{tasks:?}");
         assert_ne!(tasks[0], tasks[1]);
         assert_eq!(answer.unwrap().unwrap(), tasks[1], "the second attempt's answer");
