@@ -78,6 +78,7 @@ impl EtcdCluster {
                         options: EtcdOptions::new(),
                         name: format!("m{i}"),
                         initial_cluster: None,
+                        reserved: Vec::new(),
                     }
                 })
                 .collect();

@@ -61,11 +61,12 @@
 //!
 //! # Dependencies
 //!
-//! std only by default: the harness starts the `etcd` binary, asks its `/health` over
-//! plain HTTP/1.1 (on the metrics port, which stays plaintext when clients use TLS) and
-//! sets users up through etcd's JSON gateway (on a plaintext client port of its own when
-//! clients use TLS), so it compiles no etcd client and any
-//! crate's tests can use it. Every dependency is optional: the `tls` feature adds
+//! std and `socket2` only by default (`socket2` holds a killed server's ports: a socket
+//! bound without `SO_REUSEADDR`, which std cannot make): the harness starts the `etcd`
+//! binary, asks its `/health` over plain HTTP/1.1 (on the metrics port, which stays
+//! plaintext when clients use TLS) and sets users up through etcd's JSON gateway (on a
+//! plaintext client port of its own when clients use TLS), so it compiles no etcd client
+//! and any crate's tests can use it. Every other dependency is optional: the `tls` feature adds
 //! `rcgen` (on ring) to make certificates; `tokio` adds tokio for the async waits;
 //! `grpc` adds tonic and prost, and generates the echo service's code at build time with
 //! a protoc that cargo installs (`protoc-bin-vendored`), as steady-proto does; `proxy`
@@ -159,6 +160,8 @@ pub struct Etcd {
     name: String,
     /// `--initial-cluster`: every member's name and peer URL (itself alone when `None`).
     initial_cluster: Option<String>,
+    /// While it is killed: its ports, held for its restart ([`Etcd::kill`]).
+    reserved: Vec<socket2::Socket>,
 }
 
 /// How [`Etcd::start_with`] runs the server: TLS for clients, client certificates, and
@@ -271,6 +274,7 @@ impl Etcd {
             options,
             name: "steady-test".to_owned(),
             initial_cluster: None,
+            reserved: Vec::new(),
         };
         let mut failures = Vec::new();
         for _ in 0..PORT_ATTEMPTS {
@@ -299,9 +303,27 @@ impl Etcd {
         format!("{scheme}://{}", self.client)
     }
 
+    /// The address its peer listener binds (members of one cluster talk there).
+    pub fn peer_address(&self) -> SocketAddr {
+        self.peer
+    }
+
     /// Kills the server at once (SIGKILL: no clean shutdown), keeping its data and ports.
+    ///
+    /// Its ports are held until [`Etcd::restart`], so that no other server (of another
+    /// test, or another process) picks them meanwhile and takes them from its restart:
+    /// each is bound by a socket that does not listen (a connection to it is refused, as
+    /// to a dead server's) and does not let anyone else bind it (no `SO_REUSEADDR`). A
+    /// port the kernel will not give it that way (a connection to the dead server still
+    /// in `TIME_WAIT` on it, as its client port may have) stays unheld.
     pub fn kill(&mut self) {
         self.stop();
+        self.reserved = self.ports().into_iter().filter_map(hold).collect();
+    }
+
+    /// Its client, peer and metrics ports (and its setup port, if any).
+    fn ports(&self) -> Vec<SocketAddr> {
+        [self.client, self.peer, self.metrics].into_iter().chain(self.setup).collect()
     }
 
     /// Starts the server again on the same ports and data after [`Etcd::kill`], and waits
@@ -312,6 +334,8 @@ impl Etcd {
     /// When it does not come up healthy (for instance, another process took its port).
     pub fn restart(&mut self) {
         self.stop();
+        // Its ports, let go the moment before it binds them again.
+        self.reserved.clear();
         if let Err(failure) = self.launch() {
             panic!("etcd did not restart: {failure}");
         }
@@ -495,6 +519,15 @@ fn free_ports() -> [SocketAddr; 3] {
     let client = free_port(&[]);
     let peer = free_port(&[client]);
     [client, peer, free_port(&[client, peer])]
+}
+
+/// A socket bound to `port` that neither listens nor lets another socket bind it (`None`
+/// when the kernel refuses: the port is in use, if only by a connection in `TIME_WAIT`).
+fn hold(port: SocketAddr) -> Option<socket2::Socket> {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).ok()?;
+    socket.set_reuse_address(false).ok()?;
+    socket.bind(&port.into()).ok()?;
+    Some(socket)
 }
 
 /// A loopback port that was free a moment ago, other than those in `not`.
