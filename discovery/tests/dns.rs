@@ -150,7 +150,8 @@ impl ZoneServer {
         self.tuned(DnsConfig::new(SERVICE, 50051))
     }
 
-    /// `config` against this server, re-resolving every period, failing fast.
+    /// `config` against this server, re-resolving every period, a lookup failing after
+    /// [`LOOKUP_TIMEOUT`] (once: no second attempt).
     fn tuned(&self, config: DnsConfig) -> DnsConfig {
         config.nameservers([self.address]).period(PERIOD).timeout(LOOKUP_TIMEOUT, 1)
     }

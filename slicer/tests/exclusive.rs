@@ -530,9 +530,9 @@ async fn the_service_in_exclusive_mode_grants_each_generation_it_publishes() {
         })
         .await;
         let first = granted.unwrap().generation();
-        // That generation, or a later one of the same owners (the Assigner may go on
-        // balancing on its 100 ms cadence), granted with the Slicelets caught up: every
-        // one holds the generation granted, read at one revision. So the next change's
+        // That generation, or a later one (the Assigner may go on balancing on its 100 ms
+        // cadence; the task set, and so the owners, stay), granted with the Slicelets
+        // caught up: every one holds the generation granted, read at one revision. So the next change's
         // recall has the slow one's hold to wait for.
         let deadline = tokio::time::Instant::now() + WAIT;
         let generation = loop {
