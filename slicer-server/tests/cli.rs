@@ -8,6 +8,9 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tonic::transport::Endpoint;
 
+mod a119_names;
+use a119_names::a119_endpoints;
+
 const BIN: &str = env!("CARGO_BIN_EXE_steady-slicer");
 
 /// Kills the child when the test ends, however it ends.
@@ -94,38 +97,6 @@ async fn the_binary_serves_a119_beside_watch() {
     .expect("an assignment within 60 s");
     assert_eq!(names, ["0", "1", "2"]);
     assert_eq!(a119_endpoints(&address, "nobody").await.unwrap_err().code(), tonic::Code::NotFound);
-}
-
-/// The endpoint names of `job`'s first assignment over A119 from the binary at `address`.
-async fn a119_endpoints(address: &str, job: &str) -> Result<Vec<String>, tonic::Status> {
-    use steady_proto::autosharding::reassembly::Reassembly;
-    use steady_proto::autosharding::v1::autosharding_service_client::AutoshardingServiceClient;
-    use steady_proto::autosharding::v1::{InitialClientConfig, WatchShardingAssignmentRequest};
-    let endpoint = Endpoint::from_shared(format!("http://{address}")).unwrap();
-    let mut client = AutoshardingServiceClient::connect(endpoint).await.unwrap();
-    let first = WatchShardingAssignmentRequest {
-        initial_client_config: Some(InitialClientConfig {
-            target: job.to_owned(),
-            client_uuid: "cli-test".to_owned(),
-            latest_generation: 0,
-        }),
-        ..Default::default()
-    };
-    // The request side stays open (a pending stream) while the responses are read.
-    let requests = futures_util::stream::iter([first]).chain(futures_util::stream::pending());
-    let mut responses = client.watch_sharding_assignment(requests).await?.into_inner();
-    let mut reassembly = Reassembly::default();
-    loop {
-        let response = tokio::time::timeout(Duration::from_secs(60), responses.message())
-            .await
-            .expect("a response within 60 s")?
-            .expect("the stream goes on");
-        if let Some(chunk) = response.chunk {
-            reassembly.chunk(chunk);
-        } else if let Some(metadata) = response.metadata {
-            return Ok(reassembly.finish(metadata).assignment.expect("a valid assignment").endpoints);
-        }
-    }
 }
 
 /// `--consistency exclusive` runs the job in exclusive mode on etcd: the generation it

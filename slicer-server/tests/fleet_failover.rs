@@ -4,6 +4,8 @@
 //! instance leading `users` is killed (SIGKILL, no resignation); the test checks the
 //! fleet's promise for that fault:
 //!
+//! * before it, every instance names the backends to A119 clients by the addresses they
+//!   registered (not only the instance running the job's Assigner);
 //! * another instance leads `users` within a bound (the target is the election's lease
 //!   plus a second; the measured time is printed);
 //! * no keyed request fails, through the kill, the takeover and a reassignment by the
@@ -38,7 +40,9 @@ use steady_tonic::SteadyChannel;
 use tokio::task::JoinHandle;
 use tonic::transport::{Endpoint, Server};
 
+mod a119_names;
 mod fleet_instances;
+use a119_names::a119_endpoints;
 use fleet_instances::{until, Running};
 /// The job under load, and the others the spread has to spread.
 const JOB: &str = "users";
@@ -190,7 +194,7 @@ async fn a_killed_instance_s_job_is_led_elsewhere_with_no_failed_keyed_request()
     }
 
     // The backends' servers, registered in the registry before any instance runs.
-    let mut servers = Vec::new();
+    let (mut servers, mut registered) = (Vec::new(), Vec::new());
     for task in 0..BACKENDS {
         let slicelet = Slicelet::new(task);
         let server = Loopback::bind().await.serve_with({
@@ -211,6 +215,7 @@ async fn a_killed_instance_s_job_is_led_elsewhere_with_no_failed_keyed_request()
         .await
         .unwrap();
         assert_eq!(registration.index(), task as usize);
+        registered.push(address);
         servers.push((slicelet, registration, server));
     }
 
@@ -293,6 +298,16 @@ async fn a_killed_instance_s_job_is_led_elsewhere_with_no_failed_keyed_request()
         frontends.chain(backends).all(|g| g >= Some(first)).then_some(())
     })
     .await;
+    // An A119 client gets the backends by the addresses they registered from any
+    // instance, not only the one running the job's Assigner.
+    for instance in &instances {
+        let names = until(WAIT, "the instance to name the backends by their addresses", async || {
+            let names = a119_endpoints(&instance.address, JOB).await.unwrap();
+            (names == registered).then_some(names)
+        })
+        .await;
+        assert_eq!(names.len(), BACKENDS as usize, "{}", instance.name);
+    }
 
     let load = Arc::new(Load::default());
     load.running.store(true, Ordering::Relaxed);

@@ -212,14 +212,30 @@ async fn a_generation_is_encoded_once_for_every_stream_and_names_are_read_then()
         assert_eq!(endpoints, ["0", "1"], "no names set: task indices");
         clients.push(client);
     }
-    // A name set now reaches clients with the next generation.
+    // A name set now reaches the clients connected with the next generation (each
+    // generation goes to a client once), and a client that connects now at once: the
+    // generation is encoded anew for it, once, whoever else comes.
+    names.set("users", vec![(1, "10.0.0.2:80".to_owned())]);
+    for i in 5..7 {
+        let mut late = Client::watch(addr, "users", &format!("c{i}"), 0).await;
+        late.config().await;
+        let (outcome, _) = late.assignment().await;
+        let assignment = outcome.assignment.unwrap();
+        assert_eq!(
+            (assignment.generation, assignment.endpoints),
+            (1, vec!["0".to_owned(), "10.0.0.2:80".to_owned()])
+        );
+        clients.push(late);
+    }
+    assert_eq!(autosharding.encodings(), 2, "generation 1 encoded once per set of names");
+    // The same names set again change nothing.
     names.set("users", vec![(1, "10.0.0.2:80".to_owned())]);
     distributor.publish("users", Assignment::single(2, vec![0, 1]).unwrap());
     for client in &mut clients {
         let (outcome, _) = client.assignment().await;
         assert_eq!(outcome.assignment.unwrap().endpoints, ["0", "10.0.0.2:80"]);
     }
-    assert_eq!(autosharding.encodings(), 2, "each generation encoded once for five streams");
+    assert_eq!(autosharding.encodings(), 3, "generation 2 encoded once for seven streams");
     drop(clients);
     eventually("the encoded generation dropped with the job's last stream", || {
         autosharding.encoded_jobs() == 0

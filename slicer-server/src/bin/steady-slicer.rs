@@ -91,8 +91,8 @@
 //!
 //! Serves `AssignmentDistributor.Watch` on `--listen`, and beside it gRPC's autosharding
 //! protocol (gRFC A119, `AutoshardingService.WatchShardingAssignment`: the `target` is the
-//! job's name; tasks are named by the addresses they registered on the instance that runs
-//! the job's Assigner, by their index elsewhere, for `--tasks` and for `--dns`), campaigns to be the job's one
+//! job's name; tasks are named by the addresses they registered, on every instance, and
+//! by their index for `--tasks` and for `--dns`), campaigns to be the job's one
 //! Assigner in the store, and while it leads runs the chosen algorithm every cadence (and
 //! at once when the task set changes), writing each new generation to the store and to
 //! its Distributor. It also serves `LoadCollector.Report`, where Slicelets send their load.

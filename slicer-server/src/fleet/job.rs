@@ -1,6 +1,6 @@
 //! One job as an instance serves it: its assignment followed from the store (into the
-//! Distributor, and into the load book while no Assigner leads it here), and its
-//! Assigner, while the spread gives it this instance.
+//! Distributor, and into the load book while no Assigner leads it here), its tasks'
+//! names for A119 clients, and its Assigner, while the spread gives it this instance.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -37,7 +37,7 @@ pub(super) struct Shared {
     /// Jobs whose tasks the program gives ([`super::Fleet::tasks_from`]).
     pub(super) given_tasks: Arc<std::collections::BTreeMap<String, watch::Receiver<Tasks>>>,
     pub(super) tune: Option<Tune>,
-    /// Where the jobs led here name their tasks for A119 clients (`Fleet::endpoint_names`).
+    /// Where the jobs name their tasks for A119 clients (`Fleet::endpoint_names`).
     pub(super) endpoint_names: Option<EndpointNames>,
     /// Wakes the control task when what its status shows of a job changed outside it (an
     /// Assigner here started or stopped, its task set answered), so that the pages show
@@ -57,6 +57,9 @@ pub(super) struct Job {
     /// The Assigner handed over last, while it resigns: the next one here starts after
     /// it (on a session lease a campaign would find the old term's key its own).
     resigning: Option<JoinHandle<()>>,
+    /// What keeps its tasks' names for A119 clients, when the program wants them and its
+    /// source has addresses.
+    naming: Option<sources::Naming>,
 }
 
 /// The task that runs the job's Assigner here, and how to steer it.
@@ -76,7 +79,13 @@ impl Job {
     pub(super) fn follow(config: JobConfig, shared: &Shared, resigning: Option<JoinHandle<()>>) -> Self {
         let (stats, leading_here) = watch::channel(None);
         let follower = tokio::spawn(follow_store(config.job.clone(), shared.clone(), leading_here));
-        Self { config: Arc::new(config), follower, assigner: None, stats, resigning }
+        let naming = Self::naming(&config, shared);
+        Self { config: Arc::new(config), follower, assigner: None, stats, resigning, naming }
+    }
+
+    fn naming(config: &JobConfig, shared: &Shared) -> Option<sources::Naming> {
+        let names = shared.endpoint_names.as_ref()?;
+        sources::name_tasks(&config.job, &config.tasks, &shared.registries, names)
     }
 
     /// Whether its Assigner runs here.
@@ -133,10 +142,16 @@ impl Job {
 
     /// Takes a new spec: the drained set alone reaches a running Assigner live; any
     /// other change hands it over (returns whether it did: the control task starts it
-    /// again on the new spec if the job is still this instance's).
-    pub(super) fn reconfigure(&mut self, config: JobConfig) -> bool {
+    /// again on the new spec if the job is still this instance's). A new task source is
+    /// named anew.
+    pub(super) fn reconfigure(&mut self, config: JobConfig, shared: &Shared) -> bool {
         let only_drains =
             JobConfig { drained: self.config.drained.clone(), ..config.clone() } == *self.config;
+        if config.tasks != self.config.tasks {
+            // The old names go first (dropped), then the new source names the tasks.
+            self.naming = None;
+            self.naming = Self::naming(&config, shared);
+        }
         self.config = Arc::new(config);
         if only_drains {
             if let Some(assigner) = &self.assigner {
@@ -277,7 +292,8 @@ impl RunAssigner {
                     continue;
                 }
             };
-            self.shown(|run| run.stats.send_replace(Some(handle.shared_stats())));
+            let mine = handle.shared_stats();
+            self.shown(|run| run.stats.send_replace(Some(mine.clone())));
             let started_at = tokio::time::Instant::now();
             let ended = async {
                 while handle.is_running() {
@@ -293,12 +309,12 @@ impl RunAssigner {
                             self.release_late_win(job).await;
                         }
                     }
-                    self.shown(|run| run.stats.send_replace(None));
+                    self.clear_stats(&mine);
                     return;
                 }
                 () = ended => {
                     self.shared.events.say(format!("job {job}: its Assigner stopped by itself; starting it again"));
-                    self.shown(|run| run.stats.send_replace(None));
+                    self.clear_stats(&mine);
                     // Backoff for an Assigner that keeps stopping; afresh after one that
                     // ran a while.
                     if started_at.elapsed() > MAX_RESTART {
@@ -344,16 +360,27 @@ impl RunAssigner {
             self.shared.book.clone(),
         )
         .config(tuned)?;
-        let mut followed = match self.shared.given_tasks.get(&config.job) {
+        let followed = match self.shared.given_tasks.get(&config.job) {
             Some(given) => sources::Followed::given(given.clone()),
             None => sources::follow(&config.job, &config.tasks, &self.shared.registries).await?,
         };
-        if let Some(names) = &self.shared.endpoint_names {
-            followed.name_tasks(&config.job, names);
-        }
         let tasks = sources::with_drained(followed.tasks.clone(), self.drained.clone(), self.run_now.clone());
         self.shown(|run| run.tasks.send_replace(Some(tasks.clone())));
         Ok((service.spawn(tasks), followed))
+    }
+
+    /// Takes this Assigner's stats (`mine`) off the job, unless a later Assigner of the
+    /// job here has put its own (one that stopped waiting for this one to resign).
+    fn clear_stats(&self, mine: &Arc<AssignerStats>) {
+        self.shown(|run| {
+            run.stats.send_if_modified(|stats| {
+                let ours = stats.as_ref().is_some_and(|s| Arc::ptr_eq(s, mine));
+                if ours {
+                    *stats = None;
+                }
+                ours
+            })
+        });
     }
 
     /// Changes what the instance's status shows of this Assigner with `change`, and

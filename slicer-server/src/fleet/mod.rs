@@ -33,7 +33,9 @@
 //! At most [`steady_slicer::specs::MAX_JOBS`] jobs (the spec store's bound) and
 //! [`steady_slicer::fleet::MAX_INSTANCES`] instances. Per job an instance keeps a watch
 //! of the store, the Distributor's current assignment, the book's last 4 generations and
-//! a report per task; per job it leads, an Assigner service and its task source (its
+//! a report per task, and (with [`Fleet::endpoint_names`], for a job whose tasks are in a
+//! registry) a watch of its registry and a name per task; per job it leads, an Assigner
+//! service and its task source (its
 //! leader key sits on the store's session lease, when the store has one:
 //! `EtcdConfig::session_lease`). A thousand jobs' registries on one cluster share one connection.
 //!
@@ -73,7 +75,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use steady_assigner::Tasks;
-use steady_slicer::assigner_service::AssignerConfig;
+use steady_slicer::assigner_service::{AssignerConfig, AssignerStats};
 use steady_slicer::autosharding::EndpointNames;
 use steady_slicer::fleet::{Instance, RunRequests};
 use steady_slicer::load::LoadBook;
@@ -218,12 +220,12 @@ impl Fleet {
         self
     }
 
-    /// Names the tasks of each job whose Assigner runs here in `names` (what the A119
-    /// server, `steady_slicer::autosharding::Autosharding`, sends clients), by the
-    /// addresses its registry gives (a count's and a DNS name's tasks are named by their
-    /// index: the spec's DNS name has no port), for as long as the Assigner runs here.
-    /// On the other instances the job's tasks are named by their index: a client maps
-    /// either name back to a task by its own view of the job.
+    /// Names the tasks of each job in `names` (what the A119 server,
+    /// `steady_slicer::autosharding::Autosharding`, sends clients), by the addresses its
+    /// registry gives, on this instance whether or not the job's Assigner runs here (each
+    /// instance follows the registry of each job it serves for it; a count's and a DNS
+    /// name's tasks are named by their index: the spec's DNS name has no port), for as
+    /// long as the job is served here.
     pub fn endpoint_names(mut self, names: EndpointNames) -> Self {
         self.endpoint_names = Some(names);
         self
@@ -296,7 +298,6 @@ impl Fleet {
             },
             listed: false,
             spread: None,
-            shown: Vec::new(),
             retired: Default::default(),
             resigning: BTreeMap::new(),
         };
@@ -305,28 +306,41 @@ impl Fleet {
         let mut health = tokio::time::interval(HEALTH_EVERY);
         health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let halt = loop {
-            tokio::select! {
+            // Whether the jobs or instances may have changed (a job's Assigner changing
+            // what the status shows of it changes neither: the spread is not made again).
+            let spread_anew = tokio::select! {
                 biased;
                 halt = halted(&mut stopped) => break halt,
-                item = specs.next() => match item {
-                    Some(Ok(change)) => control.apply(change),
-                    Some(Err(refused)) => self.events.say(format!("{refused}; its last good spec stays")),
-                    None => {
-                        // A spec watch never ends; were it to, follow the specs anew.
-                        self.events.say("the spec watch ended; watching again");
-                        specs = self.specs.watch();
+                item = specs.next() => {
+                    match item {
+                        Some(Ok(change)) => control.apply(change),
+                        Some(Err(refused)) => self.events.say(format!("{refused}; its last good spec stays")),
+                        None => {
+                            // A spec watch never ends; were it to, follow the specs anew.
+                            self.events.say("the spec watch ended; watching again");
+                            specs = self.specs.watch();
+                        }
                     }
-                },
-                members = next_members(&mut self.members) => control.instances = members,
-                asked = next_requests(&mut self.run_requests) => control.run(&asked),
-                () = changed.notified() => {}
-                _ = health.tick() => control.restart_ended(),
+                    true
+                }
+                members = next_members(&mut self.members) => {
+                    control.instances = members;
+                    true
+                }
+                asked = next_requests(&mut self.run_requests) => {
+                    control.run(&asked);
+                    false
+                }
+                () = changed.notified() => false,
+                _ = health.tick() => {
+                    control.restart_ended();
+                    true
+                }
+            };
+            if spread_anew {
+                control.reconcile();
             }
-            control.reconcile();
-            let (shown, changed) = control.show(&status);
-            if changed {
-                control.shown = shown;
-            }
+            control.show(&status);
         };
         // Every Assigner here resigns, so that the jobs' next owners lead at once (or, as
         // a crash, leaves its term to lapse).
@@ -385,8 +399,6 @@ struct Control {
     /// partial set would hand jobs around).
     listed: bool,
     spread: Option<Spread>,
-    /// What the status last showed of each job: (runs here, stats known, tasks known).
-    shown: Vec<(bool, bool, bool)>,
     /// Removed jobs the Distributor keeps for their watchers (at most one per watcher).
     retired: std::collections::BTreeSet<String>,
     /// The Assigners of removed jobs still resigning, by job (at most one per job
@@ -419,7 +431,7 @@ impl Control {
             Some(job) if *job.config == config => {}
             Some(job) => {
                 let name = config.job.clone();
-                if job.reconfigure(config) {
+                if job.reconfigure(config, &self.shared) {
                     self.shared.events.say(format!("job {name}: spec changed; its Assigner here restarts"));
                 }
             }
@@ -496,20 +508,21 @@ impl Control {
         self.spread = Some(spread);
     }
 
-    /// Sends the status if anything it shows changed; returns what it showed.
-    fn show(&self, status: &watch::Sender<Arc<FleetStatus>>) -> (Vec<(bool, bool, bool)>, bool) {
-        let shown: Vec<(bool, bool, bool)> =
-            self.jobs.values().map(|j| (j.runs_here(), j.stats().is_some(), j.tasks().is_some())).collect();
+    /// Sends the status if anything it shows changed.
+    fn show(&self, status: &watch::Sender<Arc<FleetStatus>>) {
         let instances = self.instances.clone().unwrap_or_default();
         let current = status.borrow().clone();
-        let same = shown == self.shown
-            && current.instances == instances
+        let same = current.instances == instances
             && current.jobs.len() == self.jobs.len()
             && current.jobs.iter().zip(&self.jobs).all(|((a, s), (b, j))| {
-                a == b && Arc::ptr_eq(&s.config, &j.config) && s.owner.as_deref() == self.owner(b)
+                a == b
+                    && Arc::ptr_eq(&s.config, &j.config)
+                    && s.owner.as_deref() == self.owner(b)
+                    && same_stats(s.assigner.as_ref(), j.stats().as_ref())
+                    && same_tasks(s.tasks.as_ref(), j.tasks().as_ref())
             });
         if same {
-            return (shown, false);
+            return;
         }
         let jobs = self
             .jobs
@@ -525,11 +538,28 @@ impl Control {
             })
             .collect();
         status.send_replace(Arc::new(FleetStatus { instances, jobs }));
-        (shown, true)
     }
 
     fn owner(&self, job: &str) -> Option<&str> {
         self.spread.as_ref().and_then(|s| s.owner(job))
+    }
+}
+
+/// Whether a status shows these very Assigner stats (the same service, or none).
+fn same_stats(shown: Option<&Arc<AssignerStats>>, now: Option<&Arc<AssignerStats>>) -> bool {
+    match (shown, now) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        (None, None) => true,
+        _ => false,
+    }
+}
+
+/// Whether a status shows this very task set (the same Assigner's, or none).
+fn same_tasks(shown: Option<&watch::Receiver<Tasks>>, now: Option<&watch::Receiver<Tasks>>) -> bool {
+    match (shown, now) {
+        (Some(a), Some(b)) => a.same_channel(b),
+        (None, None) => true,
+        _ => false,
     }
 }
 

@@ -1,5 +1,6 @@
 //! Where a job's tasks come from, followed: a spec's [`TaskSource`] as the task set its
-//! Assigner runs on, with the spec's drained tasks draining.
+//! Assigner runs on, with the spec's drained tasks draining; and as the names A119
+//! clients get for its tasks ([`name_tasks`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -55,43 +56,67 @@ impl Registries {
 pub(super) struct Followed {
     pub(super) tasks: watch::Receiver<Tasks>,
     _discovery: Option<Discovery>,
-    /// The tasks' addresses, from a source that has them (a registry).
-    addresses: Option<watch::Receiver<JobView<String>>>,
     _fixed: Option<watch::Sender<Tasks>>,
-    /// The task that names the job's tasks by their addresses, while it is followed.
-    _naming: Option<Naming>,
 }
 
 impl Followed {
     /// A task set the program keeps itself.
     pub(super) fn given(tasks: watch::Receiver<Tasks>) -> Self {
-        Self { tasks, _discovery: None, addresses: None, _fixed: None, _naming: None }
-    }
-
-    /// Names the job's tasks in `names` by the addresses its source gives, for as long as
-    /// it is followed (then they are named by their index again). A source without
-    /// addresses leaves them named by their index: a count, and a DNS name (the spec
-    /// names no port, so its answers are not the tasks' endpoints; clients following the
-    /// same name number the tasks alike).
-    pub(super) fn name_tasks(&mut self, job: &str, names: &EndpointNames) {
-        let Some(mut views) = self.addresses.clone() else { return };
-        let (job, names) = (job.to_owned(), names.clone());
-        // Named at once, before the Assigner's first generation can be encoded.
-        names.set(&job, addresses(&views.borrow_and_update()));
-        let task = tokio::spawn({
-            let (job, names) = (job.clone(), names.clone());
-            async move {
-                while views.changed().await.is_ok() {
-                    names.set(&job, addresses(&views.borrow_and_update()));
-                }
-            }
-        });
-        self._naming = Some(Naming { job, names, task });
+        Self { tasks, _discovery: None, _fixed: None }
     }
 }
 
-/// The task that keeps a job's endpoint names; the names go with it.
-struct Naming {
+/// Names `job`'s tasks in `names` by the addresses its registry gives, for as long as the
+/// returned [`Naming`] lives (then they are named by their index again): on every
+/// instance that serves the job, so that an A119 client gets addresses whichever
+/// instance it follows. A source without addresses leaves them named by their index
+/// (`None`): a count, and a DNS name (the spec names no port, so its answers are not the
+/// tasks' endpoints; clients following the same name number the tasks alike).
+///
+/// The registry is followed on its own watch (on the connection every job of those
+/// endpoints shares), made again with backoff while it cannot be; until it answers, the
+/// tasks are named by their index.
+pub(super) fn name_tasks(
+    job: &str,
+    source: &TaskSource,
+    registries: &Registries,
+    names: &EndpointNames,
+) -> Option<Naming> {
+    let TaskSource::Registry { endpoints } = source else { return None };
+    let (job, names) = (job.to_owned(), names.clone());
+    let task = tokio::spawn({
+        let (job, names, endpoints, registries) =
+            (job.clone(), names.clone(), endpoints.clone(), registries.clone());
+        async move {
+            let mut failures = 0u32;
+            loop {
+                if failures > 0 {
+                    tokio::time::sleep(steady_etcd::watch_backoff(failures)).await;
+                }
+                let discovery = match registries.connect(&endpoints).await {
+                    Ok(registry) => registry::watch_job(&registry, &job).await.map_err(Failure::from),
+                    Err(error) => Err(error),
+                };
+                let Ok(discovery) = discovery else {
+                    failures = failures.saturating_add(1);
+                    continue;
+                };
+                let mut views = discovery.views();
+                names.set(&job, addresses(&views.borrow_and_update()));
+                while views.changed().await.is_ok() {
+                    names.set(&job, addresses(&views.borrow_and_update()));
+                }
+                // The discovery's view ended (it does not while it is held): follow anew,
+                // after the first backoff.
+                failures = 1;
+            }
+        }
+    });
+    Some(Naming { job, names, task })
+}
+
+/// The task that keeps a job's endpoint names ([`name_tasks`]); the names go with it.
+pub(super) struct Naming {
     job: String,
     names: EndpointNames,
     task: JoinHandle<()>,
@@ -126,13 +151,7 @@ pub(super) async fn follow(
     let discovery = match source {
         TaskSource::Count(n) => {
             let (fixed, tasks) = watch::channel(Tasks::serving(0..*n)?);
-            return Ok(Followed {
-                tasks,
-                _discovery: None,
-                addresses: None,
-                _fixed: Some(fixed),
-                _naming: None,
-            });
+            return Ok(Followed { tasks, _discovery: None, _fixed: Some(fixed) });
         }
         // The port is a placeholder: the Assigner needs the indices only.
         TaskSource::Dns(name) => dns::discover(dns::DnsConfig::new(name.clone(), 1))
@@ -143,9 +162,8 @@ pub(super) async fn follow(
             registry::watch_job(&registry, job).await.map_err(|e| format!("tasks.registry: {e}"))?
         }
     };
-    let addresses = matches!(source, TaskSource::Registry { .. }).then(|| discovery.views());
     let tasks = follow_job(discovery.views());
-    Ok(Followed { tasks, _discovery: Some(discovery), addresses, _fixed: None, _naming: None })
+    Ok(Followed { tasks, _discovery: Some(discovery), _fixed: None })
 }
 
 /// `source`'s task set with every task in `drained` draining, kept current by a task

@@ -35,7 +35,10 @@ async fn until_shown(fleet: &super::FleetHandle, job: &str) -> std::time::Durati
 
 /// An Assigner that starts here is on the status (and so on the pages) as soon as it
 /// runs: a page read between its start and the next health check once showed the job as
-/// not run here at all, while it led and published.
+/// not run here at all, while it led and published. On this current-thread runtime the
+/// control task's first passes (the specs listed, then the health check's first tick,
+/// which is due at once) run before the Assigner's task does; without a wake from it, the
+/// status would show it at the next tick, a second later.
 #[tokio::test(start_paused = true)]
 async fn an_assigner_started_here_is_shown_before_the_next_health_check() {
     let fleet = solo(vec![JobConfig::new("users", TaskSource::Count(3))]);

@@ -1,5 +1,5 @@
 //! Each watched job's current generation as A119 responses, encoded once for every
-//! stream that sends it.
+//! stream that sends it (and again only if the job's endpoint names change).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,13 +8,15 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use steady_proto::autosharding::chunks::encoded_responses;
 
-use super::names::EndpointNames;
+use super::names::{EndpointNames, JobNames};
 use crate::distributor::Subscription;
 
 /// One generation's responses: its chunks, then its metadata, each message encoded.
 #[derive(Debug, Clone)]
 struct Encoded {
     generation: u64,
+    /// The names it was encoded with.
+    names: JobNames,
     responses: Arc<[Bytes]>,
 }
 
@@ -46,10 +48,16 @@ struct Held {
 }
 
 impl Held {
-    /// The generation held, if it is `generation` or newer.
-    fn at_least(&self, generation: u64) -> Option<Encoded> {
+    /// The generation held, if it is newer than `generation`, or `generation` itself
+    /// encoded with `names`.
+    fn at_least(&self, generation: u64, names: &JobNames) -> Option<Encoded> {
         let current = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        current.as_ref().filter(|held| held.generation >= generation).cloned()
+        current
+            .as_ref()
+            .filter(|held| {
+                held.generation > generation || (held.generation == generation && held.names.same(names))
+            })
+            .cloned()
     }
 }
 
@@ -89,7 +97,7 @@ pub(crate) struct Slot {
 impl Slot {
     /// The responses of the job's newest assignment in `subscription` (marked seen),
     /// encoded with the job's `names` as they are now unless the entry holds that
-    /// generation already; `None` while nothing is published.
+    /// generation encoded with those names already; `None` while nothing is published.
     pub(crate) async fn newest(
         &self,
         subscription: &mut Subscription,
@@ -99,27 +107,27 @@ impl Slot {
         // Locked before the assignment is read: streams that saw the same new generation
         // wait here for the first one's encoding, then find it held.
         let newest = subscription.updates().borrow_and_update().as_ref()?.assignment.generation();
-        if let Some(held) = self.held.at_least(newest) {
+        if let Some(held) = self.held.at_least(newest, &names.of(&self.job)) {
             return Some((held.generation, held.responses));
         }
         // Encoded by the first stream here; the others wait for it, then find it held.
         let _encoding = self.held.encoding.lock().await;
         // The assignment is cloned out of the Distributor's channel to be encoded: the
         // channel's lock (which the Distributor's publish waits for) is not held for it.
+        let names = names.of(&self.job);
         let assignment = {
             let published = subscription.updates().borrow_and_update();
             let assignment = &published.as_ref()?.assignment;
-            if let Some(held) = self.held.at_least(assignment.generation()) {
+            if let Some(held) = self.held.at_least(assignment.generation(), &names) {
                 return Some((held.generation, held.responses));
             }
             assignment.clone()
         };
-        let names = names.of(&self.job);
         let responses: Arc<[Bytes]> =
             encoded_responses(&assignment, |task| names.name(task), max_chunk_bytes).into();
         let generation = assignment.generation();
         self.generations.encodings.fetch_add(1, Ordering::Relaxed);
-        let encoded = Encoded { generation, responses: responses.clone() };
+        let encoded = Encoded { generation, names, responses: responses.clone() };
         *self.held.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(encoded);
         Some((generation, responses))
     }

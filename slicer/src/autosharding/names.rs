@@ -17,12 +17,14 @@ pub const MAX_ENDPOINT_NAME_BYTES: usize = 256;
 ///
 /// # When a change reaches clients
 ///
-/// Names are read when a generation is encoded (once per job and generation, for every
-/// client): a name changed later reaches clients with the job's next generation. A task
-/// that comes back at another address under the same index, with the task set otherwise
-/// unchanged, gives the Assigner nothing to publish, so A119 clients keep its old address
-/// until the job's next generation (steady's own channel routes by index and is not
-/// affected). Registering tasks under stable names avoids it.
+/// Names are read when a generation is encoded (once per job, generation and set of
+/// names, for every client): a client that connects after a change gets the generation
+/// encoded anew with the new names, and a client already connected gets them with the
+/// job's next generation (A119 sends each generation once). So a task that comes back at
+/// another address under the same index, with the task set otherwise unchanged (which
+/// gives the Assigner nothing to publish), keeps its old address for the clients
+/// connected before, until the job's next generation (steady's own channel routes by
+/// index and is not affected). Registering tasks under stable names avoids it.
 ///
 /// [`Autosharding`]: super::Autosharding
 #[derive(Debug, Clone, Default)]
@@ -42,6 +44,16 @@ impl JobNames {
     pub(crate) fn name(&self, task: u32) -> String {
         self.0.as_ref().and_then(|names| names.get(&task)).cloned().unwrap_or_else(|| task.to_string())
     }
+
+    /// Whether `other` is this very snapshot: read while no [`EndpointNames::set`] that
+    /// changed a name came between (both unset counts as the same).
+    pub(crate) fn same(&self, other: &Self) -> bool {
+        match (&self.0, &other.0) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        }
+    }
 }
 
 impl EndpointNames {
@@ -52,13 +64,18 @@ impl EndpointNames {
 
     /// Names `job`'s tasks from now on as `names` says (task index, name), replacing what
     /// was set before; a task not listed is named by its index, as is one whose name is
-    /// empty or longer than [`MAX_ENDPOINT_NAME_BYTES`].
+    /// empty or longer than [`MAX_ENDPOINT_NAME_BYTES`]. Names equal to those set already
+    /// change nothing (no generation is encoded anew for them).
     pub fn set(&self, job: &str, names: impl IntoIterator<Item = (u32, String)>) {
         let names: HashMap<u32, String> = names
             .into_iter()
             .filter(|(_, name)| !name.is_empty() && name.len() <= MAX_ENDPOINT_NAME_BYTES)
             .collect();
-        self.write().insert(job.to_owned(), Arc::new(names));
+        let mut by_job = self.write();
+        if by_job.get(job).is_some_and(|held| **held == names) {
+            return;
+        }
+        by_job.insert(job.to_owned(), Arc::new(names));
     }
 
     /// Forgets `job`'s names: its tasks are named by their index again.
@@ -116,5 +133,21 @@ mod tests {
         assert_eq!((before.name(0), names.name("users", 0)), ("a:1".to_owned(), "b:1".to_owned()));
         names.remove("users");
         assert_eq!((names.name("users", 0), names.jobs()), ("0".to_owned(), 0));
+    }
+
+    #[test]
+    fn a_snapshot_is_the_same_until_a_name_changes() {
+        let names = EndpointNames::new();
+        let unset = names.of("users");
+        assert!(unset.same(&names.of("users")), "both unset");
+        names.set("users", vec![(0, "a:1".to_owned())]);
+        let set = names.of("users");
+        assert!(!set.same(&unset));
+        names.set("users", vec![(0, "a:1".to_owned())]);
+        assert!(set.same(&names.of("users")), "the same names set again change nothing");
+        names.set("users", vec![(0, "a:1".to_owned()), (1, "b:1".to_owned())]);
+        assert!(!set.same(&names.of("users")));
+        names.remove("users");
+        assert!(unset.same(&names.of("users")));
     }
 }
