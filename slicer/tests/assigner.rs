@@ -330,9 +330,20 @@ async fn a_stopped_assigner_resigns_and_its_standby_leads_at_once() {
     let leader = job.spawn("a", config());
     job.until("the first generation", |_| true).await;
     let standby = job.spawn("b", config());
+    // `ended` completes when the service's task ends, not before: a supervisor awaits it.
+    let (leader_ended, standby_ended) = (leader.ended(), standby.ended());
+    let mut leader_ended = std::pin::pin!(leader_ended);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), &mut leader_ended).await.is_err(),
+        "ended while it ran"
+    );
     leader.stop().await;
+    tokio::time::timeout(Duration::from_secs(5), leader_ended).await.expect("ended once stopped");
     eventually_within(Duration::from_secs(5), "the standby to lead", || standby.stats().terms() > 0).await;
     assert!(standby.is_running());
+    // Dropping a handle aborts its task: that ends it too.
+    drop(standby);
+    tokio::time::timeout(Duration::from_secs(5), standby_ended).await.expect("ended once aborted");
 }
 
 #[tokio::test]

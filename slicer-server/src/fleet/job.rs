@@ -295,11 +295,7 @@ impl RunAssigner {
             let mine = handle.shared_stats();
             self.shown(|run| run.stats.send_replace(Some(mine.clone())));
             let started_at = tokio::time::Instant::now();
-            let ended = async {
-                while handle.is_running() {
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                }
-            };
+            let ended = handle.ended();
             tokio::select! {
                 halt = halted(&mut stopped) => {
                     match halt {

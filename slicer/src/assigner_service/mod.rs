@@ -117,6 +117,9 @@ pub struct AssignerHandle {
     stats: Arc<AssignerStats>,
     signal: watch::Sender<Signal>,
     task: JoinHandle<()>,
+    /// Closed when the service's task ends, however it ends (its sender lives in the
+    /// task's future): what [`AssignerHandle::ended`] waits for.
+    alive: watch::Receiver<()>,
 }
 
 impl AssignerHandle {
@@ -134,6 +137,15 @@ impl AssignerHandle {
     /// Whether the service's task is still running (it ends only when stopped).
     pub fn is_running(&self) -> bool {
         !self.task.is_finished()
+    }
+
+    /// A future that completes once the service's task has ended (it ends only when
+    /// stopped, or with its runtime; a panic in it ends it too): what a supervisor awaits
+    /// rather than polling [`AssignerHandle::is_running`]. It does not borrow the handle,
+    /// so it may be awaited across [`AssignerHandle::stop`]; any number may wait.
+    pub fn ended(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut alive = self.alive.clone();
+        async move { while alive.changed().await.is_ok() {} }
     }
 
     /// Stops the service and resigns its term, so that a standby leads at once;
@@ -207,8 +219,14 @@ impl AssignerService {
     pub fn spawn(self, tasks: watch::Receiver<Tasks>) -> AssignerHandle {
         let stats = Arc::new(AssignerStats::default());
         let (signal, signals) = watch::channel(Signal::Run);
-        let task = tokio::spawn(self.run(tasks, stats.clone(), signals));
-        AssignerHandle { stats, signal, task }
+        let (alive_tx, alive) = watch::channel(());
+        let run = self.run(tasks, stats.clone(), signals);
+        let task = tokio::spawn(async move {
+            // Dropped with this future: when it completes, panics or is aborted.
+            let _alive = alive_tx;
+            run.await;
+        });
+        AssignerHandle { stats, signal, task, alive }
     }
 
     async fn run(
