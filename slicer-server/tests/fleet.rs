@@ -226,7 +226,8 @@ fn http_get(address: &str, path: &str) -> String {
     response
 }
 
-/// A run asked for through the fleet's keys reaches the leading instance, which says so.
+/// A run asked for through the fleet's keys reaches the leading instance, which says so;
+/// the request's key lives on a lease of at most a minute, so it goes by itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_request_runs_the_job_on_its_leader() {
     let Some(etcd) = steady_testing::Etcd::start() else { return };
@@ -243,6 +244,13 @@ async fn a_run_request_runs_the_job_on_its_leader() {
         instance.said(|l| l.contains("job users: a run was asked for")).then_some(())
     })
     .await;
+    let mut raw = etcd_client::Client::connect([endpoint.as_str()], None).await.unwrap();
+    let got = raw.get(fleet.run_key("users"), None).await.unwrap();
+    let lease = got.kvs().first().expect("the request's key").lease();
+    assert_ne!(lease, 0, "the run request's key is on a lease");
+    let ttl = raw.lease_time_to_live(lease, None).await.unwrap().ttl();
+    let max = i64::try_from(steady_slicer::fleet::RUN_REQUEST_TTL.as_secs()).unwrap();
+    assert!(ttl > 0 && ttl <= max, "the lease has {ttl} s left, at most {max}");
 }
 
 /// On the memory store a fleet follows a directory of spec files: a file added is a job

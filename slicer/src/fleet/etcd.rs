@@ -14,6 +14,10 @@ use super::{FleetError, Instance, MAX_INSTANCES};
 use crate::specs::{FLEET_SEGMENT, MAX_JOBS};
 use crate::store::EtcdStore;
 
+/// How long a run request's key lives ([`EtcdFleet::request_run`]): far longer than an
+/// instance takes to see it, short enough that the keys of removed jobs go by themselves.
+pub const RUN_REQUEST_TTL: Duration = Duration::from_secs(60);
+
 /// The fleet's keys on the etcd cluster of an [`EtcdStore`], under its key prefix (see
 /// the module documentation for the keys). Cheap to clone; clones share the connection.
 #[derive(Clone)]
@@ -154,7 +158,9 @@ impl EtcdFleet {
     }
 
     /// Asks the fleet for a run of `job` now: its leader runs the job's Assigner at once
-    /// (whether or not anything changed), as on a change of its tasks.
+    /// (whether or not anything changed), as on a change of its tasks. The request's key
+    /// lives [`RUN_REQUEST_TTL`] (on a lease of its own), so the keys of jobs long gone
+    /// do not pile up under the prefix the instances read.
     ///
     /// # Errors
     ///
@@ -162,10 +168,17 @@ impl EtcdFleet {
     pub async fn request_run(&self, job: &str) -> Result<(), FleetError> {
         check("job", job)?;
         let at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let ttl = i64::try_from(RUN_REQUEST_TTL.as_secs()).unwrap_or(i64::MAX);
+        let lease = steady_etcd::bounded(self.timeout, "fleet run request's lease", async {
+            self.client.lease_client().grant(ttl, None).await
+        })
+        .await
+        .map_err(unavailable)?;
+        let on_lease = PutOptions::new().with_lease(lease.id());
         steady_etcd::bounded(
             self.timeout,
             "fleet run request",
-            self.client.kv_client().put(self.run_key(job), at.as_millis().to_string(), None),
+            self.client.kv_client().put(self.run_key(job), at.as_millis().to_string(), Some(on_lease)),
         )
         .await
         .map_err(unavailable)?;

@@ -21,8 +21,9 @@
 //!   its lease, the ASCII record `v1 ADDRESS PAGES`: the address its gRPC services
 //!   (Watch, load reports) are reached at, and its status pages' (`-` for none). At most
 //!   [`MAX_INSTANCES`] are read.
-//! * `P .fleet/runs/J`: the last run requested of job `J`, on no lease: any value; each
-//!   put (a new `mod_revision`) is one request.
+//! * `P .fleet/runs/J`: the last run requested of job `J`, any value, on a lease of its own
+//!   that lapses after [`RUN_REQUEST_TTL`] (the key goes then; a deletion is no request);
+//!   each put (a new `mod_revision`) is one request.
 
 #[cfg(feature = "etcd")]
 mod etcd;
@@ -32,7 +33,7 @@ mod prefix;
 use std::fmt;
 
 #[cfg(feature = "etcd")]
-pub use etcd::{EtcdFleet, Membership, RunRequests};
+pub use etcd::{EtcdFleet, Membership, RunRequests, RUN_REQUEST_TTL};
 
 /// The most instances a fleet's readers take: more are ignored, with a warning.
 pub const MAX_INSTANCES: usize = 1024;
