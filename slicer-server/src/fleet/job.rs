@@ -49,6 +49,9 @@ pub(super) struct Shared {
 pub(super) struct Job {
     pub(super) config: Arc<JobConfig>,
     follower: JoinHandle<()>,
+    /// Set when the job is removed: the follower publishes nothing after that (it is
+    /// aborted too, but an abort lands only at its next await).
+    removed: Removed,
     /// This instance's Assigner of the job, while it runs here.
     assigner: Option<Assigner>,
     /// The stats of the Assigner running here (`None` while none does), which the
@@ -78,9 +81,11 @@ impl Job {
     /// of the job here before it was removed, if it has not finished resigning).
     pub(super) fn follow(config: JobConfig, shared: &Shared, resigning: Option<JoinHandle<()>>) -> Self {
         let (stats, leading_here) = watch::channel(None);
-        let follower = tokio::spawn(follow_store(config.job.clone(), shared.clone(), leading_here));
+        let removed = Removed::default();
+        let follower =
+            tokio::spawn(follow_store(config.job.clone(), shared.clone(), leading_here, removed.clone()));
         let naming = Self::naming(&config, shared);
-        Self { config: Arc::new(config), follower, assigner: None, stats, resigning, naming }
+        Self { config: Arc::new(config), follower, removed, assigner: None, stats, resigning, naming }
     }
 
     fn naming(config: &JobConfig, shared: &Shared) -> Option<sources::Naming> {
@@ -182,6 +187,9 @@ impl Job {
     /// Stops following the job: its Assigner stops as `halt` says (resigns, or crashes;
     /// the handle to await), the follower ends, and the book forgets the job.
     pub(super) fn remove(mut self, shared: &Shared, halt: Halt) -> Option<JoinHandle<()>> {
+        // Once set, no publication of the follower's is under way or to come: the book
+        // and the Distributor forget the job for good.
+        self.removed.set();
         self.follower.abort();
         shared.book.forget(&self.config.job);
         self.halt(halt);
@@ -208,6 +216,7 @@ async fn follow_store(
     job: String,
     shared: Shared,
     leading_here: watch::Receiver<Option<Arc<AssignerStats>>>,
+    removed: Removed,
 ) {
     let mut failures = 0u32;
     loop {
@@ -226,6 +235,7 @@ async fn follow_store(
             // A value that does not decode is the store's to report; the last good stays.
             let Ok(assignment) = item else { continue };
             failures = 0;
+            let Some(_serving) = removed.unless_set() else { return };
             let leading = leading_here.borrow().as_ref().is_some_and(|s| s.is_leading());
             if !leading {
                 let tasks = tasks_named(&assignment);
@@ -234,6 +244,27 @@ async fn follow_store(
             shared.distributor.publish(&job, assignment);
         }
         failures += 1;
+    }
+}
+
+/// Whether a job was removed, set once; the follower publishes while holding
+/// [`Removed::unless_set`]'s guard, and [`Removed::set`] waits for it, so nothing is
+/// published after the set returns.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Removed(Arc<std::sync::Mutex<bool>>);
+
+impl Removed {
+    fn set(&self) {
+        *self.lock() = true;
+    }
+
+    /// A guard to publish under, unless the job was removed.
+    fn unless_set(&self) -> Option<std::sync::MutexGuard<'_, bool>> {
+        Some(self.lock()).filter(|removed| !**removed)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, bool> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -384,5 +415,67 @@ impl RunAssigner {
     fn shown<T>(&self, change: impl FnOnce(&Self) -> T) {
         change(self);
         self.shared.changed.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use steady_slicer::MemoryStore;
+
+    use super::*;
+
+    fn shared(store: Arc<dyn AssignmentStore>) -> Shared {
+        Shared {
+            instance: "solo".into(),
+            store,
+            distributor: Distributor::new(),
+            book: LoadBook::new(),
+            registries: Registries::default(),
+            events: super::super::Events(Arc::new(|_| {})),
+            given_tasks: Arc::default(),
+            tune: None,
+            endpoint_names: None,
+            changed: Arc::new(Notify::new()),
+        }
+    }
+
+    /// Once a job is removed, its follower publishes nothing more, not even a generation
+    /// it has in hand (an abort lands only at the follower's next await: a removal used
+    /// to race a publication, which put the job back in the Distributor and the book).
+    #[tokio::test]
+    async fn a_removed_job_s_follower_publishes_nothing_more() {
+        let store = Arc::new(MemoryStore::new());
+        let shared = shared(store.clone());
+        let (_stats, leading_here) = watch::channel(None);
+        let removed = Removed::default();
+        let follower =
+            tokio::spawn(follow_store("users".into(), shared.clone(), leading_here, removed.clone()));
+        let leader = store.campaign("users", "solo").await.unwrap();
+        let empty = store.read("users").await.unwrap();
+        let first = store.write(&leader, &empty, &Assignment::single(1, vec![0]).unwrap()).await.unwrap();
+        steady_testing::wait::eventually("the first generation in the Distributor", || {
+            shared.distributor.current("users").is_some()
+        })
+        .await;
+        // Removed as `Job::remove` does, but the follower not aborted: only the flag stops it.
+        removed.set();
+        shared.book.forget("users");
+        assert!(shared.distributor.retire("users"));
+        store.write(&leader, &first, &Assignment::single(2, vec![0]).unwrap()).await.unwrap();
+        steady_testing::wait::eventually("the follower to end on the next generation", || {
+            follower.is_finished()
+        })
+        .await;
+        assert!(shared.distributor.current("users").is_none(), "the removed job came back");
+        let probe = steady_proto::autosharding::ranges::RangeRates {
+            ranges: Vec::new(),
+            interval: Duration::from_secs(1),
+        };
+        let kept = shared.book.accept_client("users", "probe", probe);
+        assert_eq!(
+            kept,
+            Err(steady_slicer::load::Dropped::UnknownJob),
+            "the book knows the removed job again"
+        );
     }
 }
