@@ -15,7 +15,7 @@ use steady_proto::autosharding::v1::{
     WatchShardingAssignmentRequest as Request, WatchShardingAssignmentResponse as Response,
 };
 use steady_slice::{Assignment, Slice, SliceKey};
-use steady_slicer::autosharding::{Autosharding, ClientLoadSink, EndpointNames};
+use steady_slicer::autosharding::{quantum_per_task, Autosharding, ClientLoadSink, EndpointNames};
 use steady_slicer::Distributor;
 use steady_testing::loopback::{endpoint, serve, ServerGuard};
 use steady_testing::{eventually, within};
@@ -30,6 +30,8 @@ struct Client {
     tx: mpsc::Sender<Request>,
     responses: Streaming<Response>,
     reassembly: Reassembly,
+    /// The configurations received since the first one, in order.
+    configs: Vec<LoadReportingConfig>,
 }
 
 impl Client {
@@ -39,7 +41,7 @@ impl Client {
         let (tx, rx) = mpsc::channel(64);
         tx.send(first).await.unwrap();
         let responses = client.watch_sharding_assignment(ReceiverStream::new(rx)).await.unwrap().into_inner();
-        Self { tx, responses, reassembly: Reassembly::default() }
+        Self { tx, responses, reassembly: Reassembly::default(), configs: Vec::new() }
     }
 
     /// Opens a stream on `job` as client `uuid`, which has `latest` already.
@@ -69,12 +71,16 @@ impl Client {
         self.next().await.config.expect("the configuration first")
     }
 
-    /// The next assignment: its chunks (how many) reassembled at its metadata.
+    /// The next assignment: its chunks (how many) reassembled at its metadata. A new
+    /// configuration before its first chunk is kept in `configs`.
     async fn assignment(&mut self) -> (Outcome, usize) {
         let mut chunks = 0;
         loop {
             let response = self.next().await;
-            if let Some(chunk) = response.chunk {
+            if let Some(config) = response.config {
+                assert_eq!(chunks, 0, "a configuration within an assignment's chunks");
+                self.configs.push(config);
+            } else if let Some(chunk) = response.chunk {
                 chunks += 1;
                 self.reassembly.chunk(chunk);
             } else {
@@ -194,6 +200,39 @@ async fn the_configuration_comes_first_then_the_assignment_in_chunks_then_each_n
     eventually("both acks counted", || autosharding.acks_accepted() == 2).await;
     assert_eq!(autosharding.encodings(), 2, "one encoding per generation");
     assert_eq!(distributor.watchers("users"), 1, "the stream is one of the Distributor's watchers");
+}
+
+/// The load quantum is per task: a generation whose task count changes it comes after a
+/// new configuration carrying it, on a stream open since before; a generation of the same
+/// count does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generation_that_changes_the_quantum_comes_after_a_configuration_with_it() {
+    let distributor = Distributor::new();
+    let autosharding = Autosharding::new(distributor.clone());
+    distributor.publish("users", Assignment::single(1, vec![0, 1]).unwrap());
+    let (addr, _server) = serving(&autosharding).await;
+    // One slice per task, over `tasks` tasks.
+    let over = |generation: u64, tasks: u64| {
+        let step = u64::MAX / tasks;
+        let slices = (0..tasks).map(|t| Slice::new(SliceKey(t * step), [t as u32])).collect();
+        Assignment::new(generation, slices).unwrap()
+    };
+    let mut client = Client::watch(addr, "users", "c", 0).await;
+    let first = client.config().await;
+    assert_eq!(first.load_quantum_fraction, quantum_per_task(2));
+    client.assignment().await;
+    assert!(client.configs.is_empty());
+    // Ten tasks: a finer quantum, sent before the generation's chunks; the rest as before.
+    distributor.publish("users", over(2, 10));
+    let (outcome, _) = client.assignment().await;
+    assert_eq!(outcome.assignment.unwrap().generation, 2);
+    let finer = LoadReportingConfig { load_quantum_fraction: quantum_per_task(10), ..first };
+    assert_eq!(client.configs, [finer]);
+    // The same ten tasks again: no configuration.
+    distributor.publish("users", over(3, 10));
+    let (outcome, _) = client.assignment().await;
+    assert_eq!(outcome.assignment.unwrap().generation, 3);
+    assert_eq!(client.configs.len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

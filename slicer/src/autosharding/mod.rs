@@ -279,8 +279,9 @@ impl Autosharding {
     /// Asks clients to keep each reported range at most `fraction` of their total load,
     /// for every job (clamped to `[1/1024, 1]`, so that a conforming report stays within
     /// the 4,096 ranges a report may have; not a number: per task). By default the
-    /// quantum is per task: `1 / (16 * tasks)` of the job's assignment when the stream
-    /// starts, within `[1/1024, 1/20]` (0.01 before the job's first assignment). In the
+    /// quantum is per task: `1 / (16 * tasks)` of the job's assignment, within
+    /// `[1/1024, 1/20]` (0.01 before the job's first assignment), sent when the stream
+    /// starts and again before a generation whose task count changes it. In the
     /// sharding simulation a fixed 0.01 balanced 10 tasks to 1.12 but 50 to 1.52; ranges
     /// well under a task's share are what the Assigner needs to place load finely.
     pub fn with_load_quantum(mut self, fraction: f64) -> Self {

@@ -93,6 +93,11 @@ struct Watching {
     latest: i64,
     /// The generation being sent and how many of its messages went out.
     sending: Option<(Arc<[Bytes]>, usize)>,
+    /// The load quantum of the last `LoadReportingConfig` sent.
+    quantum: f64,
+    /// A `LoadReportingConfig` to send before the next generation's chunks: the job's
+    /// task count changed the quantum (per task).
+    config_due: Option<Bytes>,
     unacked: Unacked,
     invalid_in_a_row: u32,
     log: Throttle,
@@ -143,11 +148,14 @@ impl Stream {
                 self.counters().streams_ended_invalid.fetch_add(1, Ordering::Relaxed);
             }
         })?;
-        // The job's task count as it is now sets the quantum when it is per task.
+        // The job's task count as it is now sets the quantum when it is per task (and is
+        // sent again when a generation of another count changes it).
         let mut watching = watching;
         let tasks = watching.subscription.updates().borrow().as_ref().map(|p| p.tasks);
+        watching.quantum = self.service.settings.quantum.fraction(tasks);
+        let config = config_message(&self.service.settings, watching.quantum);
         self.phase = Phase::Watching(Box::new(watching));
-        Ok(self.config_message(tasks))
+        Ok(config)
     }
 
     /// Checks the client's configuration and subscribes to its job.
@@ -179,34 +187,23 @@ impl Stream {
             slot,
             latest: latest_generation,
             sending: None,
+            quantum: 0.0,
+            config_due: None,
             unacked: Unacked::default(),
             invalid_in_a_row: 0,
             log: Throttle::default(),
         })
     }
 
-    /// The `LoadReportingConfig` for a job of `tasks` tasks (`None`: nothing published).
-    fn config_message(&self, tasks: Option<usize>) -> Bytes {
-        let settings = &self.service.settings;
-        let duration = |d: Duration| prost_types::Duration::try_from(d).ok();
-        let response = WatchShardingAssignmentResponse {
-            config: Some(LoadReportingConfig {
-                load_quantum_fraction: settings.quantum.fraction(tasks),
-                max_load_balancing_resolution_bytes: i32::try_from(settings.rules.resolution_bytes)
-                    .unwrap_or(8),
-                load_reporting_interval: duration(settings.interval),
-                load_report_start_threshold: duration(settings.rules.start_threshold),
-            }),
-            ..Default::default()
-        };
-        Bytes::from(response.encode_to_vec())
-    }
-
-    /// The next message of the generation being sent, or of the next newer one, taking
-    /// the client's messages meanwhile.
+    /// The next message of the generation being sent, or of the next newer one (after a
+    /// configuration with its quantum, when that changed), taking the client's messages
+    /// meanwhile.
     async fn watch(&mut self) -> Option<Result<Bytes, Status>> {
         let Phase::Watching(watching) = &mut self.phase else { unreachable!("watching") };
         loop {
+            if let Some(config) = watching.config_due.take() {
+                return Some(Ok(config));
+            }
             if let Some((responses, sent)) = &mut watching.sending {
                 let message = responses[*sent].clone();
                 *sent += 1;
@@ -256,6 +253,12 @@ impl Stream {
                     if let Some((generation, responses)) = newest {
                         let generation = i64::try_from(generation).unwrap_or(i64::MAX);
                         if generation > watching.latest {
+                            let tasks = watching.subscription.updates().borrow().as_ref().map(|p| p.tasks);
+                            let quantum = settings.quantum.fraction(tasks);
+                            if quantum != watching.quantum {
+                                watching.quantum = quantum;
+                                watching.config_due = Some(config_message(settings, quantum));
+                            }
                             watching.latest = generation;
                             watching.unacked.sent(generation);
                             watching.sending = Some((responses, 0));
@@ -269,6 +272,22 @@ impl Stream {
     fn counters(&self) -> &super::Counters {
         &self.service.shared.counters
     }
+}
+
+/// The `LoadReportingConfig` message with load quantum `quantum` and the service's other
+/// settings.
+fn config_message(settings: &super::Settings, quantum: f64) -> Bytes {
+    let duration = |d: Duration| prost_types::Duration::try_from(d).ok();
+    let response = WatchShardingAssignmentResponse {
+        config: Some(LoadReportingConfig {
+            load_quantum_fraction: quantum,
+            max_load_balancing_resolution_bytes: i32::try_from(settings.rules.resolution_bytes).unwrap_or(8),
+            load_reporting_interval: duration(settings.interval),
+            load_report_start_threshold: duration(settings.rules.start_threshold),
+        }),
+        ..Default::default()
+    };
+    Bytes::from(response.encode_to_vec())
 }
 
 /// Takes one client message after the first; the error ends the stream.
