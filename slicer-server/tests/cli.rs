@@ -8,8 +8,8 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tonic::transport::Endpoint;
 
-mod a119_names;
-use a119_names::a119_endpoints;
+mod a119_client;
+use a119_client::a119_endpoints;
 
 const BIN: &str = env!("CARGO_BIN_EXE_steady-slicer");
 

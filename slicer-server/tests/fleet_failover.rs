@@ -40,9 +40,9 @@ use steady_tonic::SteadyChannel;
 use tokio::task::JoinHandle;
 use tonic::transport::{Endpoint, Server};
 
-mod a119_names;
+mod a119_client;
 mod fleet_instances;
-use a119_names::a119_endpoints;
+use a119_client::a119_endpoints;
 use fleet_instances::{until, Running};
 /// The job under load, and the others the spread has to spread.
 const JOB: &str = "users";

@@ -23,6 +23,9 @@ use steady_slicelet::Slicelet;
 use steady_testing::eventually_blocking;
 use tonic::transport::Endpoint;
 
+mod a119_client;
+use a119_client::A119Client;
+
 const BIN: &str = env!("CARGO_BIN_EXE_steady-slicer");
 /// The most any wait may take.
 const WAIT: Duration = Duration::from_secs(30);
@@ -231,6 +234,41 @@ fn metrics_parse_as_prometheus_text_and_carry_the_control_plane_s_instruments() 
     assert_eq!(value(&samples, "steady_fleet_instances", &[]), Some(1.0));
     assert_eq!(value(&samples, "steady_fleet_assigners", &[("steady_state", "leading")]), Some(1.0));
     assert_eq!(value(&samples, "steady_fleet_assigners", &[("steady_state", "campaigning")]), Some(0.0));
+}
+
+/// An assignment an A119 client refuses is on the job's page: the client, the generation
+/// and its words (escaped), for as long as the instance keeps them.
+#[test]
+fn the_job_page_lists_an_assignment_an_a119_client_refused() {
+    let running = start();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let refused = async {
+        loop {
+            // NOT_FOUND until the instance's fleet shows the job it was started with.
+            let mut client = A119Client::open(&running.grpc, "users", "go-client-7").await.unwrap();
+            match client.assignment().await {
+                Ok(assignment) => {
+                    client.ack(assignment.generation, false, "<unknown> endpoint 10.0.0.9:80").await;
+                    return (client, assignment.generation);
+                }
+                Err(status) => assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}"),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let client = runtime.block_on(async { tokio::time::timeout(WAIT, refused).await });
+    let client = client.expect("an assignment over A119");
+    let (_stream, generation) = client;
+    let mut section = String::new();
+    eventually_blocking(WAIT, "the refusal on the job's page", || {
+        let page = get(&format!("{}/jobs/users", running.pages));
+        let Some(after) = page.split("id=\"refusals\"").nth(1) else { return false };
+        section = after.split("</table>").next().unwrap().to_owned();
+        true
+    });
+    assert!(section.contains("<td>go-client-7</td>"), "{section}");
+    assert!(section.contains(&format!("<td>{generation}</td>")), "{section}");
+    assert!(section.contains("&lt;unknown&gt; endpoint 10.0.0.9:80"), "{section}");
 }
 
 /// The overview lists the job, led here, linking to its page; `/jobs/users.json` gives

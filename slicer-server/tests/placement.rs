@@ -84,6 +84,7 @@ async fn metrics_and_the_page_show_a_missed_placement_and_its_repair() {
             distributor: distributor.clone(),
             collector: LoadCollector::new(book),
             fleet,
+            autosharding: None,
         },
         registry,
     );

@@ -55,6 +55,7 @@ fn server() -> (StatusServer, opentelemetry::metrics::ObservableGauge<u64>) {
         distributor: Distributor::new(),
         collector: LoadCollector::new(LoadBook::new()),
         fleet: watch::channel(Arc::default()).1,
+        autosharding: None,
     };
     (StatusServer::new(sources, registry), up)
 }

@@ -45,6 +45,7 @@ pub(crate) struct ControlPlane {
     pub(crate) distributor: Distributor,
     pub(super) book: LoadBook,
     pub(super) collector: LoadCollector,
+    pub(super) autosharding: Autosharding,
     address: SocketAddr,
     /// The shared in-memory store; `None` on etcd.
     store: Option<Arc<dyn AssignmentStore>>,
@@ -83,7 +84,7 @@ impl ControlPlane {
             DemoStore::Etcd if endpoints.is_empty() => return Err("--store etcd needs --endpoints".into()),
             DemoStore::Etcd => None,
         };
-        Ok(Self { distributor, book, collector, address, store, endpoints: endpoints.to_vec() })
+        Ok(Self { distributor, book, collector, autosharding, address, store, endpoints: endpoints.to_vec() })
     }
 
     pub(crate) fn endpoint(&self) -> Endpoint {

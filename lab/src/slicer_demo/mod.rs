@@ -217,6 +217,7 @@ async fn demo(out: &mut impl Write, args: &SlicerArgs) -> LabResult {
         distributor: control.distributor.clone(),
         collector: control.collector.clone(),
         fleet: shown_rx,
+        autosharding: Some(control.autosharding.clone()),
     };
     let _pages = AbortOnDrop(tokio::spawn(async move {
         let _ = steady_slicer_server::status::StatusServer::new(sources, registry).serve(pages).await;

@@ -844,6 +844,7 @@ fn serve_pages(
         distributor: distributor.clone(),
         collector: collector.clone(),
         fleet,
+        autosharding: Some(autosharding.clone()),
     };
     println!("steady-slicer: status page http://{0}/ and metrics http://{0}/metrics", listener.local_addr()?);
     tokio::spawn(async move {

@@ -127,6 +127,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use steady_slicer::autosharding::Autosharding;
 use steady_slicer::fleet::MAX_INSTANCES;
 use steady_slicer::load::LoadCollector;
 use steady_slicer::specs::MAX_JOBS;
@@ -174,6 +175,9 @@ pub struct StatusSources {
     pub collector: LoadCollector,
     /// The fleet as this instance sees it, replaced whole on each change.
     pub fleet: watch::Receiver<Arc<FleetStatus>>,
+    /// The A119 server of every job, when the instance serves one: a job's page lists the
+    /// last assignments its clients refused here.
+    pub autosharding: Option<Autosharding>,
 }
 
 /// The HTTP server of the pages; see the module documentation.
@@ -449,6 +453,7 @@ impl StatusServer {
             reports_accepted: s.collector.book().accepted(),
             reports_refused: s.collector.refused(),
             events: self.events.of(name),
+            refusals: s.autosharding.as_ref().map(|a| a.rejections(name)).unwrap_or_default(),
             refresh: REFRESH,
         })
     }

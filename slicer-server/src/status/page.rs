@@ -16,6 +16,7 @@ use std::time::{Duration, SystemTime};
 
 use steady_assigner::{Assignment, TaskState};
 use steady_slicer::assigner_service::{PlacementState, RunRecord};
+use steady_slicer::autosharding::AckRejection;
 
 use super::html::{clock, esc, STYLE};
 use super::view::{rows, Here, Row};
@@ -53,6 +54,8 @@ pub(crate) struct Snapshot {
     pub(crate) reports_refused: u64,
     /// The job's events, oldest first.
     pub(crate) events: Vec<(SystemTime, String)>,
+    /// The last assignments A119 clients connected here refused, oldest first.
+    pub(crate) refusals: Vec<AckRejection>,
     pub(crate) refresh: Duration,
 }
 
@@ -107,6 +110,9 @@ pub(crate) fn render(s: &Snapshot) -> String {
     }
     html.push_str("<h2>Tasks</h2>");
     tasks(&mut html, &rows);
+    if !s.refusals.is_empty() {
+        refusals(&mut html, &s.refusals);
+    }
     html.push_str("<h2>The last generations</h2>");
     match s.here {
         Here::None => {
@@ -124,6 +130,26 @@ pub(crate) fn render(s: &Snapshot) -> String {
     }
     html.push_str("</ol></body></html>");
     html
+}
+
+/// The assignments A119 clients refused, newest first: when, which client, which
+/// generation, and why as the client said it.
+fn refusals(html: &mut String, refusals: &[AckRejection]) {
+    html.push_str(
+        "<h2>Assignments A119 clients refused</h2><table id=\"refusals\"><tr><th>at</th><th>client</th>\
+         <th>generation</th><th>why</th></tr>",
+    );
+    for r in refusals.iter().rev() {
+        let _ = write!(
+            html,
+            "<tr><td><time>{}</time></td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            clock(r.at),
+            esc(&r.client),
+            r.generation,
+            esc(&r.message),
+        );
+    }
+    html.push_str("</table>");
 }
 
 /// Who runs the job's Assigner, as the summary says it.
@@ -344,6 +370,7 @@ mod tests {
             reports_accepted: 10,
             reports_refused: 1,
             events: vec![(SystemTime::UNIX_EPOCH, "task 1 drains".into())],
+            refusals: Vec::new(),
             refresh: Duration::from_secs(2),
         }
     }
@@ -360,6 +387,27 @@ mod tests {
         assert!(page.contains("users &lt;&amp;&gt;") && !page.contains("users <&>"));
         assert!(page.contains("class=\"draining\""));
         assert!(!page.contains("http://") && !page.contains("https://"), "no external assets");
+    }
+
+    #[test]
+    fn refused_assignments_are_a_section_newest_first_with_the_clients_words_escaped() {
+        let mut s = snapshot(4, 16);
+        assert!(!render(&s).contains("id=\"refusals\""), "no section while no client refused");
+        let refusal = |client: &str, generation, message: &str| AckRejection {
+            client: client.into(),
+            generation,
+            message: message.into(),
+            at: SystemTime::UNIX_EPOCH,
+        };
+        s.refusals =
+            vec![refusal("go-1", 6, "unknown endpoint 10.0.0.9:80"), refusal("<py>", 7, "<b>gap</b>")];
+        let page = render(&s);
+        let section =
+            page.split("id=\"refusals\"").nth(1).expect("the section").split("</table>").next().unwrap();
+        let (newest, oldest) = (section.find("&lt;py&gt;").unwrap(), section.find("go-1").unwrap());
+        assert!(newest < oldest, "newest first: {section}");
+        assert!(section.contains("<td>7</td>") && section.contains("&lt;b&gt;gap&lt;/b&gt;"), "{section}");
+        assert!(!page.contains("<b>gap</b>") && !page.contains("<py>"), "escaped");
     }
 
     #[test]

@@ -77,6 +77,7 @@ fn fixture(jobs: Vec<JobStatus>) -> Fixture {
         distributor: distributor.clone(),
         collector: LoadCollector::new(book.clone()),
         fleet: rx,
+        autosharding: None,
     };
     Fixture { server: StatusServer::new(sources, MetricsRegistry::new()), fleet, distributor, book }
 }
