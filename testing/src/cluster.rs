@@ -169,7 +169,7 @@ impl EtcdCluster {
     /// Kills member `member` at once (SIGKILL), keeping its data and ports: a crash, or a
     /// member cut off from the others and from clients.
     pub fn kill(&mut self, member: usize) {
-        self.members[member].stop();
+        self.members[member].kill();
     }
 
     /// Starts member `member` again on its ports and data after [`EtcdCluster::kill`] and
@@ -189,7 +189,7 @@ impl EtcdCluster {
     /// Kills every member at once (SIGKILL).
     pub fn kill_all(&mut self) {
         for member in &mut self.members {
-            member.stop();
+            member.kill();
         }
     }
 

@@ -318,6 +318,8 @@ impl Etcd {
     /// in `TIME_WAIT` on it, as its client port may have) stays unheld.
     pub fn kill(&mut self) {
         self.stop();
+        // Killed twice: the holds of the first kill go first, or none could be made.
+        self.reserved.clear();
         self.reserved = self.ports().into_iter().filter_map(hold).collect();
     }
 
@@ -334,8 +336,6 @@ impl Etcd {
     /// When it does not come up healthy (for instance, another process took its port).
     pub fn restart(&mut self) {
         self.stop();
-        // Its ports, let go the moment before it binds them again.
-        self.reserved.clear();
         if let Err(failure) = self.launch() {
             panic!("etcd did not restart: {failure}");
         }
@@ -353,6 +353,8 @@ impl Etcd {
 
     /// Spawns the server (a member of [`Etcd::initial_cluster`] when set) without waiting.
     fn spawn(&mut self) -> Result<(), String> {
+        // Its ports, held since a kill, let go the moment before it binds them again.
+        self.reserved.clear();
         std::fs::create_dir_all(&self.dir).map_err(|e| format!("cannot create {:?}: {e}", self.dir))?;
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -524,7 +526,8 @@ fn free_ports() -> [SocketAddr; 3] {
 /// A socket bound to `port` that neither listens nor lets another socket bind it (`None`
 /// when the kernel refuses: the port is in use, if only by a connection in `TIME_WAIT`).
 fn hold(port: SocketAddr) -> Option<socket2::Socket> {
-    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).ok()?;
+    let socket =
+        socket2::Socket::new(socket2::Domain::for_address(port), socket2::Type::STREAM, None).ok()?;
     socket.set_reuse_address(false).ok()?;
     socket.bind(&port.into()).ok()?;
     Some(socket)

@@ -18,6 +18,9 @@ fn a_killed_server_holds_its_ports_for_its_restart_and_refuses_connections() {
     // A single member's peer port has no connection to linger in TIME_WAIT: it is held.
     let taken = TcpListener::bind(peer);
     assert!(taken.is_err(), "another socket bound the killed server's peer port {peer}");
+    // Killed again (a test's cleanup, say): still held.
+    etcd.kill();
+    assert!(TcpListener::bind(peer).is_err(), "a second kill let the peer port {peer} go");
     let refused = TcpStream::connect_timeout(&client, Duration::from_secs(5)).unwrap_err();
     assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused, "{refused}");
     etcd.restart();
