@@ -235,6 +235,30 @@ async fn a_generation_that_changes_the_quantum_comes_after_a_configuration_with_
     assert_eq!(client.configs.len(), 1);
 }
 
+/// A client that connects while the job's names are coming (an instance that just
+/// started serving it asked its registry) gets its first generation with the names, not
+/// with the tasks' indices (which it would keep until the job's next generation).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_connecting_while_the_names_are_coming_gets_them_with_its_first_generation() {
+    let distributor = Distributor::new();
+    let autosharding = Autosharding::new(distributor.clone());
+    let names = autosharding.endpoint_names().clone();
+    names.expect("users");
+    distributor.publish("users", Assignment::single(1, vec![0, 1]).unwrap());
+    let (addr, _server) = serving(&autosharding).await;
+    let mut client = Client::watch(addr, "users", "c", 0).await;
+    client.config().await;
+    // The registry answers a moment later (the client's stream is open meanwhile).
+    let answered = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        names.set("users", vec![(0, "10.0.0.1:80".to_owned()), (1, "10.0.0.2:80".to_owned())]);
+    });
+    let (outcome, _) = client.assignment().await;
+    assert_eq!(outcome.assignment.unwrap().endpoints, ["10.0.0.1:80", "10.0.0.2:80"]);
+    assert_eq!(autosharding.encodings(), 1);
+    answered.await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_generation_is_encoded_once_for_every_stream_and_names_are_read_then() {
     let distributor = Distributor::new();

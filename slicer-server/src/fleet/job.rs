@@ -17,6 +17,7 @@ use steady_slicer::{AssignmentStore, Distributor};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
+use super::gate::Gate;
 use super::sources::{self, Registries};
 use super::{halted, Halt, Tune};
 
@@ -51,7 +52,7 @@ pub(super) struct Job {
     follower: JoinHandle<()>,
     /// Set when the job is removed: the follower publishes nothing after that (it is
     /// aborted too, but an abort lands only at its next await).
-    removed: Removed,
+    removed: Gate,
     /// This instance's Assigner of the job, while it runs here.
     assigner: Option<Assigner>,
     /// The stats of the Assigner running here (`None` while none does), which the
@@ -81,15 +82,20 @@ impl Job {
     /// of the job here before it was removed, if it has not finished resigning).
     pub(super) fn follow(config: JobConfig, shared: &Shared, resigning: Option<JoinHandle<()>>) -> Self {
         let (stats, leading_here) = watch::channel(None);
-        let removed = Removed::default();
+        let removed = Gate::default();
         let follower =
             tokio::spawn(follow_store(config.job.clone(), shared.clone(), leading_here, removed.clone()));
         let naming = Self::naming(&config, shared);
         Self { config: Arc::new(config), follower, removed, assigner: None, stats, resigning, naming }
     }
 
+    /// Its tasks' naming: from its spec's source, unless the program gives its tasks
+    /// ([`super::Fleet::tasks_from`]: then they are named by their index).
     fn naming(config: &JobConfig, shared: &Shared) -> Option<sources::Naming> {
         let names = shared.endpoint_names.as_ref()?;
+        if shared.given_tasks.contains_key(&config.job) {
+            return None;
+        }
         sources::name_tasks(&config.job, &config.tasks, &shared.registries, names)
     }
 
@@ -187,9 +193,10 @@ impl Job {
     /// Stops following the job: its Assigner stops as `halt` says (resigns, or crashes;
     /// the handle to await), the follower ends, and the book forgets the job.
     pub(super) fn remove(mut self, shared: &Shared, halt: Halt) -> Option<JoinHandle<()>> {
-        // Once set, no publication of the follower's is under way or to come: the book
-        // and the Distributor forget the job for good.
-        self.removed.set();
+        // Once set, no publication of the follower's is under way or to come. (Its
+        // Assigner here, stopping, may still publish a run it was writing: the control
+        // task takes that back once the Assigner has stopped.)
+        self.removed.close();
         self.follower.abort();
         shared.book.forget(&self.config.job);
         self.halt(halt);
@@ -216,7 +223,7 @@ async fn follow_store(
     job: String,
     shared: Shared,
     leading_here: watch::Receiver<Option<Arc<AssignerStats>>>,
-    removed: Removed,
+    removed: Gate,
 ) {
     let mut failures = 0u32;
     loop {
@@ -235,7 +242,7 @@ async fn follow_store(
             // A value that does not decode is the store's to report; the last good stays.
             let Ok(assignment) = item else { continue };
             failures = 0;
-            let Some(_serving) = removed.unless_set() else { return };
+            let Some(_open) = removed.enter() else { return };
             let leading = leading_here.borrow().as_ref().is_some_and(|s| s.is_leading());
             if !leading {
                 let tasks = tasks_named(&assignment);
@@ -244,27 +251,6 @@ async fn follow_store(
             shared.distributor.publish(&job, assignment);
         }
         failures += 1;
-    }
-}
-
-/// Whether a job was removed, set once; the follower publishes while holding
-/// [`Removed::unless_set`]'s guard, and [`Removed::set`] waits for it, so nothing is
-/// published after the set returns.
-#[derive(Debug, Clone, Default)]
-pub(super) struct Removed(Arc<std::sync::Mutex<bool>>);
-
-impl Removed {
-    fn set(&self) {
-        *self.lock() = true;
-    }
-
-    /// A guard to publish under, unless the job was removed.
-    fn unless_set(&self) -> Option<std::sync::MutexGuard<'_, bool>> {
-        Some(self.lock()).filter(|removed| !**removed)
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, bool> {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -418,26 +404,29 @@ impl RunAssigner {
     }
 }
 
+/// Parts for the fleet's tests: `store`, a Distributor and a book of their own, nothing
+/// else.
+#[cfg(test)]
+pub(super) fn test_shared(store: Arc<dyn AssignmentStore>) -> Shared {
+    Shared {
+        instance: "solo".into(),
+        store,
+        distributor: Distributor::new(),
+        book: LoadBook::new(),
+        registries: Registries::default(),
+        events: super::Events(Arc::new(|_| {})),
+        given_tasks: Arc::default(),
+        tune: None,
+        endpoint_names: None,
+        changed: Arc::new(Notify::new()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use steady_slicer::MemoryStore;
 
     use super::*;
-
-    fn shared(store: Arc<dyn AssignmentStore>) -> Shared {
-        Shared {
-            instance: "solo".into(),
-            store,
-            distributor: Distributor::new(),
-            book: LoadBook::new(),
-            registries: Registries::default(),
-            events: super::super::Events(Arc::new(|_| {})),
-            given_tasks: Arc::default(),
-            tune: None,
-            endpoint_names: None,
-            changed: Arc::new(Notify::new()),
-        }
-    }
 
     /// Once a job is removed, its follower publishes nothing more, not even a generation
     /// it has in hand (an abort lands only at the follower's next await: a removal used
@@ -445,9 +434,9 @@ mod tests {
     #[tokio::test]
     async fn a_removed_job_s_follower_publishes_nothing_more() {
         let store = Arc::new(MemoryStore::new());
-        let shared = shared(store.clone());
+        let shared = test_shared(store.clone());
         let (_stats, leading_here) = watch::channel(None);
-        let removed = Removed::default();
+        let removed = Gate::default();
         let follower =
             tokio::spawn(follow_store("users".into(), shared.clone(), leading_here, removed.clone()));
         let leader = store.campaign("users", "solo").await.unwrap();
@@ -457,8 +446,8 @@ mod tests {
             shared.distributor.current("users").is_some()
         })
         .await;
-        // Removed as `Job::remove` does, but the follower not aborted: only the flag stops it.
-        removed.set();
+        // Removed as `Job::remove` does, but the follower not aborted: only the gate stops it.
+        removed.close();
         shared.book.forget("users");
         assert!(shared.distributor.retire("users"));
         store.write(&leader, &first, &Assignment::single(2, vec![0]).unwrap()).await.unwrap();

@@ -64,6 +64,7 @@
 //! # }
 //! ```
 
+mod gate;
 mod job;
 mod sources;
 mod status;
@@ -467,11 +468,26 @@ impl Control {
     }
 
     /// Starts again the Assigners whose task ended (none should: they restart
-    /// themselves), and retires the removed jobs whose last watchers have gone.
+    /// themselves), retires the removed jobs whose last watchers have gone, and takes
+    /// back what the Assigner of a removed job published while it stopped.
     fn restart_ended(&mut self) {
         let distributor = &self.shared.distributor;
         self.retired.retain(|job| !distributor.retire(job));
-        self.resigning.retain(|_, task| !task.is_finished());
+        let stopped: Vec<String> = self
+            .resigning
+            .iter()
+            .filter(|(_, task)| task.is_finished())
+            .map(|(job, _)| job.clone())
+            .collect();
+        for job in stopped {
+            self.resigning.remove(&job);
+            // A run that was writing when the job was removed may have published after
+            // the removal: its Assigner has stopped now, so this is for good.
+            self.shared.book.forget(&job);
+            if !distributor.retire(&job) {
+                self.retired.insert(job);
+            }
+        }
         for (name, job) in &mut self.jobs {
             if job.assigner_ended() {
                 self.shared.events.say(format!("job {name}: its Assigner's task ended; starting it again"));

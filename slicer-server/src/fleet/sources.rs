@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use steady_assigner::{TaskState, Tasks};
 use steady_core::JobView;
@@ -15,16 +16,22 @@ use steady_slicer::store::EtcdAccess;
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
+use super::gate::Gate;
+
 type Failure = Box<dyn std::error::Error + Send + Sync>;
 
 /// The registries jobs' tasks are followed in: one connection per set of endpoints,
 /// shared by every job that names it (a thousand jobs on one registry make one
-/// connection, not a thousand).
+/// connection, not a thousand, even when they all start at once: the first to ask
+/// connects, the others wait for it).
 #[derive(Clone, Default)]
 pub(super) struct Registries {
     access: EtcdAccess,
-    connected: Arc<Mutex<BTreeMap<Vec<String>, registry::Registry>>>,
+    connected: Arc<Mutex<BTreeMap<Vec<String>, Connection>>>,
 }
+
+/// One set of endpoints' connection, made once (again after a failure).
+type Connection = Arc<tokio::sync::OnceCell<registry::Registry>>;
 
 impl std::fmt::Debug for Registries {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -39,15 +46,17 @@ impl Registries {
     }
 
     async fn connect(&self, endpoints: &[String]) -> Result<registry::Registry, Failure> {
-        if let Some(registry) = self.lock().get(endpoints) {
-            return Ok(registry.clone());
-        }
-        let config = registry::RegistryConfig::new(endpoints.to_vec()).access(self.access.clone());
-        let registry = registry::Registry::connect(config).await?;
-        Ok(self.lock().entry(endpoints.to_vec()).or_insert(registry).clone())
+        let connection = self.lock().entry(endpoints.to_vec()).or_default().clone();
+        let registry = connection
+            .get_or_try_init(|| {
+                let config = registry::RegistryConfig::new(endpoints.to_vec()).access(self.access.clone());
+                registry::Registry::connect(config)
+            })
+            .await?;
+        Ok(registry.clone())
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<Vec<String>, registry::Registry>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<Vec<String>, Connection>> {
         self.connected.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -74,8 +83,10 @@ impl Followed {
 /// tasks' endpoints; clients following the same name number the tasks alike).
 ///
 /// The registry is followed on its own watch (on the connection every job of those
-/// endpoints shares), made again with backoff while it cannot be; until it answers, the
-/// tasks are named by their index.
+/// endpoints shares), made again with backoff (half a second, doubling to 30 s; the first
+/// failure of a run of them logged) while it cannot be. The names are said to be coming
+/// ([`EndpointNames::expect`]) at once: until the registry answers (or a bounded wait
+/// ends), A119 clients wait for them rather than get the tasks' indices.
 pub(super) fn name_tasks(
     job: &str,
     source: &TaskSource,
@@ -83,28 +94,45 @@ pub(super) fn name_tasks(
     names: &EndpointNames,
 ) -> Option<Naming> {
     let TaskSource::Registry { endpoints } = source else { return None };
-    let (job, names) = (job.to_owned(), names.clone());
+    let (job, names, gate) = (job.to_owned(), names.clone(), Gate::default());
+    names.expect(&job);
     let task = tokio::spawn({
-        let (job, names, endpoints, registries) =
-            (job.clone(), names.clone(), endpoints.clone(), registries.clone());
+        let (job, names, gate, endpoints, registries) =
+            (job.clone(), names.clone(), gate.clone(), endpoints.clone(), registries.clone());
         async move {
             let mut failures = 0u32;
             loop {
                 if failures > 0 {
-                    tokio::time::sleep(steady_etcd::watch_backoff(failures)).await;
+                    let exponent = (failures - 1).min(6);
+                    tokio::time::sleep((NAMING_RETRY * 2u32.pow(exponent)).min(MAX_NAMING_RETRY)).await;
                 }
                 let discovery = match registries.connect(&endpoints).await {
                     Ok(registry) => registry::watch_job(&registry, &job).await.map_err(Failure::from),
                     Err(error) => Err(error),
                 };
-                let Ok(discovery) = discovery else {
-                    failures = failures.saturating_add(1);
-                    continue;
+                let discovery = match discovery {
+                    Ok(discovery) => discovery,
+                    Err(error) => {
+                        if failures == 0 {
+                            tracing::warn!(job, %error, "fleet: cannot follow the job's registry to name its tasks; retrying");
+                        }
+                        failures = failures.saturating_add(1);
+                        continue;
+                    }
                 };
                 let mut views = discovery.views();
-                names.set(&job, addresses(&views.borrow_and_update()));
-                while views.changed().await.is_ok() {
+                let name = |views: &mut watch::Receiver<JobView<String>>| {
+                    let Some(_open) = gate.enter() else { return false };
                     names.set(&job, addresses(&views.borrow_and_update()));
+                    true
+                };
+                if !name(&mut views) {
+                    return;
+                }
+                while views.changed().await.is_ok() {
+                    if !name(&mut views) {
+                        return;
+                    }
                 }
                 // The discovery's view ended (it does not while it is held): follow anew,
                 // after the first backoff.
@@ -112,18 +140,26 @@ pub(super) fn name_tasks(
             }
         }
     });
-    Some(Naming { job, names, task })
+    Some(Naming { job, names, gate, task })
 }
+
+/// The first wait before following a registry again to name a job's tasks.
+const NAMING_RETRY: Duration = Duration::from_millis(500);
+/// The longest.
+const MAX_NAMING_RETRY: Duration = Duration::from_secs(30);
 
 /// The task that keeps a job's endpoint names ([`name_tasks`]); the names go with it.
 pub(super) struct Naming {
     job: String,
     names: EndpointNames,
+    /// What the task names under: closed on drop, so no name is set after the removal.
+    gate: Gate,
     task: JoinHandle<()>,
 }
 
 impl Drop for Naming {
     fn drop(&mut self) {
+        self.gate.close();
         self.task.abort();
         self.names.remove(&self.job);
     }

@@ -46,3 +46,44 @@ async fn an_assigner_started_here_is_shown_before_the_next_health_check() {
     assert!(took < HEALTH_EVERY, "shown {took:?} after the start; health checks are {HEALTH_EVERY:?} apart");
     fleet.stop().await;
 }
+
+/// A job removed while its Assigner here was writing a run: what that run published
+/// after the removal is taken back once the Assigner has stopped, not before (the job
+/// would otherwise stay in the Distributor and the book for good).
+#[tokio::test]
+async fn what_a_removed_job_s_assigner_published_while_stopping_is_taken_back_once_it_stopped() {
+    use steady_assigner::Assignment;
+
+    let shared = super::job::test_shared(Arc::new(MemoryStore::new()));
+    let mut control = super::Control {
+        shared: shared.clone(),
+        jobs: Default::default(),
+        instances: None,
+        listed: true,
+        spread: None,
+        retired: Default::default(),
+        resigning: Default::default(),
+    };
+    // The job is gone from the control task; its Assigner, stopping, published once more.
+    let late = Assignment::single(3, vec![0]).unwrap();
+    shared.distributor.publish("users", late.clone());
+    shared.book.published("users", Arc::new(late), [0]);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let stopping = tokio::spawn(async move {
+        let _ = stopped.await;
+    });
+    control.resigning.insert("users".into(), stopping);
+    control.restart_ended();
+    assert!(shared.distributor.current("users").is_some(), "taken back before its Assigner stopped");
+    stop.send(()).unwrap();
+    steady_testing::wait::eventually("the Assigner's task to end", || {
+        control.resigning["users"].is_finished()
+    })
+    .await;
+    control.restart_ended();
+    assert!(control.resigning.is_empty());
+    assert!(shared.distributor.current("users").is_none(), "the removed job is still served");
+    let probe = steady_proto::autosharding::ranges::RangeRates { ranges: Vec::new(), interval: HEALTH_EVERY };
+    let kept = shared.book.accept_client("users", "probe", probe);
+    assert_eq!(kept, Err(steady_slicer::load::Dropped::UnknownJob), "the book still knows the removed job");
+}

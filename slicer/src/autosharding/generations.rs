@@ -114,6 +114,9 @@ impl Slot {
         let _encoding = self.held.encoding.lock().await;
         // The assignment is cloned out of the Distributor's channel to be encoded: the
         // channel's lock (which the Distributor's publish waits for) is not held for it.
+        // Names that are coming are waited for (bounded): a client sent this generation
+        // keeps its names until the next one.
+        names.settled(&self.job, super::names::NAMES_WAIT).await;
         let names = names.of(&self.job);
         let assignment = {
             let published = subscription.updates().borrow_and_update();

@@ -51,7 +51,7 @@ mod names;
 mod stream;
 
 pub use acks::{AckRejection, KEPT_REJECTIONS};
-pub use names::{EndpointNames, MAX_ENDPOINT_NAME_BYTES};
+pub use names::{EndpointNames, MAX_ENDPOINT_NAME_BYTES, NAMES_WAIT};
 
 /// The longest `client_uuid` taken, in bytes.
 pub const MAX_CLIENT_UUID_BYTES: usize = 128;

@@ -1,11 +1,18 @@
 //! [`EndpointNames`]: what A119 clients call each task of a job.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use tokio::sync::watch;
 
 /// The longest endpoint name kept, in bytes: a longer one (no address is) is sent as the
 /// task's index instead, so that every name fits in the smallest chunk.
 pub const MAX_ENDPOINT_NAME_BYTES: usize = 256;
+
+/// How long a generation's encoding waits for a job's names that are coming
+/// ([`EndpointNames::expect`]); past it, the tasks are named by their index in it.
+pub const NAMES_WAIT: Duration = Duration::from_secs(5);
 
 /// The names A119 clients get for each job's tasks: the task's address as discovery gives
 /// it (`"10.0.0.7:8080"`) where the program sets one, else the task index in decimal
@@ -27,13 +34,26 @@ pub const MAX_ENDPOINT_NAME_BYTES: usize = 256;
 /// index and is not affected). Registering tasks under stable names avoids it.
 ///
 /// [`Autosharding`]: super::Autosharding
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct EndpointNames {
     by_job: Arc<RwLock<ByJob>>,
+    /// Bumped on every change of `by_job`: what [`EndpointNames::settled`] waits on.
+    changes: Arc<watch::Sender<u64>>,
 }
 
-/// Each job's names by task.
-type ByJob = HashMap<String, Arc<HashMap<u32, String>>>;
+impl Default for EndpointNames {
+    fn default() -> Self {
+        Self { by_job: Arc::default(), changes: Arc::new(watch::channel(0).0) }
+    }
+}
+
+/// Each job's names by task, and the jobs whose names are coming.
+#[derive(Debug, Default)]
+struct ByJob {
+    names: HashMap<String, Arc<HashMap<u32, String>>>,
+    /// Jobs [`EndpointNames::expect`] named, until their names are set or removed.
+    pending: HashSet<String>,
+}
 
 /// One job's names as read at one moment.
 #[derive(Debug, Clone, Default)]
@@ -72,15 +92,52 @@ impl EndpointNames {
             .filter(|(_, name)| !name.is_empty() && name.len() <= MAX_ENDPOINT_NAME_BYTES)
             .collect();
         let mut by_job = self.write();
-        if by_job.get(job).is_some_and(|held| **held == names) {
+        let settled = by_job.pending.remove(job);
+        if by_job.names.get(job).is_some_and(|held| **held == names) {
+            if settled {
+                self.changed();
+            }
             return;
         }
-        by_job.insert(job.to_owned(), Arc::new(names));
+        by_job.names.insert(job.to_owned(), Arc::new(names));
+        self.changed();
+    }
+
+    /// Says that `job`'s names are coming (its discovery is being asked): until they are
+    /// [`set`](Self::set) (or [`remove`](Self::remove)d), a generation is encoded for its
+    /// clients only after a wait for them (at most [`NAMES_WAIT`]), so that clients
+    /// connecting meanwhile (right after an instance starts) do not get
+    /// the tasks' indices for names until the job's next generation.
+    pub fn expect(&self, job: &str) {
+        self.write().pending.insert(job.to_owned());
     }
 
     /// Forgets `job`'s names: its tasks are named by their index again.
     pub fn remove(&self, job: &str) {
-        self.write().remove(job);
+        let mut by_job = self.write();
+        let pending = by_job.pending.remove(job);
+        if by_job.names.remove(job).is_some() || pending {
+            self.changed();
+        }
+    }
+
+    /// Returns once `job`'s names are not coming any more (set, removed, or never
+    /// expected), or after `within`, whichever is first.
+    pub(crate) async fn settled(&self, job: &str, within: Duration) {
+        let mut changes = self.changes.subscribe();
+        let pending = || self.by_job.read().unwrap_or_else(|p| p.into_inner()).pending.contains(job);
+        let wait = async {
+            while pending() {
+                if changes.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(within, wait).await;
+    }
+
+    fn changed(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// What task `task` of `job` is called now.
@@ -90,12 +147,12 @@ impl EndpointNames {
 
     /// How many jobs have names set.
     pub fn jobs(&self) -> usize {
-        self.by_job.read().unwrap_or_else(|p| p.into_inner()).len()
+        self.by_job.read().unwrap_or_else(|p| p.into_inner()).names.len()
     }
 
     /// `job`'s names now (a snapshot: later changes do not reach it).
     pub(crate) fn of(&self, job: &str) -> JobNames {
-        JobNames(self.by_job.read().unwrap_or_else(|p| p.into_inner()).get(job).cloned())
+        JobNames(self.by_job.read().unwrap_or_else(|p| p.into_inner()).names.get(job).cloned())
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, ByJob> {
@@ -133,6 +190,46 @@ mod tests {
         assert_eq!((before.name(0), names.name("users", 0)), ("a:1".to_owned(), "b:1".to_owned()));
         names.remove("users");
         assert_eq!((names.name("users", 0), names.jobs()), ("0".to_owned(), 0));
+    }
+
+    /// Names said to be coming are waited for until they are set, or removed, or the
+    /// bound passes; a job whose names are not coming is not waited for.
+    #[tokio::test(start_paused = true)]
+    async fn names_that_are_coming_are_waited_for_within_a_bound() {
+        let names = EndpointNames::new();
+        let start = tokio::time::Instant::now();
+        names.settled("users", NAMES_WAIT).await;
+        assert_eq!(start.elapsed(), Duration::ZERO, "nothing expected: no wait");
+
+        names.expect("users");
+        let setter = names.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            setter.set("users", vec![(0, "10.0.0.1:80".to_owned())]);
+        });
+        names.settled("users", NAMES_WAIT).await;
+        assert_eq!(start.elapsed(), Duration::from_secs(1), "until set");
+        assert_eq!(names.name("users", 0), "10.0.0.1:80");
+
+        names.expect("orders");
+        let remover = names.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            remover.remove("orders");
+        });
+        let start = tokio::time::Instant::now();
+        names.settled("orders", NAMES_WAIT).await;
+        assert_eq!(start.elapsed(), Duration::from_secs(2), "until removed");
+
+        names.expect("carts");
+        let start = tokio::time::Instant::now();
+        names.settled("carts", NAMES_WAIT).await;
+        assert_eq!(start.elapsed(), NAMES_WAIT, "never set: the bound");
+        // Names equal to none set yet still settle a pending job.
+        names.set("carts", Vec::new());
+        let start = tokio::time::Instant::now();
+        names.settled("carts", NAMES_WAIT).await;
+        assert_eq!(start.elapsed(), Duration::ZERO);
     }
 
     #[test]
