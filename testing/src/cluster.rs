@@ -169,7 +169,9 @@ impl EtcdCluster {
     /// Kills member `member` at once (SIGKILL), keeping its data and ports: a crash, or a
     /// member cut off from the others and from clients.
     pub fn kill(&mut self, member: usize) {
-        self.members[member].kill();
+        // Its ports are not held (`Etcd::kill`): the other members connect to its peer
+        // port, and a listener there would take what a dead member refuses.
+        self.members[member].stop();
     }
 
     /// Starts member `member` again on its ports and data after [`EtcdCluster::kill`] and
@@ -189,7 +191,7 @@ impl EtcdCluster {
     /// Kills every member at once (SIGKILL).
     pub fn kill_all(&mut self) {
         for member in &mut self.members {
-            member.kill();
+            member.stop();
         }
     }
 

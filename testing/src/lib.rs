@@ -61,12 +61,11 @@
 //!
 //! # Dependencies
 //!
-//! std and `socket2` only by default (`socket2` holds a killed server's ports: a socket
-//! bound without `SO_REUSEADDR`, which std cannot make): the harness starts the `etcd`
-//! binary, asks its `/health` over plain HTTP/1.1 (on the metrics port, which stays
-//! plaintext when clients use TLS) and sets users up through etcd's JSON gateway (on a
-//! plaintext client port of its own when clients use TLS), so it compiles no etcd client
-//! and any crate's tests can use it. Every other dependency is optional: the `tls` feature adds
+//! std only by default: the harness starts the `etcd` binary, asks its `/health` over
+//! plain HTTP/1.1 (on the metrics port, which stays plaintext when clients use TLS) and
+//! sets users up through etcd's JSON gateway (on a plaintext client port of its own when
+//! clients use TLS), so it compiles no etcd client and any
+//! crate's tests can use it. Every dependency is optional: the `tls` feature adds
 //! `rcgen` (on ring) to make certificates; `tokio` adds tokio for the async waits;
 //! `grpc` adds tonic and prost, and generates the echo service's code at build time with
 //! a protoc that cargo installs (`protoc-bin-vendored`), as steady-proto does; `proxy`
@@ -161,7 +160,7 @@ pub struct Etcd {
     /// `--initial-cluster`: every member's name and peer URL (itself alone when `None`).
     initial_cluster: Option<String>,
     /// While it is killed: its ports, held for its restart ([`Etcd::kill`]).
-    reserved: Vec<socket2::Socket>,
+    reserved: Vec<TcpListener>,
 }
 
 /// How [`Etcd::start_with`] runs the server: TLS for clients, client certificates, and
@@ -310,22 +309,17 @@ impl Etcd {
 
     /// Kills the server at once (SIGKILL: no clean shutdown), keeping its data and ports.
     ///
-    /// Its ports are held until [`Etcd::restart`], so that no other server (of another
-    /// test, or another process) picks them meanwhile and takes them from its restart:
-    /// each is bound by a socket that does not listen (a connection to it is refused, as
-    /// to a dead server's) and does not let anyone else bind it (no `SO_REUSEADDR`). A
-    /// port the kernel will not give it that way (a connection to the dead server still
-    /// in `TIME_WAIT` on it, as its client port may have) stays unheld.
+    /// Its peer, metrics and setup ports are held until [`Etcd::restart`] (a listener on
+    /// each, which no one connects to: a lone server has no peers, and the harness alone
+    /// asks the others), so that no other server (of another test, or another process)
+    /// picks them meanwhile and takes them from its restart. Its client port is not: a
+    /// listener there would take the connections a dead server refuses.
     pub fn kill(&mut self) {
         self.stop();
         // Killed twice: the holds of the first kill go first, or none could be made.
         self.reserved.clear();
-        self.reserved = self.ports().into_iter().filter_map(hold).collect();
-    }
-
-    /// Its client, peer and metrics ports (and its setup port, if any).
-    fn ports(&self) -> Vec<SocketAddr> {
-        [self.client, self.peer, self.metrics].into_iter().chain(self.setup).collect()
+        let held = [self.peer, self.metrics].into_iter().chain(self.setup);
+        self.reserved = held.filter_map(|port| TcpListener::bind(port).ok()).collect();
     }
 
     /// Starts the server again on the same ports and data after [`Etcd::kill`], and waits
@@ -521,16 +515,6 @@ fn free_ports() -> [SocketAddr; 3] {
     let client = free_port(&[]);
     let peer = free_port(&[client]);
     [client, peer, free_port(&[client, peer])]
-}
-
-/// A socket bound to `port` that neither listens nor lets another socket bind it (`None`
-/// when the kernel refuses: the port is in use, if only by a connection in `TIME_WAIT`).
-fn hold(port: SocketAddr) -> Option<socket2::Socket> {
-    let socket =
-        socket2::Socket::new(socket2::Domain::for_address(port), socket2::Type::STREAM, None).ok()?;
-    socket.set_reuse_address(false).ok()?;
-    socket.bind(&port.into()).ok()?;
-    Some(socket)
 }
 
 /// A loopback port that was free a moment ago, other than those in `not`.
