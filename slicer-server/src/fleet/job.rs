@@ -283,10 +283,18 @@ impl RunAssigner {
     /// Follows the job's tasks and runs its Assigner on them until `stopped`; then
     /// resigns. Started again with backoff if its tasks cannot be followed or it ends.
     async fn run(mut self, mut stopped: watch::Receiver<Halt>) {
-        if let Some(before) = self.after.take() {
+        if let Some(mut before) = self.after.take() {
+            // Stopped while waiting, this one still ends only after the one before it: the
+            // next Assigner of the job here waits for this one alone, and must not start
+            // while an earlier one's late-win release (which deletes the job's leader key
+            // when it is on this instance's session lease) is still to come, or that
+            // release would delete the next one's key, on the same lease, while it leads.
             tokio::select! {
-                _ = halted(&mut stopped) => return,
-                _ = tokio::time::timeout(RESIGN_WAIT, before) => {}
+                _ = halted(&mut stopped) => {
+                    let _ = tokio::time::timeout(RESIGN_WAIT, &mut before).await;
+                    return;
+                }
+                _ = tokio::time::timeout(RESIGN_WAIT, &mut before) => {}
             }
         }
         let job = self.config.job.as_str();
@@ -465,6 +473,51 @@ mod tests {
             kept,
             Err(steady_slicer::load::Dropped::UnknownJob),
             "the book knows the removed job again"
+        );
+    }
+
+    /// A job handed over and back twice in quick succession on one instance (the spread
+    /// moving as jobs are added): the Assigner that leads at the end keeps its leader key.
+    /// The second Assigner, stopped while it waited for the first, used to end at once,
+    /// so the third started before the first's late-win release, which then deleted the
+    /// third's key (on the same session lease) while it led: the job stayed unled.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn handed_over_and_back_twice_the_last_assigner_keeps_its_key() {
+        use steady_slicer::fleet::EtcdFleet;
+        use steady_slicer::specs::TaskSource;
+        use steady_slicer::store::{EtcdConfig, EtcdStore};
+
+        let Some(etcd) = steady_testing::Etcd::start() else { return };
+        let config = EtcdConfig::new([etcd.endpoint()]).lease_ttl(Duration::from_secs(5)).session_lease(true);
+        let store = EtcdStore::connect(config).await.unwrap();
+        let fleet = EtcdFleet::new(&store);
+        let shared = test_shared(Arc::new(store));
+        let mut job = Job::follow(JobConfig::new("users", TaskSource::Count(3)), &shared, None);
+        let leads = |job: &Job| job.stats().is_some_and(|s| s.is_leading());
+        job.lead(&shared);
+        steady_testing::wait::eventually("the first Assigner to lead", || leads(&job)).await;
+        let first = job.stats().unwrap();
+        // Away and back, twice, at once.
+        for _ in 0..2 {
+            assert!(job.hand_over());
+            job.lead(&shared);
+        }
+        // The job's statistics are the first Assigner's until it has stopped: wait for
+        // another's (the second never starts a service: it is stopped while it waits).
+        let last = |job: &Job| job.stats().filter(|s| !Arc::ptr_eq(s, &first));
+        steady_testing::wait::eventually("the last Assigner to lead", || {
+            last(&job).is_some_and(|s| s.is_leading())
+        })
+        .await;
+        assert_eq!(fleet.leader("users").await.unwrap().as_deref(), Some("solo"));
+        // Every earlier Assigner's late-win release comes within LATE_WIN of its stop:
+        // the key is still the leader's past that.
+        tokio::time::sleep(LATE_WIN * 2).await;
+        assert!(leads(&job), "the last Assigner still leads");
+        assert_eq!(
+            fleet.leader("users").await.unwrap().as_deref(),
+            Some("solo"),
+            "its leader key was deleted"
         );
     }
 }
