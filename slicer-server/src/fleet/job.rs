@@ -21,10 +21,11 @@ use super::gate::Gate;
 use super::sources::{self, Registries};
 use super::{halted, Halt, Tune};
 
-/// How long an Assigner that stopped by itself (or whose tasks could not be followed)
-/// waits before it is started again, at first; doubled up to [`MAX_RESTART`].
-const FIRST_RESTART: Duration = Duration::from_millis(500);
-const MAX_RESTART: Duration = Duration::from_secs(30);
+/// How long an Assigner that stopped by itself (or whose tasks could not be followed),
+/// or a job's naming whose registry did not answer, waits before it is started again, at
+/// first; doubled up to [`MAX_RESTART`].
+pub(super) const FIRST_RESTART: Duration = Duration::from_millis(500);
+pub(super) const MAX_RESTART: Duration = Duration::from_secs(30);
 
 /// What every job's parts share on one instance.
 #[derive(Debug, Clone)]
@@ -318,7 +319,8 @@ impl RunAssigner {
                 }
             };
             let mine = handle.shared_stats();
-            self.shown(|run| run.stats.send_replace(Some(mine.clone())));
+            self.stats.send_replace(Some(mine.clone()));
+            self.changed();
             let started_at = tokio::time::Instant::now();
             let ended = handle.ended();
             tokio::select! {
@@ -386,28 +388,26 @@ impl RunAssigner {
             None => sources::follow(&config.job, &config.tasks, &self.shared.registries).await?,
         };
         let tasks = sources::with_drained(followed.tasks.clone(), self.drained.clone(), self.run_now.clone());
-        self.shown(|run| run.tasks.send_replace(Some(tasks.clone())));
+        self.tasks.send_replace(Some(tasks.clone()));
+        self.changed();
         Ok((service.spawn(tasks), followed))
     }
 
     /// Takes this Assigner's stats (`mine`) off the job, unless a later Assigner of the
     /// job here has put its own (one that stopped waiting for this one to resign).
     fn clear_stats(&self, mine: &Arc<AssignerStats>) {
-        self.shown(|run| {
-            run.stats.send_if_modified(|stats| {
-                let ours = stats.as_ref().is_some_and(|s| Arc::ptr_eq(s, mine));
-                if ours {
-                    *stats = None;
-                }
-                ours
-            })
+        self.stats.send_if_modified(|stats| {
+            let ours = stats.as_ref().is_some_and(|s| Arc::ptr_eq(s, mine));
+            if ours {
+                *stats = None;
+            }
+            ours
         });
+        self.changed();
     }
 
-    /// Changes what the instance's status shows of this Assigner with `change`, and
-    /// wakes the control task to show it.
-    fn shown<T>(&self, change: impl FnOnce(&Self) -> T) {
-        change(self);
+    /// Wakes the control task: what its status shows of this Assigner changed.
+    fn changed(&self) {
         self.shared.changed.notify_one();
     }
 }

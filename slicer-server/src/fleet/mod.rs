@@ -76,7 +76,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use steady_assigner::Tasks;
-use steady_slicer::assigner_service::{AssignerConfig, AssignerStats};
+use steady_slicer::assigner_service::AssignerConfig;
 use steady_slicer::autosharding::EndpointNames;
 use steady_slicer::fleet::{Instance, RunRequests};
 use steady_slicer::load::LoadBook;
@@ -471,23 +471,19 @@ impl Control {
     /// themselves), retires the removed jobs whose last watchers have gone, and takes
     /// back what the Assigner of a removed job published while it stopped.
     fn restart_ended(&mut self) {
-        let distributor = &self.shared.distributor;
-        self.retired.retain(|job| !distributor.retire(job));
-        let stopped: Vec<String> = self
-            .resigning
-            .iter()
-            .filter(|(_, task)| task.is_finished())
-            .map(|(job, _)| job.clone())
-            .collect();
-        for job in stopped {
-            self.resigning.remove(&job);
+        let (book, retired) = (&self.shared.book, &mut self.retired);
+        self.resigning.retain(|job, task| {
+            if !task.is_finished() {
+                return true;
+            }
             // A run that was writing when the job was removed may have published after
             // the removal: its Assigner has stopped now, so this is for good.
-            self.shared.book.forget(&job);
-            if !distributor.retire(&job) {
-                self.retired.insert(job);
-            }
-        }
+            book.forget(job);
+            retired.insert(job.clone());
+            false
+        });
+        let distributor = &self.shared.distributor;
+        self.retired.retain(|job| !distributor.retire(job));
         for (name, job) in &mut self.jobs {
             if job.assigner_ended() {
                 self.shared.events.say(format!("job {name}: its Assigner's task ended; starting it again"));
@@ -534,8 +530,8 @@ impl Control {
                 a == b
                     && Arc::ptr_eq(&s.config, &j.config)
                     && s.owner.as_deref() == self.owner(b)
-                    && same_stats(s.assigner.as_ref(), j.stats().as_ref())
-                    && same_tasks(s.tasks.as_ref(), j.tasks().as_ref())
+                    && same_as(s.assigner.as_ref(), j.stats().as_ref(), Arc::ptr_eq)
+                    && same_as(s.tasks.as_ref(), j.tasks().as_ref(), watch::Receiver::same_channel)
             });
         if same {
             return;
@@ -561,19 +557,11 @@ impl Control {
     }
 }
 
-/// Whether a status shows these very Assigner stats (the same service, or none).
-fn same_stats(shown: Option<&Arc<AssignerStats>>, now: Option<&Arc<AssignerStats>>) -> bool {
+/// Whether a status shows this very thing (`same` says when two are one), or, as now,
+/// none.
+fn same_as<T>(shown: Option<&T>, now: Option<&T>, same: impl Fn(&T, &T) -> bool) -> bool {
     match (shown, now) {
-        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-        (None, None) => true,
-        _ => false,
-    }
-}
-
-/// Whether a status shows this very task set (the same Assigner's, or none).
-fn same_tasks(shown: Option<&watch::Receiver<Tasks>>, now: Option<&watch::Receiver<Tasks>>) -> bool {
-    match (shown, now) {
-        (Some(a), Some(b)) => a.same_channel(b),
+        (Some(a), Some(b)) => same(a, b),
         (None, None) => true,
         _ => false,
     }

@@ -17,6 +17,7 @@ use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
 use super::gate::Gate;
+use super::job::{FIRST_RESTART, MAX_RESTART};
 
 type Failure = Box<dyn std::error::Error + Send + Sync>;
 
@@ -100,53 +101,42 @@ pub(super) fn name_tasks(
         let (job, names, gate, endpoints, registries) =
             (job.clone(), names.clone(), gate.clone(), endpoints.clone(), registries.clone());
         async move {
-            let mut failures = 0u32;
+            let mut delay = None;
             loop {
-                if failures > 0 {
-                    let exponent = (failures - 1).min(6);
-                    tokio::time::sleep((NAMING_RETRY * 2u32.pow(exponent)).min(MAX_NAMING_RETRY)).await;
+                if let Some(delay) = delay {
+                    tokio::time::sleep(delay).await;
                 }
-                let discovery = match registries.connect(&endpoints).await {
-                    Ok(registry) => registry::watch_job(&registry, &job).await.map_err(Failure::from),
-                    Err(error) => Err(error),
+                let discovery = async {
+                    let registry = registries.connect(&endpoints).await?;
+                    Ok::<_, Failure>(registry::watch_job(&registry, &job).await?)
                 };
-                let discovery = match discovery {
+                let discovery = match discovery.await {
                     Ok(discovery) => discovery,
                     Err(error) => {
-                        if failures == 0 {
+                        if delay.is_none() {
                             tracing::warn!(job, %error, "fleet: cannot follow the job's registry to name its tasks; retrying");
                         }
-                        failures = failures.saturating_add(1);
+                        delay = Some(delay.map_or(FIRST_RESTART, |d: Duration| (d * 2).min(MAX_RESTART)));
                         continue;
                     }
                 };
                 let mut views = discovery.views();
-                let name = |views: &mut watch::Receiver<JobView<String>>| {
-                    let Some(_open) = gate.enter() else { return false };
+                loop {
+                    let Some(open) = gate.enter() else { return };
                     names.set(&job, addresses(&views.borrow_and_update()));
-                    true
-                };
-                if !name(&mut views) {
-                    return;
-                }
-                while views.changed().await.is_ok() {
-                    if !name(&mut views) {
-                        return;
+                    drop(open);
+                    if views.changed().await.is_err() {
+                        break;
                     }
                 }
                 // The discovery's view ended (it does not while it is held): follow anew,
                 // after the first backoff.
-                failures = 1;
+                delay = Some(FIRST_RESTART);
             }
         }
     });
     Some(Naming { job, names, gate, task })
 }
-
-/// The first wait before following a registry again to name a job's tasks.
-const NAMING_RETRY: Duration = Duration::from_millis(500);
-/// The longest.
-const MAX_NAMING_RETRY: Duration = Duration::from_secs(30);
 
 /// The task that keeps a job's endpoint names ([`name_tasks`]); the names go with it.
 pub(super) struct Naming {

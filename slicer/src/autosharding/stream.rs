@@ -148,11 +148,6 @@ impl Stream {
                 self.counters().streams_ended_invalid.fetch_add(1, Ordering::Relaxed);
             }
         })?;
-        // The job's task count as it is now sets the quantum when it is per task (and is
-        // sent again when a generation of another count changes it).
-        let mut watching = watching;
-        let tasks = watching.subscription.updates().borrow().as_ref().map(|p| p.tasks);
-        watching.quantum = self.service.settings.quantum.fraction(tasks);
         let config = config_message(&self.service.settings, watching.quantum);
         self.phase = Phase::Watching(Box::new(watching));
         Ok(config)
@@ -180,6 +175,9 @@ impl Stream {
         // The current generation is unseen: it is sent at once if the client lacks it.
         subscription.updates().mark_changed();
         let slot = self.service.shared.generations.join(&target);
+        // The job's task count as it is now sets the quantum when it is per task (and is
+        // sent again when a generation of another count changes it).
+        let quantum = quantum_now(&mut subscription, &self.service.settings);
         Ok(Watching {
             job: target,
             client: client_uuid,
@@ -187,7 +185,7 @@ impl Stream {
             slot,
             latest: latest_generation,
             sending: None,
-            quantum: 0.0,
+            quantum,
             config_due: None,
             unacked: Unacked::default(),
             invalid_in_a_row: 0,
@@ -253,8 +251,7 @@ impl Stream {
                     if let Some((generation, responses)) = newest {
                         let generation = i64::try_from(generation).unwrap_or(i64::MAX);
                         if generation > watching.latest {
-                            let tasks = watching.subscription.updates().borrow().as_ref().map(|p| p.tasks);
-                            let quantum = settings.quantum.fraction(tasks);
+                            let quantum = quantum_now(&mut watching.subscription, settings);
                             if quantum != watching.quantum {
                                 watching.quantum = quantum;
                                 watching.config_due = Some(config_message(settings, quantum));
@@ -272,6 +269,11 @@ impl Stream {
     fn counters(&self) -> &super::Counters {
         &self.service.shared.counters
     }
+}
+
+/// The load quantum for the job's task count as `subscription` has it now.
+fn quantum_now(subscription: &mut Subscription, settings: &super::Settings) -> f64 {
+    settings.quantum.fraction(subscription.updates().borrow().as_ref().map(|p| p.tasks))
 }
 
 /// The `LoadReportingConfig` message with load quantum `quantum` and the service's other
