@@ -19,13 +19,7 @@ use tokio::task::JoinHandle;
 
 use super::gate::Gate;
 use super::sources::{self, Registries};
-use super::{halted, Halt, Tune};
-
-/// How long an Assigner that stopped by itself (or whose tasks could not be followed),
-/// or a job's naming whose registry did not answer, waits before it is started again, at
-/// first; doubled up to [`MAX_RESTART`].
-pub(super) const FIRST_RESTART: Duration = Duration::from_millis(500);
-pub(super) const MAX_RESTART: Duration = Duration::from_secs(30);
+use super::{halted, Halt, Tune, FIRST_RESTART, MAX_RESTART};
 
 /// What every job's parts share on one instance.
 #[derive(Debug, Clone)]

@@ -115,6 +115,12 @@ impl Specs {
     }
 }
 
+/// How long an Assigner that stopped by itself (or whose tasks could not be followed),
+/// or a job's naming whose registry did not answer, waits before it is started again, at
+/// first; doubled up to [`MAX_RESTART`].
+const FIRST_RESTART: Duration = Duration::from_millis(500);
+const MAX_RESTART: Duration = Duration::from_secs(30);
+
 /// How often the control task looks for Assigners that stopped (what its status shows
 /// is sent as it changes).
 const HEALTH_EVERY: Duration = Duration::from_secs(1);

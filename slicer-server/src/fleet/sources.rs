@@ -17,7 +17,7 @@ use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
 use super::gate::Gate;
-use super::job::{FIRST_RESTART, MAX_RESTART};
+use super::{FIRST_RESTART, MAX_RESTART};
 
 type Failure = Box<dyn std::error::Error + Send + Sync>;
 
